@@ -1,0 +1,300 @@
+"""Typed experiment configuration with verl's key names.
+
+One ``@dataclass`` per component; every default lives here and nowhere else. :func:`load_config`
+turns a YAML file plus dotlist overrides (``async_training.staleness_threshold=0.5``) into an
+:class:`ExperimentConfig`, rejecting unknown keys with the closest valid key in the message.
+
+Key names follow verl's fully-async recipe (``async_training.*``, ``actor_rollout_ref.*``,
+``data.*``, ``trainer.*``) so that a verl user can carry overrides across.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny_qwen2_arith"
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names the closest valid key."""
+
+
+@dataclass
+class DataConfig:
+    task: str = "arith"
+    """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool``)."""
+    train_files: Optional[str] = None
+    """Parquet/JSONL file in the verl schema; ``None`` uses the built-in ``task`` generator."""
+    val_files: Optional[str] = None
+    """Held-out file in the verl schema; ``None`` uses the built-in ``task`` test split."""
+    train_size: int = 20000
+    """Number of generated training prompts (built-in tasks only)."""
+    val_size: int = 200
+    """Number of generated held-out prompts (built-in tasks only)."""
+    operators: str = "+"
+    """Arithmetic operators for the ``arith`` task, e.g. ``"+"`` or ``"+-*"``."""
+    max_prompt_length: int = 64
+    """Prompts longer than this many tokens are dropped (with a reason) by the rollouter."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = str(MODEL_DIR)
+    """HF model directory (config.json + safetensors + tokenizer) shared by trainer and replicas."""
+    dtype: str = "float32"
+    """Parameter dtype for trainer and inference (``float32`` | ``bfloat16``)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak AdamW learning rate (4e-4 and above collapses the embedded model)."""
+    lr_warmup_steps: int = 30
+    """Linear warm-up, in optimizer updates."""
+    total_updates: int = 0
+    """Updates for the linear decay to 0 after warm-up; 0 = derived from trainer.total_training_steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    clip_grad: float = 1.0
+    """Gradient-norm clip."""
+
+
+@dataclass
+class ActorConfig:
+    ppo_mini_batch_size: int = 16
+    """Prompt groups per optimizer update (each group has rollout.n responses)."""
+    ppo_micro_batch_size: int = 64
+    """Sequences per forward/backward chunk (gradient accumulation); memory knob only."""
+    ppo_epochs: int = 1
+    """Passes over each fetched batch."""
+    clip_ratio_low: float = 0.2
+    """PPO clip epsilon below 1."""
+    clip_ratio_high: float = 0.28
+    """PPO clip epsilon above 1 (DAPO clip-higher)."""
+    loss_agg_mode: str = "token-mean"
+    """``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum``."""
+    use_kl_loss: bool = False
+    """Add a KL(policy || reference) penalty (low-variance k3 estimator) to the loss."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL penalty when ``use_kl_loss``."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class AgentConfig:
+    default_agent_loop: str = "single_turn_agent"
+    """Agent loop for rows that carry no ``agent_name``."""
+    num_workers: int = 1
+    """AgentLoopWorker actors."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"
+    """Inference backend: ``vllm`` | ``hf`` (transformers)."""
+    n: int = 8
+    """Responses per prompt (GRPO group size)."""
+    response_length: int = 24
+    """Maximum generated tokens per response, summed across partial-rollout resumes."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts."""
+    num_replicas: int = 1
+    """RolloutReplica actors (one engine each)."""
+    concurrent_samples_per_replica: int = 256
+    """In-flight samples per replica; ``max_concurrent_samples`` is capped by this times num_replicas."""
+    max_num_seqs: int = 256
+    """vLLM scheduler batch size."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM GPU memory fraction (ignored on CPU)."""
+    cpu_kvcache_space_gb: float = 1.0
+    """vLLM CPU KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    enforce_eager: bool = True
+    """Skip graph capture / compilation (faster start on CPU)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass
+class AsyncTrainingConfig:
+    staleness_threshold: float = 0.5
+    """Extra off-policy samples allowed, as a fraction of one sync window (0 = on-policy)."""
+    trigger_parameter_sync_step: int = 1
+    """Trainer fit steps between weight syncs."""
+    require_batches: int = 2
+    """Mini-batches fetched per fit step; one optimizer update each."""
+    partial_rollout: bool = True
+    """On sync, abort in-flight generation and resume it afterwards (else wait for it)."""
+    use_rollout_log_probs: bool = True
+    """Bypass mode: the rollout engine's logprobs serve as old logprobs (no recompute)."""
+    sync_bucket_size_mb: float = 64.0
+    """ParameterSynchronizer bucket size in MiB."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """Advantage estimator: ``grpo`` | ``dr_grpo`` (no std normalisation)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide group-centred rewards by the group std (GRPO); False gives Dr.GRPO."""
+
+
+@dataclass
+class TrainerConfig:
+    total_training_steps: int = 150
+    """Trainer fit steps before the run ends."""
+    total_time_s: float = 0.0
+    """Wall-clock budget for training in seconds; 0 = unlimited."""
+    test_freq: int = 10
+    """Held-out greedy evaluation every this many param versions (0 = only before/after)."""
+    eval_average_last: int = 3
+    """The summary's "after" accuracy is the mean of this many last evaluations."""
+    project_name: str = "asyncrl"
+    """Run-group name used in artifact paths."""
+    experiment_name: str = "arith_grpo_cpu"
+    """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``."""
+    default_local_dir: str = "runs"
+    """Directory under which run artifacts are written."""
+    seed: int = 0
+    """Global seed (data order, sampling, init)."""
+    torch_threads: int = 1
+    """torch intra-op threads in the trainer actor."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar while training."""
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    """``ray.init(address=...)``; ``None`` starts a local Ray."""
+    num_cpus: Optional[int] = None
+    """CPUs for a local Ray (ignored when attaching)."""
+
+
+@dataclass
+class ExperimentConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def _all_keys(cfg_cls: type, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cfg_cls):
+        full = f"{prefix}{f.name}"
+        keys.append(full)
+        if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
+            keys.extend(_all_keys(f.type, full + "."))
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(default):
+                keys.extend(_all_keys(type(default), full + "."))
+    return keys
+
+
+def valid_keys() -> list[str]:
+    """All dotted keys of :class:`ExperimentConfig`, e.g. ``async_training.staleness_threshold``."""
+    return _all_keys(ExperimentConfig)
+
+
+def _closest(key: str) -> str:
+    keys = valid_keys()
+    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.0)
+    leaf = key.rsplit(".", 1)[-1]
+    by_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    return by_leaf[0] if by_leaf else (match[0] if match else "")
+
+
+def _merge(base, other, what: str):
+    try:
+        return OmegaConf.merge(base, other)
+    except (ConfigKeyError, ConfigAttributeError) as exc:
+        bad = getattr(exc, "full_key", None) or str(exc)
+        raise ConfigError(
+            f"unknown config key {bad!r} in {what}; did you mean {_closest(str(bad))!r}?"
+        ) from None
+    except ValidationError as exc:
+        raise ConfigError(f"invalid value for {getattr(exc, 'full_key', '?')!r} in {what}: {str(exc.msg).splitlines()[0]}") from None
+
+
+def load_config(
+    yaml_path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    base: ExperimentConfig | None = None,
+) -> ExperimentConfig:
+    """Build an :class:`ExperimentConfig` from defaults, a YAML file and dotlist overrides.
+
+    Args:
+        yaml_path: optional YAML file with a subset of the keys (verl names).
+        overrides: ``key=value`` strings, e.g. ``["async_training.staleness_threshold=0.5"]``.
+        base: starting config (e.g. a recipe); defaults to :class:`ExperimentConfig()`.
+
+    Returns:
+        A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig).
+
+    Raises:
+        ConfigError: for an unknown key (naming the closest valid one) or a value of the wrong type.
+    """
+    cfg = OmegaConf.structured(base if base is not None else ExperimentConfig())
+    if yaml_path is not None:
+        cfg = _merge(cfg, OmegaConf.load(str(yaml_path)), str(yaml_path))
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        cfg = _merge(cfg, OmegaConf.from_dotlist([item]), f"override {item!r}")
+    out = OmegaConf.to_object(cfg)
+    validate(out)
+    return out
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Check cross-field constraints; raises :class:`ConfigError` naming the key."""
+    at, ro, ac = cfg.async_training, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    if at.staleness_threshold < 0:
+        raise ConfigError("async_training.staleness_threshold must be >= 0")
+    for name, value in [
+        ("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step),
+        ("async_training.require_batches", at.require_batches),
+        ("actor_rollout_ref.rollout.n", ro.n),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", ac.ppo_mini_batch_size),
+        ("actor_rollout_ref.rollout.response_length", ro.response_length),
+        ("actor_rollout_ref.rollout.num_replicas", ro.num_replicas),
+    ]:
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if ac.loss_agg_mode not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        raise ConfigError(f"actor_rollout_ref.actor.loss_agg_mode={ac.loss_agg_mode!r} is not supported")
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML (written to every run directory)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))

@@ -1,0 +1,91 @@
+"""Inference-engine contract shared by every rollout backend.
+
+Small on purpose (AReaL-lite style): an engine generates token ids from token ids, can abort,
+pause and resume, and loads weights pushed by the ParameterSynchronizer. Backends live in their
+own modules and are looked up lazily (see :mod:`asyncrl.rollout.replica`), so ``import asyncrl``
+works without vLLM.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Sequence
+
+StopReason = Literal["completed", "length", "aborted"]
+
+
+@dataclass
+class TokenOutput:
+    """One generation result, token-in-token-out (DESIGN.md section 3).
+
+    Attributes:
+        token_ids: generated ids, ``(n_generated,)`` ints, EOS included when generation completed.
+        log_probs: per-token logprob of each generated id under the sampling policy, same length
+            as ``token_ids``; ``None`` when not requested.
+        stop_reason: ``completed`` (EOS / stop token), ``length`` (max_tokens hit) or
+            ``aborted`` (interrupted by abort / pause(mode="abort"); resumable).
+        routed_experts: MoE routing per token when the engine reports it, else ``None``.
+        num_preempted: times the engine preempted this request (KV-cache pressure).
+        param_version: weight version of the engine when the request finished.
+    """
+
+    token_ids: list[int]
+    log_probs: Optional[list[float]] = None
+    stop_reason: StopReason = "completed"
+    routed_experts: Optional[list[Any]] = None
+    num_preempted: int = 0
+    param_version: int = 0
+
+
+@dataclass
+class SamplingParams:
+    """Backend-neutral sampling parameters (mapped onto each engine's own type).
+
+    Attributes:
+        max_tokens: generation budget in tokens for this call.
+        temperature: 0 means greedy.
+        top_p: nucleus sampling.
+        logprobs: return the logprob of each sampled token.
+        stop_token_ids: extra ids that end generation (EOS always does).
+        seed: per-request seed, ``None`` for engine randomness.
+    """
+
+    max_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    logprobs: bool = True
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: Optional[int] = None
+
+
+class InferenceEngine(abc.ABC):
+    """What a RolloutReplica needs from a backend. All methods are coroutines."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model and get ready to serve."""
+
+    @abc.abstractmethod
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        """Generate from ``prompt_ids``; an abort returns the tokens so far with ``stop_reason="aborted"``."""
+
+    @abc.abstractmethod
+    async def abort_all_requests(self) -> int:
+        """Abort every in-flight request; returns how many were aborted."""
+
+    @abc.abstractmethod
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        """Stop admitting work. ``abort``: abort in-flight; ``wait``: drain them; ``keep``: freeze them."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Undo :meth:`pause`."""
+
+    @abc.abstractmethod
+    async def load_weight_buckets(self, buckets: list, version: int) -> None:
+        """Load weights delivered as ``(bucket uint8 tensor, list[ChunkMeta])`` pairs (see :mod:`asyncrl.sync.bucket`)."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Release processes, memory and ports."""
