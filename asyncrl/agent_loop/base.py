@@ -1,0 +1,110 @@
+"""Agent-loop contract: one trajectory's generation logic, producing an :class:`AgentLoopOutput`.
+
+Semantics from the verl agent-loop design (seed ``003`` chapter 4): an agent loop turns one
+dataset row into token ids for training. ``response_mask`` marks which response tokens the model
+generated (1) and which were inserted by tools / the chat template (0); only mask-1 tokens get
+policy gradient. Loops register by name with :func:`register`; a row's ``agent_name`` picks one,
+else ``actor_rollout_ref.rollout.agent.default_agent_loop``.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class AgentLoopOutput:
+    """The training-side contract of one trajectory (DESIGN.md section 3).
+
+    Attributes:
+        prompt_ids: ``(prompt_len,)`` ids rendered from the row's chat messages.
+        response_ids: ``(response_len,)`` ids after the prompt: model tokens and tool/template tokens.
+        response_mask: ``(response_len,)`` 1 = model-generated, 0 = tool / observation / filler.
+        response_logprobs: ``(response_len,)`` sampling logprobs; 0.0 where the mask is 0.
+        reward_score: scalar reward, ``None`` until the reward step fills it.
+        num_turns: user + assistant + tool turns in the trajectory (single turn = 2).
+        metrics: per-sample numbers (``agent/...`` names), e.g. generation seconds, tool calls.
+        extra_fields: must carry ``min_global_steps`` / ``max_global_steps`` (param versions the
+            response's tokens were generated under) plus anything a loop wants the trainer to see.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    reward_score: Optional[float] = None
+    num_turns: int = 2
+    metrics: dict[str, Any] = field(default_factory=dict)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if the per-token lists disagree in length or logprobs leak into mask 0."""
+        n = len(self.response_ids)
+        if len(self.response_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError(
+                f"AgentLoopOutput lengths differ: response_ids={n}, response_mask={len(self.response_mask)}, "
+                f"response_logprobs={len(self.response_logprobs)}"
+            )
+        for i, (m, lp) in enumerate(zip(self.response_mask, self.response_logprobs)):
+            if m not in (0, 1):
+                raise ValueError(f"response_mask[{i}]={m} is not 0/1")
+            if m == 0 and lp != 0.0:
+                raise ValueError(f"response_logprobs[{i}]={lp} must be 0.0 where response_mask is 0")
+
+
+class AgentLoopBase(abc.ABC):
+    """One trajectory's logic. Subclasses implement :meth:`run`.
+
+    Args:
+        server_manager: object with ``async generate(request_id, prompt_ids, sampling_params)
+            -> TokenOutput`` (an :class:`~asyncrl.rollout.client.LLMServerClient`).
+        tokenizer: HF tokenizer with a chat template (tokenizers never travel between actors;
+            each worker loads its own).
+        config: the :class:`~asyncrl.config.ExperimentConfig`.
+    """
+
+    def __init__(self, server_manager: Any, tokenizer: Any, config: Any, **kwargs: Any):
+        self.server_manager = server_manager
+        self.tokenizer = tokenizer
+        self.config = config
+
+    @abc.abstractmethod
+    async def run(self, sampling_params: Any, **sample: Any) -> AgentLoopOutput:
+        """Produce one trajectory for a dataset row (``sample`` holds its fields, e.g. ``prompt``)."""
+
+
+_REGISTRY: dict[str, Callable[[], type]] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: ``@register("single_turn_agent")`` makes a loop selectable by name."""
+
+    def deco(cls: type) -> type:
+        _REGISTRY[name] = lambda: cls
+        cls.agent_name = name
+        return cls
+
+    return deco
+
+
+# Built-in loops register lazily so importing this module stays cheap.
+_BUILTIN = {
+    "single_turn_agent": ("asyncrl.agent_loop.single_turn", "SingleTurnAgentLoop"),
+    "tool_agent": ("asyncrl.agent_loop.tool_agent", "ToolAgentLoop"),
+}
+
+
+def get_agent_loop_cls(name: str) -> type:
+    """Look up a registered agent loop; raises ``ValueError`` listing the known names."""
+    if name not in _REGISTRY and name in _BUILTIN:
+        module, attr = _BUILTIN[name]
+        getattr(importlib.import_module(module), attr)
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown agent loop {name!r}; registered: {sorted(set(_REGISTRY) | set(_BUILTIN))}")
+    return _REGISTRY[name]()
