@@ -1,0 +1,180 @@
+"""MessageQueue: the bounded, sample-by-sample buffer between the Rollouter and the Trainer.
+
+::
+
+    FullyAsyncRollouter --put_sample([ref])--> MessageQueue --get_samples(n)--> FullyAsyncTrainer
+          (waits while full)                   deque + Condition      (waits while empty; woken by
+                                                                        put or by shutdown())
+
+Samples travel as Ray object refs wrapped in a list, so the actor stores only the ref: the payload
+is put once by the producer and fetched once by the consumer, never copied through this actor.
+Semantics from the verl fully-async design (``MessageQueue`` actor with a condition variable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import ray
+
+
+class QueueShutdown(RuntimeError):
+    """Raised to producers when the queue was shut down (the sample is counted as dropped)."""
+
+
+@dataclass
+class QueueStats:
+    """Counters of a :class:`MessageQueue` (all counts are samples = prompt groups)."""
+
+    size: int
+    maxsize: int
+    puts: int
+    gets: int
+    drops: int
+    drop_reasons: dict
+    waiting_getters: int
+    waiting_putters: int
+    shutdown: bool
+
+
+class _MessageQueueActor:
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError(f"MessageQueue maxsize must be >= 1, got {maxsize}")
+        self.maxsize = maxsize
+        self.items: collections.deque = collections.deque()
+        self.cond = asyncio.Condition()
+        self.puts = self.gets = 0
+        self.drops: collections.Counter = collections.Counter()
+        self.waiting_getters = self.waiting_putters = 0
+        self.closed = False
+
+    async def put_sample(self, wrapped_ref: list, timeout: Optional[float] = None) -> bool:
+        """Append one sample ref; waits while full. Returns False on timeout; raises on shutdown."""
+        async with self.cond:
+            self.waiting_putters += 1
+            try:
+                ok = await asyncio.wait_for(
+                    self.cond.wait_for(lambda: self.closed or len(self.items) < self.maxsize), timeout
+                ) if timeout is not None else await self.cond.wait_for(
+                    lambda: self.closed or len(self.items) < self.maxsize)
+            except asyncio.TimeoutError:
+                return False
+            finally:
+                self.waiting_putters -= 1
+            del ok
+            if self.closed:
+                self.drops["queue_shutdown"] += 1
+                raise QueueShutdown("MessageQueue is shut down; sample dropped")
+            self.items.append((wrapped_ref[0], time.time()))
+            self.puts += 1
+            self.cond.notify_all()
+            return True
+
+    async def get_samples(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
+        """Pop ``n`` sample refs in FIFO order, waiting until ``n`` are there.
+
+        Returns ``None`` after :meth:`shutdown` (also when a getter was already waiting) or on
+        timeout; never a partial batch.
+        """
+        async with self.cond:
+            self.waiting_getters += 1
+            try:
+                pred = lambda: self.closed or len(self.items) >= n  # noqa: E731
+                if timeout is None:
+                    await self.cond.wait_for(pred)
+                else:
+                    await asyncio.wait_for(self.cond.wait_for(pred), timeout)
+            except asyncio.TimeoutError:
+                return None
+            finally:
+                self.waiting_getters -= 1
+            if self.closed:
+                return None
+            out = [[self.items.popleft()[0]] for _ in range(n)]
+            self.gets += n
+            self.cond.notify_all()
+            return out
+
+    def size(self) -> int:
+        return len(self.items)
+
+    def record_drop(self, reason: str, n: int = 1) -> None:
+        """Count samples dropped elsewhere in the pipeline (kept here so stats add up in one place)."""
+        self.drops[reason] += n
+
+    def stats(self) -> QueueStats:
+        return QueueStats(len(self.items), self.maxsize, self.puts, self.gets, sum(self.drops.values()),
+                          dict(self.drops), self.waiting_getters, self.waiting_putters, self.closed)
+
+    async def shutdown(self) -> int:
+        """Close the queue, wake every waiter; items still queued are counted as dropped."""
+        async with self.cond:
+            self.closed = True
+            left = len(self.items)
+            if left:
+                self.drops["unconsumed_at_shutdown"] += left
+            self.items.clear()
+            self.cond.notify_all()
+            return left
+
+
+class MessageQueue:
+    """Bounded FIFO of rollout samples shared by the Rollouter and Trainer (a Ray actor).
+
+    Args:
+        maxsize: capacity in samples (prompt groups); the rollouter's ``max_required_samples``.
+        actor_options: extra ``ray.remote`` options (``name``, ``namespace``, ...).
+
+    Producers call :meth:`put_sample_async` with an object ref (``ray.put(sample)``); consumers
+    call :meth:`get_samples_async` and ``ray.get`` the returned refs.
+    """
+
+    def __init__(self, maxsize: int, actor_options: Optional[dict] = None):
+        opts = {"num_cpus": 0, "max_concurrency": 1000}
+        opts.update(actor_options or {})
+        self.maxsize = maxsize
+        self.actor = ray.remote(_MessageQueueActor).options(**opts).remote(maxsize)
+
+    @classmethod
+    def from_handle(cls, handle: Any, maxsize: int) -> "MessageQueue":
+        self = cls.__new__(cls)
+        self.actor, self.maxsize = handle, maxsize
+        return self
+
+    # producer side
+    async def put_sample_async(self, sample_ref: ray.ObjectRef, timeout: Optional[float] = None) -> bool:
+        """Enqueue a sample ref; waits while full. Raises :class:`QueueShutdown` after shutdown."""
+        return await self.actor.put_sample.remote([sample_ref], timeout)
+
+    def put_sample(self, sample_ref: ray.ObjectRef, timeout: Optional[float] = None) -> bool:
+        return ray.get(self.actor.put_sample.remote([sample_ref], timeout))
+
+    # consumer side
+    async def get_samples_async(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
+        """Dequeue ``n`` samples (the payloads, fetched from the object store), or ``None`` on shutdown/timeout."""
+        wrapped = await self.actor.get_samples.remote(n, timeout)
+        if wrapped is None:
+            return None
+        return await asyncio.gather(*[w[0] for w in wrapped])
+
+    def get_samples(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
+        wrapped = ray.get(self.actor.get_samples.remote(n, timeout))
+        return None if wrapped is None else ray.get([w[0] for w in wrapped])
+
+    async def size_async(self) -> int:
+        return await self.actor.size.remote()
+
+    def stats(self) -> QueueStats:
+        return ray.get(self.actor.stats.remote())
+
+    async def stats_async(self) -> QueueStats:
+        return await self.actor.stats.remote()
+
+    def shutdown(self) -> int:
+        """Close the queue and wake blocked getters; returns the number of unconsumed samples."""
+        return ray.get(self.actor.shutdown.remote())

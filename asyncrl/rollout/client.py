@@ -1,0 +1,151 @@
+"""LLMServerClient and FullyAsyncLLMServerClient: route a request to a replica and survive aborts.
+
+::
+
+    agent loop --generate(request_id, prompt_ids, sp)--> FullyAsyncLLMServerClient
+        loop:  acquire_server(request_id)  (sticky: retries land on the same replica)
+               replica.generate(prompt + generated so far, max_tokens = remaining budget)
+               release_server in finally
+               stop_reason == "aborted"?  -> partial_rollout: resubmit after the replica resumes
+                                             otherwise: raise GenerationAborted (sample is dropped)
+        returns one TokenOutput whose tokens may span several parameter versions
+
+Semantics from the verl fully-async design: a weight sync aborts in-flight requests; the client
+resumes from prompt + generated tokens with the remaining budget, never past ``response_length``,
+and records the versions it spanned (``min_global_steps`` / ``max_global_steps``). The abort is
+invisible to the agent loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Sequence
+
+from asyncrl.rollout.base import SamplingParams, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationAborted(RuntimeError):
+    """A request was aborted and ``partial_rollout`` is off: the sample must be dropped and counted."""
+
+
+class ServerPool(Protocol):
+    """What the client needs from a load balancer (see GlobalRequestLoadBalancer)."""
+
+    async def acquire_server_async(self, request_id: str) -> tuple[Any, Any]: ...
+    async def release_server_async(self, server_id: Any) -> None: ...
+
+
+@dataclass
+class ResumableOutput(TokenOutput):
+    """A TokenOutput assembled from one or more engine calls.
+
+    Attributes:
+        token_param_versions: ``(n_generated,)`` parameter version that produced each token.
+        num_aborts: how many times the request was aborted and resumed.
+        server_ids: replica that served each engine call (sticky routing keeps them equal).
+    """
+
+    token_param_versions: list[int] = field(default_factory=list)
+    num_aborts: int = 0
+    server_ids: list[Any] = field(default_factory=list)
+
+    @property
+    def min_global_steps(self) -> Optional[int]:
+        return min(self.token_param_versions) if self.token_param_versions else None
+
+    @property
+    def max_global_steps(self) -> Optional[int]:
+        return max(self.token_param_versions) if self.token_param_versions else None
+
+
+async def _call_replica(handle: Any, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+    if hasattr(handle, "generate_async"):
+        return await handle.generate_async(request_id, prompt_ids, sp)
+    if hasattr(handle, "generate") and hasattr(handle.generate, "remote"):
+        return await handle.generate.remote(request_id, prompt_ids, sp)
+    return await handle.generate(request_id, prompt_ids, sp)
+
+
+class LLMServerClient:
+    """One request -> one replica call, routed by a load balancer.
+
+    Args:
+        pool: a :class:`ServerPool` (``acquire_server_async`` / ``release_server_async``).
+    """
+
+    def __init__(self, pool: ServerPool):
+        self.pool = pool
+
+    async def _once(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> tuple[TokenOutput, Any]:
+        server_id, handle = await self.pool.acquire_server_async(request_id)
+        try:
+            return await _call_replica(handle, request_id, prompt_ids, sp), server_id
+        finally:
+            await self.pool.release_server_async(server_id)
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        out, _ = await self._once(request_id, list(prompt_ids), sampling_params)
+        return out
+
+
+class FullyAsyncLLMServerClient(LLMServerClient):
+    """Client with the partial-rollout resume loop.
+
+    Args:
+        pool: load balancer.
+        partial_rollout: resume aborted requests (True) or raise :class:`GenerationAborted` (False).
+        max_resumes: safety bound on resubmissions of one request.
+    """
+
+    def __init__(self, pool: ServerPool, partial_rollout: bool = True, max_resumes: int = 1000):
+        super().__init__(pool)
+        self.partial_rollout = partial_rollout
+        self.max_resumes = max_resumes
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> ResumableOutput:
+        """Generate up to ``sampling_params.max_tokens`` tokens in total, across aborts.
+
+        The caller's ``sampling_params`` is never mutated; each resubmission gets a copy with
+        ``max_tokens`` reduced by what was already generated, so the total never exceeds it.
+
+        Raises:
+            GenerationAborted: when aborted and ``partial_rollout`` is False (tokens so far attached
+                as ``.partial``), or when ``max_resumes`` is exceeded.
+        """
+        budget = int(sampling_params.max_tokens)
+        prompt = list(prompt_ids)
+        result = ResumableOutput(token_ids=[], log_probs=[] if sampling_params.logprobs else None)
+        while True:
+            remaining = budget - len(result.token_ids)
+            if remaining <= 0:
+                result.stop_reason = "length"
+                return result
+            sp = dataclasses.replace(sampling_params, max_tokens=remaining,
+                                     stop_token_ids=list(sampling_params.stop_token_ids))
+            out, server_id = await self._once(request_id, prompt + result.token_ids, sp)
+            new = list(out.token_ids)[:remaining]
+            result.token_ids.extend(new)
+            if result.log_probs is not None:
+                result.log_probs.extend(list(out.log_probs or [0.0] * len(new))[:len(new)])
+            result.token_param_versions.extend([out.param_version] * len(new))
+            result.param_version = out.param_version
+            result.num_preempted += out.num_preempted
+            result.server_ids.append(server_id)
+            if out.routed_experts is not None:  # appended, never overwritten
+                result.routed_experts = (result.routed_experts or []) + list(out.routed_experts)
+            if out.stop_reason != "aborted":
+                result.stop_reason = out.stop_reason
+                return result
+            result.num_aborts += 1
+            if not self.partial_rollout:
+                err = GenerationAborted(f"request {request_id} aborted after {len(result.token_ids)} tokens "
+                                        "and partial_rollout is off")
+                err.partial = result  # type: ignore[attr-defined]
+                raise err
+            if result.num_aborts > self.max_resumes:
+                raise GenerationAborted(f"request {request_id} aborted {result.num_aborts} times")
+            logger.debug("request %s aborted at %d tokens; resuming", request_id, len(result.token_ids))

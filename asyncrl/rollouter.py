@@ -1,0 +1,306 @@
+"""FullyAsyncRollouter: streams prompt groups from the dataloader to the MessageQueue.
+
+::
+
+    feed_loop      dataset rows --put--> pending_queue (bound = max_required_samples)
+                                            | waits while full
+    processor_loop pending_queue --get--> [wait: not paused, active < max_concurrent_samples,
+                                            staleness_samples < max_required_samples]
+                                       --spawn--> active_tasks
+    process_sample n x agent loop (generate via FullyAsyncLLMServerClient) -> reward
+                   --ray.put--> MessageQueue.put_sample  (waits while the queue is full)
+
+    trainer sync:  pause_for_sync()   partial_rollout: replicas pause(abort) -> clients wait + resume
+                                      else: stop admitting, wait for active_tasks to drain
+                   [weights are sent to the replicas]
+                   resume_after_sync(v)  version = v, replicas resume, reset_staleness(), wake loops
+
+Semantics and names from the verl fully-async design (seed ``003`` chapter 6): ``staleness_samples``
+counts samples started since the last sync plus those still outstanding; ``reset_staleness()`` sets
+it to ``len(active_tasks) + len(MessageQueue)`` after each sync. Every prompt taken from the
+dataloader is accounted for: enqueued (later trained or dropped by the trainer), dropped with a
+reason, or failed with a reason (invariant 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+import uuid
+from typing import Any, Optional
+
+import ray
+
+from asyncrl.agent_loop.base import get_agent_loop_cls
+from asyncrl.config import ExperimentConfig
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
+from asyncrl.sample import RolloutSample
+from asyncrl.staleness import sample_budget
+
+logger = logging.getLogger(__name__)
+
+
+class FullyAsyncRollouter:
+    """Ray actor body (made remote by :class:`~asyncrl.experiment.Experiment` with ``num_cpus=0``).
+
+    Args:
+        config: the experiment config.
+        train_rows: dataset rows in the verl schema.
+        val_rows: held-out rows for greedy evaluation.
+        replicas: ``{server_id: RolloutReplica actor handle}``.
+        load_balancer: GlobalRequestLoadBalancer wrapper (acquire/release).
+        message_queue: :class:`~asyncrl.message_queue.MessageQueue`.
+    """
+
+    def __init__(self, config: ExperimentConfig, train_rows: list[dict], val_rows: list[dict],
+                 replicas: dict, load_balancer: Any, message_queue: Any):
+        from asyncrl.models import load_tokenizer  # tokenizers are loaded per actor, never shipped
+        from asyncrl.reward import compute_score
+
+        self.cfg = config
+        self.budget = sample_budget(config)
+        self.train_rows, self.val_rows = train_rows, val_rows
+        self.replicas = replicas
+        self.mq = message_queue
+        self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
+        self.compute_score = compute_score
+        self.client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=config.async_training.partial_rollout)
+        self.eval_client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=True)
+        self.param_version = 0
+        self.pending_queue: asyncio.Queue = asyncio.Queue(maxsize=self.budget.max_required_samples)
+        self.active_tasks: set[asyncio.Task] = set()
+        self.staleness_samples = 0
+        self.paused = False
+        self.stopping = False
+        self.cond = asyncio.Condition()
+        self.counts = collections.Counter()  # taken, enqueued
+        self.dropped: collections.Counter = collections.Counter()
+        self.failed: collections.Counter = collections.Counter()
+        self.eval_history: list[dict] = []
+        self._eval_task: Optional[asyncio.Task] = None
+        self._loops: list[asyncio.Task] = []
+        self.t_start = time.time()
+        self.idle_s = 0.0  # time the processor could not start a sample (paused / budget / concurrency)
+        self.recent: collections.deque = collections.deque(maxlen=512)  # per-sample summaries for widgets
+        self.partial_spans: collections.deque = collections.deque(maxlen=512)
+        eos = self.tokenizer.eos_token_id
+        ro = config.actor_rollout_ref.rollout
+        self.sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
+                                 logprobs=True, stop_token_ids=[eos] if eos is not None else [])
+        self.greedy_sp = SamplingParams(max_tokens=ro.response_length, temperature=0.0, logprobs=False,
+                                        stop_token_ids=self.sp.stop_token_ids)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the feed and processor loops (returns at once)."""
+        self._loops = [asyncio.create_task(self._feed_loop()), asyncio.create_task(self._processor_loop())]
+
+    async def stop(self) -> dict:
+        """Stop admitting work, abort generation, and account every unfinished prompt as dropped."""
+        self.stopping = True
+        async with self.cond:
+            self.cond.notify_all()
+        for t in self._loops:
+            t.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        active = list(self.active_tasks)
+        for t in active:
+            t.cancel()
+        await asyncio.gather(*active, return_exceptions=True)
+        while not self.pending_queue.empty():
+            self.pending_queue.get_nowait()
+            self.dropped["unstarted_at_shutdown"] += 1
+        return self.accounting()
+
+    # ------------------------------------------------------------------ loops
+    async def _feed_loop(self) -> None:
+        rng = random.Random(self.cfg.trainer.seed)
+        epoch = 0
+        while not self.stopping:
+            order = list(range(len(self.train_rows)))
+            if self.cfg.data.shuffle:
+                rng.shuffle(order)
+            for i in order:
+                await self.pending_queue.put((i, time.time()))
+                self.counts["taken"] += 1
+            epoch += 1
+
+    def _can_start(self) -> bool:
+        return (not self.paused and len(self.active_tasks) < self.budget.max_concurrent_samples
+                and self.staleness_samples < self.budget.max_required_samples)
+
+    async def _processor_loop(self) -> None:
+        held = None  # a row taken off pending_queue but not yet started
+        try:
+            while not self.stopping:
+                held = await self.pending_queue.get()
+                t_wait = time.time()
+                async with self.cond:
+                    await self.cond.wait_for(lambda: self.stopping or self._can_start())
+                    if self.stopping:
+                        break
+                    self.staleness_samples += 1
+                self.idle_s += time.time() - t_wait
+                task = asyncio.create_task(self._process_sample(held[0], held[1], self.param_version))
+                held = None
+                self.active_tasks.add(task)
+                task.add_done_callback(self._task_done)
+        finally:
+            if held is not None:
+                self.dropped["unstarted_at_shutdown"] += 1
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.active_tasks.discard(task)
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
+        async with self.cond:
+            self.cond.notify_all()
+
+    async def release_budget(self) -> None:
+        """A started sample will never reach the trainer: give its staleness slot back."""
+        async with self.cond:
+            self.staleness_samples = max(0, self.staleness_samples - 1)
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------------ one prompt group
+    async def _process_sample(self, index: int, taken_at: float, version: int) -> None:
+        row = self.train_rows[index]
+        uid = uuid.uuid4().hex[:12]
+        started = time.time()
+        try:
+            loop_cls = get_agent_loop_cls(row.get("agent_name") or self.cfg.actor_rollout_ref.rollout.agent.default_agent_loop)
+            loop = loop_cls(self.client, self.tokenizer, self.cfg)
+            from asyncrl.agent_loop.single_turn import render_prompt_ids
+            prompt_ids = render_prompt_ids(self.tokenizer, list(row["prompt"]))
+            if len(prompt_ids) > self.cfg.data.max_prompt_length:
+                self.dropped["prompt_too_long"] += 1
+                await self.release_budget()
+                return
+            outs = await asyncio.gather(*[
+                loop.run(self.sp, request_id=f"{uid}-{k}", prompt_ids=prompt_ids, **row)
+                for k in range(self.cfg.actor_rollout_ref.rollout.n)])
+            gt = row["reward_model"]["ground_truth"]
+            for o in outs:
+                text = self.tokenizer.decode(o.response_ids, skip_special_tokens=True)
+                o.reward_score = float(self.compute_score(row.get("data_source", ""), text, gt, row.get("extra_info")))
+            finished = time.time()
+            sample = RolloutSample(uid=uid, index=index, data_source=row.get("data_source", ""), ground_truth=gt,
+                                   outputs=list(outs), start_version=version,
+                                   timings={"taken": taken_at, "started": started, "finished": finished})
+            sample.metrics = {"rollouter/processing_s": finished - started,
+                              "rollouter/num_aborts": sum(o.metrics.get("agent/num_aborts", 0) for o in outs)}
+            if sample.is_partial:
+                self.partial_spans.append((sample.min_global_steps, sample.max_global_steps))
+            sample.timings["enqueued"] = time.time()
+            await self.mq.put_sample_async(ray.put(sample))
+            self.counts["enqueued"] += 1
+            self.recent.append({"uid": uid, "reward_mean": sum(sample.rewards) / len(outs),
+                                "min_v": sample.min_global_steps, "max_v": sample.max_global_steps,
+                                "processing_s": finished - started})
+        except asyncio.CancelledError:
+            self.dropped["aborted_at_shutdown"] += 1
+            raise
+        except GenerationAborted:
+            self.dropped["aborted_no_partial_rollout"] += 1
+            await self.release_budget()
+        except Exception as exc:  # reported and accounted, never silently lost
+            logger.exception("sample %s (row %d) failed", uid, index)
+            self.failed[f"{type(exc).__name__}: {str(exc)[:80]}"] += 1
+            await self.release_budget()
+
+    # ------------------------------------------------------------------ sync protocol
+    async def pause_for_sync(self) -> dict:
+        """Called by the ParameterSynchronizer before weights move. Returns timings (s)."""
+        t0 = time.time()
+        async with self.cond:
+            self.paused = True
+        if self._eval_task is not None:
+            await asyncio.gather(self._eval_task, return_exceptions=True)
+        t_eval = time.time()
+        if self.cfg.async_training.partial_rollout:
+            await asyncio.gather(*[r.pause.remote("abort") for r in self.replicas.values()])
+        else:
+            while self.active_tasks:
+                await asyncio.wait(set(self.active_tasks))
+        return {"sync/wait_eval_s": t_eval - t0, "sync/pause_s": time.time() - t_eval}
+
+    async def resume_after_sync(self, version: int) -> dict:
+        """Adopt ``version``, resume replicas, :meth:`reset_staleness`, maybe start an evaluation."""
+        t0 = time.time()
+        self.param_version = version
+        if self.cfg.async_training.partial_rollout:
+            await asyncio.gather(*[r.resume.remote() for r in self.replicas.values()])
+        await self.reset_staleness()
+        if self.cfg.trainer.test_freq > 0 and version % self.cfg.trainer.test_freq == 0:
+            self.start_evaluation()
+        return {"sync/resume_s": time.time() - t0}
+
+    async def reset_staleness(self) -> int:
+        """``staleness_samples = len(active_tasks) + len(MessageQueue)``; unpauses the processor."""
+        qsize = await self.mq.size_async()
+        async with self.cond:
+            self.staleness_samples = len(self.active_tasks) + qsize
+            self.paused = False
+            self.cond.notify_all()
+        return self.staleness_samples
+
+    # ------------------------------------------------------------------ evaluation
+    def start_evaluation(self) -> None:
+        """Run held-out greedy evaluation of the current version in the background."""
+        if self._eval_task is None or self._eval_task.done():
+            self._eval_task = asyncio.create_task(self.evaluate())
+
+    async def evaluate(self, limit: Optional[int] = None) -> dict:
+        """Greedy accuracy on the held-out rows at the current version; appended to ``eval_history``."""
+        from asyncrl.agent_loop.single_turn import render_prompt_ids
+        version, t0 = self.param_version, time.time()
+        rows = self.val_rows[: limit or len(self.val_rows)]
+
+        async def one(i: int, row: dict) -> float:
+            ids = render_prompt_ids(self.tokenizer, list(row["prompt"]))
+            out = await self.eval_client.generate(f"eval-{version}-{i}-{uuid.uuid4().hex[:6]}", ids, self.greedy_sp)
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            return float(self.compute_score(row.get("data_source", ""), text, row["reward_model"]["ground_truth"],
+                                            row.get("extra_info")))
+
+        scores = await asyncio.gather(*[one(i, r) for i, r in enumerate(rows)])
+        result = {"version": version, "accuracy": sum(scores) / max(1, len(scores)), "n": len(scores),
+                  "time": time.time() - self.t_start, "eval_s": time.time() - t0}
+        self.eval_history.append(result)
+        logger.info("eval v%d: accuracy %.3f on %d", version, result["accuracy"], len(scores))
+        return result
+
+    async def wait_evaluation(self) -> None:
+        if self._eval_task is not None:
+            await asyncio.gather(self._eval_task, return_exceptions=True)
+
+    # ------------------------------------------------------------------ status
+    def accounting(self) -> dict:
+        return {"taken": self.counts["taken"], "enqueued": self.counts["enqueued"],
+                "pending": self.pending_queue.qsize(), "active": len(self.active_tasks),
+                "dropped": dict(self.dropped), "failed": dict(self.failed)}
+
+    async def snapshot(self) -> dict:
+        """Live state for widgets and ``Experiment.status()`` (cheap; no generation)."""
+        wall = max(1e-9, time.time() - self.t_start)
+        return {
+            "param_version": self.param_version,
+            "staleness_samples": self.staleness_samples,
+            "paused": self.paused,
+            "pending_queue": self.pending_queue.qsize(),
+            "pending_queue_max": self.budget.max_required_samples,
+            "active_tasks": len(self.active_tasks),
+            "max_concurrent_samples": self.budget.max_concurrent_samples,
+            "max_required_samples": self.budget.max_required_samples,
+            "required_samples": self.budget.required_samples,
+            "idle_ratio": min(1.0, self.idle_s / wall),
+            "accounting": self.accounting(),
+            "eval_history": list(self.eval_history),
+            "partial_spans": list(self.partial_spans)[-64:],
+            "recent": list(self.recent)[-64:],
+        }
