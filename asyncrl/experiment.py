@@ -1,0 +1,256 @@
+"""Experiment: the notebook / CLI entry that builds the actors, runs, exposes live state, shuts down.
+
+::
+
+    Experiment.start()  ray.init (local unless ray.address) -> replicas -> load balancer
+                        -> MessageQueue -> FullyAsyncRollouter -> FullyAsyncTrainer.fit()   (returns)
+    Experiment.status() / await status_async()   snapshots of every actor (widgets poll this)
+    Experiment.wait()   progress bar until the trainer is done -> finish() -> Summary
+    Experiment.stop()   abort generation, shut the queue, kill actors, free engines and ports
+
+``run()`` = start + wait + stop. Nothing here blocks a notebook's event loop except ``wait`` /
+``run``; use ``start`` + ``status_async`` from notebooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+
+from asyncrl.config import ExperimentConfig, to_yaml
+from asyncrl.metrics import run_name, write_run_artifacts
+from asyncrl.staleness import sample_budget
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Summary:
+    """What a finished run reports (also written to ``summary.json``).
+
+    Attributes:
+        run_dir: artifact directory.
+        steps: trainer fit steps done; ``param_version``: weight syncs done.
+        accuracy_before: held-out greedy accuracy at version 0 (0..1).
+        accuracy_after: mean of the last ``trainer.eval_average_last`` evaluations (0..1).
+        accounting: prompts taken vs trained / dropped / failed, with reasons (invariant 1).
+        wall_s: seconds from start to the end of the final evaluation.
+    """
+
+    run_dir: str
+    steps: int
+    param_version: int
+    accuracy_before: Optional[float]
+    accuracy_after: Optional[float]
+    accounting: dict
+    wall_s: float
+    evals: list = field(default_factory=list)
+    lag_counts: dict = field(default_factory=dict)
+    staleness_bound: int = 0
+
+    def __str__(self) -> str:
+        def pct(x: Optional[float]) -> str:
+            return "n/a" if x is None else f"{100 * x:.1f}%"
+        a = self.accounting
+        return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s\n"
+                f"  held-out greedy accuracy: before {pct(self.accuracy_before)} -> after {pct(self.accuracy_after)}"
+                f" (mean of last evals)\n"
+                f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
+                f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
+                f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})")
+
+
+class Experiment:
+    """One fully-async RL run.
+
+    Args:
+        config: an :class:`~asyncrl.config.ExperimentConfig` (e.g. from a recipe or ``load_config``).
+
+    Raises:
+        asyncrl.config.ConfigError: on an invalid config (at construction).
+    """
+
+    def __init__(self, config: Optional[ExperimentConfig] = None):
+        from asyncrl.config import validate
+
+        self.config = config or ExperimentConfig()
+        validate(self.config)
+        self.budget = sample_budget(self.config)
+        self.name = run_name(self.config.trainer.experiment_name, self.config.trainer.seed)
+        self.run_dir = Path(self.config.trainer.default_local_dir) / self.name
+        self._started_ray = False
+        self.replicas: dict[str, Any] = {}
+        self.lb = self.mq = self.rollouter = self.trainer = None
+        self._fit_ref = None
+        self.summary: Optional[Summary] = None
+        self.t_start = 0.0
+
+    # ------------------------------------------------------------------ build
+    def start(self) -> "Experiment":
+        """Create the actors and start rollout + training; returns immediately."""
+        from asyncrl.data.dataset import load_rows, get_task_rows
+        from asyncrl.message_queue import MessageQueue
+        from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer
+        from asyncrl.rollout.replica import RolloutReplica
+        from asyncrl.rollouter import FullyAsyncRollouter
+        from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+
+        cfg = self.config
+        self.t_start = time.time()
+        if not ray.is_initialized():
+            ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+                     include_dashboard=False, log_to_driver=True,
+                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+            self._started_ray = True
+        d = cfg.data
+        train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
+        val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators)
+        n = cfg.actor_rollout_ref.rollout.num_replicas
+        self._replica_objs = [RolloutReplica(cfg, server_id=f"replica_{i}") for i in range(n)]
+        self.replicas = {r.server_id: r.actor for r in self._replica_objs}
+        ray.get([r.actor.ready.remote() for r in self._replica_objs])
+        self.lb = GlobalRequestLoadBalancer(self.replicas, full_determinism=False)
+        self.mq = MessageQueue(self.budget.max_required_samples)
+        self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
+            cfg, train, val, self.replicas, self.lb, self.mq)
+        self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64).remote(
+            cfg, self.mq, self.rollouter, self.replicas)
+        ray.get(self.rollouter.start_evaluation.remote())  # version-0 "before" accuracy
+        ray.get(self.rollouter.start.remote())
+        self._fit_ref = self.trainer.fit.remote()
+        logger.info("experiment %s started: %s", self.name, self.budget)
+        return self
+
+    # ------------------------------------------------------------------ live state
+    async def status_async(self) -> dict:
+        """Snapshot of every actor (never blocks the event loop)."""
+        if self.rollouter is None:
+            return {"state": "not started"}
+        ro, tr, mq, lb = await asyncio.gather(self.rollouter.snapshot.remote(), self.trainer.status.remote(),
+                                              self.mq.stats_async(), self.lb.snapshot_async())
+        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": time.time() - self.t_start,
+                "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq), "load_balancer": lb,
+                "budget": dataclasses.asdict(self.budget)}
+
+    def status(self) -> dict:
+        """Blocking variant of :meth:`status_async` for scripts."""
+        if self.rollouter is None:
+            return {"state": "not started"}
+        ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
+        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": time.time() - self.t_start,
+                "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(self.mq.stats()),
+                "load_balancer": self.lb.snapshot(), "budget": dataclasses.asdict(self.budget)}
+
+    def wait(self, progress: Optional[bool] = None, poll_s: float = 1.0) -> Summary:
+        """Block until training ends (tqdm progress bar), then :meth:`finish`."""
+        from tqdm.auto import tqdm
+
+        show = self.config.trainer.progress_bar if progress is None else progress
+        total = self.config.trainer.total_training_steps
+        bar = tqdm(total=total, desc=self.name, unit="step", disable=not show)
+        done_steps = 0
+        while True:
+            ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
+            st = ray.get(self.trainer.status.remote())
+            bar.update(st["global_steps"] - done_steps)
+            done_steps = st["global_steps"]
+            last = st["history"][-1] if st["history"] else {}
+            evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
+            bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}", lag=f"{last.get('staleness/lag_max', 0):.0f}",
+                            acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
+            if ready:
+                break
+        bar.close()
+        ray.get(self._fit_ref)  # re-raise a trainer error here
+        return self.finish()
+
+    def finish(self) -> Summary:
+        """Stop rollout, push the last weights, evaluate, account every prompt, write artifacts."""
+        ray.get(self.rollouter.stop.remote())
+        ray.get([r.abort_all_requests.remote() for r in self.replicas.values()])
+        ray.get(self.trainer.final_sync.remote())
+        ray.get(self.rollouter.wait_evaluation.remote())
+        ro = ray.get(self.rollouter.snapshot.remote())
+        if not ro["eval_history"] or ro["eval_history"][-1]["version"] != ro["param_version"]:
+            ray.get(self.rollouter.evaluate.remote())
+        self.mq.shutdown()
+        ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
+        accounting = self._accounting(ro["accounting"], tr, dataclasses.asdict(self.mq.stats()))
+        evals = ro["eval_history"]
+        k = self.config.trainer.eval_average_last
+        after_evals = [e for e in evals if e["version"] > 0][-k:]
+        self.summary = Summary(
+            run_dir=str(self.run_dir), steps=tr["global_steps"], param_version=tr["param_version"],
+            accuracy_before=evals[0]["accuracy"] if evals and evals[0]["version"] == 0 else None,
+            accuracy_after=sum(e["accuracy"] for e in after_evals) / len(after_evals) if after_evals else None,
+            accounting=accounting, wall_s=time.time() - self.t_start, evals=evals,
+            lag_counts=tr["lag_counts"], staleness_bound=tr["staleness_bound"])
+        history = tr["history"]
+        write_run_artifacts(self.run_dir, history, evals, to_yaml(self.config), dataclasses.asdict(self.summary))
+        return self.summary
+
+    @staticmethod
+    def _accounting(ro: dict, tr: dict, mq: dict) -> dict:
+        """Invariant 1: taken == trained + dropped + failed, every drop and failure with a reason."""
+        dropped: dict[str, int] = {}
+        for src in (ro["dropped"], mq["drop_reasons"]):
+            for k, v in src.items():
+                dropped[k] = dropped.get(k, 0) + v
+        failed = dict(ro["failed"])
+        out = {"taken": ro["taken"], "trained": tr["trained"], "dropped": dropped, "failed": failed,
+               "dropped_total": sum(dropped.values()), "failed_total": sum(failed.values()),
+               "in_flight_left": ro["pending"] + ro["active"]}
+        out["balanced"] = out["taken"] == out["trained"] + out["dropped_total"] + out["failed_total"]
+        return out
+
+    def stop(self) -> None:
+        """Shut everything down: no actors, engine processes or ports left behind. Idempotent."""
+        for name in ("rollouter", "trainer"):
+            h = getattr(self, name)
+            if h is not None:
+                try:
+                    ray.kill(h)
+                except Exception:  # already dead
+                    pass
+                setattr(self, name, None)
+        if self.mq is not None:
+            try:
+                ray.kill(self.mq.actor)
+            except Exception:
+                pass
+            self.mq = None
+        for r in getattr(self, "_replica_objs", []):
+            r.shutdown()
+        self._replica_objs, self.replicas = [], {}
+        if self.lb is not None:
+            self.lb.shutdown()
+            self.lb = None
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False
+
+    def run(self) -> Summary:
+        """start + wait + stop; returns the :class:`Summary`."""
+        try:
+            self.start()
+            return self.wait()
+        finally:
+            self.stop()
+
+    # rich display in notebooks
+    def _repr_html_(self) -> str:
+        st = "not started" if self.rollouter is None else ("finished" if self.summary else "running")
+        return (f"<b>asyncrl Experiment</b> <code>{self.name}</code> &mdash; {st}<br>"
+                f"required_samples={self.budget.required_samples}, max_required_samples={self.budget.max_required_samples}, "
+                f"max_concurrent_samples={self.budget.max_concurrent_samples}, staleness_bound={self.budget.staleness_bound}")
+
+    def __repr__(self) -> str:
+        return f"Experiment({self.name!r}, budget={self.budget})"
+

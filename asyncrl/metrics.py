@@ -1,0 +1,86 @@
+"""Metric namespace, run naming and run artifacts (table, plot, resolved config, summary).
+
+Glossary (one row per trainer step in ``metrics.csv``; seconds unless said otherwise):
+
+==================================  =========================================================
+``reward/mean``                     mean rule reward of the step's responses (0..1)
+``response_length/mean``            mean model tokens per response
+``staleness/lag_mean``, ``_max``    trainer param version minus the version that generated each
+                                    trained token (0 = on-policy)
+``trainer/idle_ratio``              share of wall time the trainer waited for samples
+``rollouter/idle_ratio``            share of wall time the rollouter could not start a sample
+``rollouter/partial_count``         samples in the step whose tokens span several versions
+``rollouter/partial_max_span``      largest version span of one sample in the step
+``rollouter/processing_p50_s`` ...  per-sample generation+reward time percentiles
+``rollouter/queue_size``            MessageQueue size when the step was logged
+``actor/pg_loss``, ``pg_clipfrac``  PPO-clip loss and clipped fraction
+``actor/ppo_kl``, ``actor/kl_loss`` behaviour-vs-policy KL estimate; reference KL (if enabled)
+``actor/grad_norm``, ``actor/lr``   gradient norm before clipping; learning rate
+``sync/*``                          weight-sync phase timings (pause, transfer, resume, total)
+``timing/*``                        trainer step phases (fetch, update, step)
+``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version)
+==================================  =========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+
+
+def run_name(recipe: str, seed: int, when: Optional[float] = None) -> str:
+    """``{recipe}__{seed}__{YYYYmmdd-HHMMSS}``."""
+    return f"{recipe}__{seed}__{time.strftime('%Y%m%d-%H%M%S', time.localtime(when or time.time()))}"
+
+
+def plot_run(history: pd.DataFrame, evals: pd.DataFrame, path: Path) -> Path:
+    """PNG with reward / held-out accuracy (top) and staleness lag (bottom) over trainer steps."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    if not history.empty:
+        ax1.plot(history["step"], history["reward/mean"], label="train reward (mean)", color="tab:blue")
+        ax2.plot(history["step"], history["staleness/lag_mean"], label="lag mean", color="tab:orange")
+        ax2.plot(history["step"], history["staleness/lag_max"], label="lag max", color="tab:red", linestyle="--")
+    if not evals.empty and "step" in evals:
+        ax1.plot(evals["step"], evals["accuracy"], "o-", label="held-out greedy accuracy", color="tab:green")
+    ax1.set_ylabel("reward / accuracy")
+    ax1.set_ylim(-0.02, 1.02)
+    ax1.legend(loc="lower right")
+    ax2.set_ylabel("version lag")
+    ax2.set_xlabel("trainer step")
+    ax2.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[dict], config_yaml: str,
+                        summary: dict[str, Any]) -> dict[str, Path]:
+    """Write ``metrics.csv``, ``eval.csv``, ``config.yaml``, ``summary.json`` and ``plot.png``.
+
+    Returns the paths by kind. Raises ``OSError`` if ``run_dir`` cannot be written.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    hist = pd.DataFrame(history)
+    evals = pd.DataFrame(eval_history)
+    if not evals.empty and not hist.empty:
+        # map each evaluation's param version to the first trainer step that reached it
+        first_step = hist.groupby("param_version")["step"].min().to_dict()
+        evals["step"] = [0 if v == 0 else first_step.get(v, hist["step"].max()) for v in evals["version"]]
+    paths = {"metrics": run_dir / "metrics.csv", "eval": run_dir / "eval.csv", "config": run_dir / "config.yaml",
+             "summary": run_dir / "summary.json", "plot": run_dir / "plot.png"}
+    hist.to_csv(paths["metrics"], index=False)
+    evals.to_csv(paths["eval"], index=False)
+    paths["config"].write_text(config_yaml)
+    paths["summary"].write_text(json.dumps(summary, indent=2, default=str))
+    plot_run(hist, evals, paths["plot"])
+    return paths

@@ -1,0 +1,60 @@
+"""Recipes: Python functions returning a config, so notebooks can call them and ``dataclasses.replace`` fields.
+
+``arith_grpo_cpu`` is the embedded default (``make demo`` / ``asyncrl demo``): fully async GRPO of the
+embedded tiny Qwen2 on two-digit addition, sized for a 2-core CPU laptop. Settings follow the
+prototype that is known to work on this kind of machine: 32 prompts x 8 samples per step, lr 3e-4
+with a 30-update warm-up then linear decay, two mini-batch updates per step, no KL.
+"""
+
+from __future__ import annotations
+
+from asyncrl.config import ExperimentConfig
+
+
+def arith_grpo_cpu() -> ExperimentConfig:
+    """Mode d (staleness 0.5, partial rollout) on ``arith``; ~5 minutes of training on 2 cores."""
+    cfg = ExperimentConfig()
+    cfg.trainer.experiment_name = "arith_grpo_cpu"
+    cfg.trainer.total_training_steps = 150
+    cfg.trainer.total_time_s = 330.0
+    cfg.trainer.test_freq = 10
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 16
+    cfg.async_training.require_batches = 2
+    cfg.async_training.staleness_threshold = 0.5
+    cfg.async_training.trigger_parameter_sync_step = 1
+    cfg.async_training.partial_rollout = True
+    cfg.actor_rollout_ref.rollout.n = 8
+    cfg.actor_rollout_ref.actor.optim.lr = 3e-4
+    cfg.actor_rollout_ref.actor.optim.lr_warmup_steps = 30
+    return cfg
+
+
+def smoke_cpu(mode: str = "d") -> ExperimentConfig:
+    """A few-step run of mode ``a`` | ``b`` | ``c`` | ``d`` for tests and notebooks' CI switch.
+
+    Modes (DESIGN.md section 4): a) trigger 1, staleness 0; b) trigger 2, staleness 0;
+    c) staleness 0.5 without partial rollout; d) staleness 0.5 with partial rollout.
+    """
+    cfg = arith_grpo_cpu()
+    cfg.trainer.experiment_name = f"smoke_mode_{mode}"
+    cfg.trainer.total_training_steps = 4
+    cfg.trainer.total_time_s = 0.0
+    cfg.trainer.test_freq = 2
+    cfg.data.val_size = 32
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 4
+    cfg.actor_rollout_ref.rollout.n = 4
+    at = cfg.async_training
+    if mode == "a":
+        at.trigger_parameter_sync_step, at.staleness_threshold, at.partial_rollout = 1, 0.0, True
+    elif mode == "b":
+        at.trigger_parameter_sync_step, at.staleness_threshold, at.partial_rollout = 2, 0.0, True
+    elif mode == "c":
+        at.trigger_parameter_sync_step, at.staleness_threshold, at.partial_rollout = 1, 0.5, False
+    elif mode == "d":
+        at.trigger_parameter_sync_step, at.staleness_threshold, at.partial_rollout = 1, 0.5, True
+    else:
+        raise ValueError(f"unknown mode {mode!r}; expected one of a, b, c, d")
+    return cfg
+
+
+RECIPES = {"arith_grpo_cpu": arith_grpo_cpu, "smoke_cpu": smoke_cpu}
