@@ -1,0 +1,69 @@
+"""Partial-rollout resume loop (FullyAsyncLLMServerClient) against a fake aborting replica."""
+
+import asyncio
+import copy
+
+import pytest
+
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
+from fake_replica import EOS, FakeAbortingReplica, FakePool
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_resume_total_never_exceeds_response_length():
+    replica = FakeAbortingReplica(abort_every=2000)
+    client = FullyAsyncLLMServerClient(FakePool({"r0": replica}), partial_rollout=True)
+    sp = SamplingParams(max_tokens=8192)
+    before = copy.deepcopy(sp)
+    out = run(client.generate("req-1", [5, 6, 7], sp))
+    assert len(out.token_ids) == 8192
+    assert out.stop_reason == "length"
+    assert out.num_aborts == 4
+    assert sp == before, "caller's sampling params were mutated"
+    # each resubmission asked only for the remaining budget and carried prompt + generated
+    assert [c[2] for c in replica.calls] == [8192, 6192, 4192, 2192, 192]
+    assert [c[1] for c in replica.calls] == [3, 2003, 4003, 6003, 8003]
+    assert len(out.log_probs) == len(out.token_ids) == len(out.token_param_versions)
+
+
+def test_resumed_output_equals_uninterrupted():
+    uninterrupted = run(FullyAsyncLLMServerClient(FakePool({"r": FakeAbortingReplica(natural_len=37)}))
+                        .generate("a", [1, 2], SamplingParams(max_tokens=64)))
+    resumed = run(FullyAsyncLLMServerClient(FakePool({"r": FakeAbortingReplica(abort_every=5, natural_len=37)}))
+                  .generate("a", [1, 2], SamplingParams(max_tokens=64)))
+    assert resumed.token_ids == uninterrupted.token_ids
+    assert len(resumed.token_ids) == 37 and resumed.token_ids[-1] == EOS
+    assert resumed.stop_reason == uninterrupted.stop_reason == "completed"
+    # versions spanned are recorded: 7 aborts -> versions 0..7
+    assert resumed.min_global_steps == 0 and resumed.max_global_steps == 7
+    assert uninterrupted.min_global_steps == uninterrupted.max_global_steps == 0
+
+
+def test_no_partial_rollout_does_not_resubmit():
+    replica = FakeAbortingReplica(abort_every=3)
+    client = FullyAsyncLLMServerClient(FakePool({"r": replica}), partial_rollout=False)
+    with pytest.raises(GenerationAborted) as err:
+        run(client.generate("x", [1], SamplingParams(max_tokens=10)))
+    assert len(replica.calls) == 1, "aborted request was resubmitted"
+    assert len(err.value.partial.token_ids) == 3
+
+
+def test_retries_stay_on_the_same_request_id():
+    replica = FakeAbortingReplica(abort_every=2)
+    run(FullyAsyncLLMServerClient(FakePool({"r": replica})).generate("sticky-7", [1], SamplingParams(max_tokens=7)))
+    assert {c[0] for c in replica.calls} == {"sticky-7"}
+
+
+def test_release_on_error():
+    class Boom:
+        async def generate(self, *a):
+            raise RuntimeError("engine died")
+
+    pool = FakePool({"r": Boom()})
+    with pytest.raises(RuntimeError):
+        run(FullyAsyncLLMServerClient(pool).generate("e", [1], SamplingParams(max_tokens=4)))
+    assert pool.inflight["r"] == 0
