@@ -1,0 +1,184 @@
+"""Load datasets in the verl schema and build built-in task data in memory.
+
+verl schema (one row per prompt)::
+
+    {"data_source": str,                      # picks the reward function
+     "prompt": [{"role": str, "content": str}, ...],   # chat messages
+     "ability": str,                          # optional, e.g. "math"
+     "reward_model": {"style": "rule", "ground_truth": str},
+     "extra_info": {...}}                     # optional, free-form (split, index, tools_kwargs, ...)
+
+Any other keys (``agent_name``, ...) pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from asyncrl.data.arith import make_arith_rows
+
+logger = logging.getLogger(__name__)
+
+TaskGenerator = Callable[[int, int, str, str], list[dict[str, Any]]]
+"""``fn(size, seed, split, operators) -> rows`` building a built-in task split in memory."""
+
+TASKS: dict[str, TaskGenerator] = {
+    "arith": lambda size, seed, split, operators: make_arith_rows(size, seed, operators, split),
+}
+"""Built-in task registry (name -> generator). Add new tasks with :func:`register_task`."""
+
+REQUIRED_FIELDS = ("data_source", "prompt", "reward_model")
+
+
+class DatasetError(ValueError):
+    """A dataset file is unreadable or a row misses a required verl-schema field."""
+
+
+def register_task(name: str, generator: TaskGenerator) -> None:
+    """Register a built-in task generator under ``name`` (e.g. ``"calc_tool"``).
+
+    Args:
+        name: task name as used in ``data.task``.
+        generator: ``fn(size, seed, split, operators) -> rows`` returning verl-schema rows.
+    """
+    TASKS[name] = generator
+
+
+def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = "+") -> list[dict[str, Any]]:
+    """Build a built-in task split in memory.
+
+    Args:
+        task: registered task name (see :data:`TASKS`).
+        split: ``"train"`` or ``"test"``; the two never share a question.
+        size: number of rows.
+        seed: generator seed.
+        operators: arithmetic operators for tasks that use them (``arith``); others may ignore it.
+
+    Returns:
+        ``size`` validated rows in the verl schema.
+
+    Raises:
+        KeyError: ``task`` is not registered (the message lists the registered tasks).
+    """
+    if task not in TASKS:
+        raise KeyError(f"unknown task {task!r}; registered tasks: {sorted(TASKS)}")
+    rows = TASKS[task](size, seed, split, operators)
+    return [validate_row(r, f"<task {task}/{split}>", i) for i, r in enumerate(rows)]
+
+
+def _to_python(x: Any) -> Any:
+    """Recursively turn numpy arrays/scalars (as pandas returns them) into plain lists/dicts/scalars."""
+    if isinstance(x, dict):
+        return {k: _to_python(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_python(v) for v in x]
+    if hasattr(x, "tolist") and type(x).__module__ == "numpy":  # ndarray and numpy scalars
+        return _to_python(x.tolist())
+    return x
+
+
+def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
+    """Normalise one row and check the required verl-schema fields.
+
+    A string ``prompt`` is wrapped as a single user message; a missing ``extra_info`` becomes ``{}``.
+
+    Args:
+        row: the raw row (dict, possibly holding numpy arrays).
+        path: file name, for the error message.
+        index: 0-based row index, for the error message.
+
+    Returns:
+        The normalised row (plain python containers).
+
+    Raises:
+        DatasetError: naming ``path``, ``index`` and the missing or malformed field.
+    """
+    row = _to_python(row)
+    where = f"{path}: row {index}"
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for field in REQUIRED_FIELDS:
+        if row.get(field) is None:
+            raise DatasetError(f"{where}: missing required field {field!r} (has {sorted(row)})")
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        prompt = row["prompt"] = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        raise DatasetError(f"{where}: field 'prompt' must be a non-empty list of messages")
+    for j, msg in enumerate(prompt):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise DatasetError(f"{where}: field 'prompt[{j}]' must be a message with 'role' and 'content'")
+    rm = row["reward_model"]
+    if not isinstance(rm, dict) or rm.get("ground_truth") is None:
+        raise DatasetError(f"{where}: missing required field 'reward_model.ground_truth'")
+    if row.get("extra_info") is None:
+        row["extra_info"] = {}
+    return row
+
+
+def _read_json(path: Path) -> list[Any]:
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:  # a .json file that actually holds JSON lines
+        return _read_jsonl(path)
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        return data["data"]
+    if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+        # pandas DataFrame.to_json() default orient="columns": {column: {row_label: value}}
+        labels = list(next(iter(data.values())))
+        return [{col: vals.get(lab) for col, vals in data.items()} for lab in labels]
+    raise DatasetError(f"{path}: expected a list of rows (or JSON lines), got {type(data).__name__}")
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    rows = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}: line {lineno} is not valid JSON ({e})") from e
+    return rows
+
+
+def _read_parquet(path: Path) -> list[Any]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+_READERS = {".parquet": _read_parquet, ".jsonl": _read_jsonl, ".json": _read_json}
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Load a verl-schema dataset file.
+
+    Args:
+        path: a ``.parquet``, ``.jsonl`` or ``.json`` file.
+
+    Returns:
+        Rows as plain python dicts/lists (numpy arrays from pandas are converted), validated.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        DatasetError: unsupported suffix, unparsable content, or a row missing a required field
+            (the message names the file, the row index and the field).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"dataset file not found: {p}")
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DatasetError(f"{p}: unsupported dataset suffix {p.suffix!r}; use one of {sorted(_READERS)}")
+    raw = reader(p)
+    rows = [validate_row(r, str(p), i) for i, r in enumerate(raw)]
+    logger.info("loaded %d rows from %s", len(rows), p)
+    return rows
