@@ -1,0 +1,90 @@
+"""MessageQueue actor: bounds, FIFO order, refs not copies, shutdown waking a blocked getter."""
+
+import asyncio
+import time
+
+import pytest
+import ray
+
+from asyncrl.message_queue import MessageQueue, QueueShutdown
+
+
+@pytest.fixture(scope="module")
+def ray_up():
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+
+
+def test_fifo_and_stats(ray_up):
+    q = MessageQueue(maxsize=4)
+    for i in range(3):
+        assert q.put_sample(ray.put({"i": i}))
+    assert q.stats().size == 3
+    got = q.get_samples(2)
+    assert [g["i"] for g in got] == [0, 1]
+    s = q.stats()
+    assert (s.size, s.puts, s.gets, s.drops) == (1, 3, 2, 0)
+    q.shutdown()
+
+
+def test_bound_blocks_producer(ray_up):
+    q = MessageQueue(maxsize=2)
+    q.put_sample(ray.put(1))
+    q.put_sample(ray.put(2))
+    assert q.put_sample(ray.put(3), timeout=0.3) is False  # full: the put waited and gave up
+    assert q.stats().size == 2
+    q.get_samples(1)
+    assert q.put_sample(ray.put(3), timeout=2.0) is True
+    assert q.get_samples(2) == [2, 3]
+    q.shutdown()
+
+
+def test_get_waits_for_full_batch(ray_up):
+    q = MessageQueue(maxsize=8)
+    q.put_sample(ray.put("a"))
+    assert q.get_samples(2, timeout=0.3) is None  # never a partial batch
+    q.put_sample(ray.put("b"))
+    assert q.get_samples(2, timeout=2.0) == ["a", "b"]
+    q.shutdown()
+
+
+def test_shutdown_wakes_blocked_getter_and_counts_drops(ray_up):
+    q = MessageQueue(maxsize=8)
+    waiter = q.actor.get_samples.remote(5)  # blocks: only 1 item will come
+    q.put_sample(ray.put("x"))
+    time.sleep(0.3)
+    t0 = time.time()
+    left = q.shutdown()
+    assert ray.get(waiter, timeout=10) is None
+    assert time.time() - t0 < 5
+    assert left == 1
+    st = q.stats()
+    assert st.shutdown and st.drops == 1 and st.drop_reasons == {"unconsumed_at_shutdown": 1}
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        q.put_sample(ray.put("late"))
+    assert isinstance(err.value.as_instanceof_cause(), QueueShutdown)
+
+
+def test_payload_travels_as_ref(ray_up):
+    import numpy as np
+    q = MessageQueue(maxsize=2)
+    big = np.arange(2_000_000, dtype=np.int64)  # 16 MB: stored once in the object store
+    ref = ray.put(big)
+    q.put_sample(ref)
+    # the actor holds the ref itself, not a copy of the payload
+    inner = ray.get(q.actor.get_samples.remote(1))[0][0]
+    assert isinstance(inner, ray.ObjectRef) and inner == ref
+    assert (ray.get(inner) == big).all()
+    q.shutdown()
+
+
+def test_async_api(ray_up):
+    q = MessageQueue(maxsize=3)
+
+    async def main():
+        await q.put_sample_async(ray.put(7))
+        return await q.get_samples_async(1)
+
+    assert asyncio.run(main()) == [7]
+    q.shutdown()
