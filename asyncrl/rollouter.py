@@ -87,6 +87,7 @@ class FullyAsyncRollouter:
         self.idle_s = 0.0  # time the processor could not start a sample (paused / budget / concurrency)
         self.recent: collections.deque = collections.deque(maxlen=512)  # per-sample summaries for widgets
         self.partial_spans: collections.deque = collections.deque(maxlen=512)
+        self.recent_trajectories: collections.deque = collections.deque(maxlen=32)  # for the mask inspector
         eos = self.tokenizer.eos_token_id
         ro = config.actor_rollout_ref.rollout
         self.sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
@@ -199,6 +200,7 @@ class FullyAsyncRollouter:
             sample.timings["enqueued"] = time.time()
             await self.mq.put_sample_async(ray.put(sample))
             self.counts["enqueued"] += 1
+            self.recent_trajectories.append(self._trajectory_view(sample))
             self.recent.append({"uid": uid, "reward_mean": sum(sample.rewards) / len(outs),
                                 "min_v": sample.min_global_steps, "max_v": sample.max_global_steps,
                                 "processing_s": finished - started})
@@ -280,6 +282,21 @@ class FullyAsyncRollouter:
             await asyncio.gather(self._eval_task, return_exceptions=True)
 
     # ------------------------------------------------------------------ status
+    def _trajectory_view(self, sample: RolloutSample) -> dict:
+        o = sample.outputs[0]
+        return {"uid": sample.uid, "index": sample.index, "reward": o.reward_score, "num_turns": o.num_turns,
+                "prompt_ids": list(o.prompt_ids), "response_ids": list(o.response_ids),
+                "response_mask": list(o.response_mask), "response_logprobs": list(o.response_logprobs),
+                "response_param_versions": list(o.extra_fields.get("response_param_versions") or []),
+                "prompt_tokens": [self.tokenizer.decode([t]) for t in o.prompt_ids],
+                "response_tokens": [self.tokenizer.decode([t]) for t in o.response_ids],
+                "min_global_steps": o.extra_fields.get("min_global_steps"),
+                "max_global_steps": o.extra_fields.get("max_global_steps")}
+
+    def trajectories(self, n: int = 8) -> list[dict]:
+        """The last ``n`` trajectories (first response of each recent sample) with decoded tokens."""
+        return list(self.recent_trajectories)[-n:]
+
     def accounting(self) -> dict:
         return {"taken": self.counts["taken"], "enqueued": self.counts["enqueued"],
                 "pending": self.pending_queue.qsize(), "active": len(self.active_tasks),
