@@ -18,8 +18,8 @@ tokenizer, EOS included, under the default ``response_length=24``):
 
 * ``+``: two-digit + two-digit (10..99 each).
 * ``-``: two-digit - two-digit with ``a >= b`` (non-negative results).
-* ``*``: two-digit * one-digit (10..99 times 2..9) -- a deliberate simplification: two-digit times
-  two-digit would need 21+ tokens.
+* ``*``: two-digit times one-digit, either order (10..99 times 2..9) -- a deliberate simplification:
+  two-digit times two-digit would need 21+ tokens.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def _operand_pairs(op: str) -> list[tuple[int, int]]:
     if op == "-":
         return [(a, b) for a in range(10, 100) for b in range(10, a + 1)]
     if op == "*":
-        return [(a, b) for a in range(10, 100) for b in range(2, 10)]
+        return [(a, b) for a in range(10, 100) for b in range(2, 10)] + [
+            (b, a) for a in range(10, 100) for b in range(2, 10)
+        ]
     raise ValueError(f"unsupported arith operator {op!r}; choose from {SUPPORTED_OPERATORS!r}")
 
 
@@ -109,7 +111,8 @@ def make_arith_rows(n: int, seed: int, operators: str = "+", split: str = "train
         seed: RNG seed; the same ``(n, seed, operators, split)`` gives the same rows.
         operators: any non-empty combination of ``"+"``, ``"-"``, ``"*"``.
         split: ``"train"`` (with replacement from the train pool) or ``"test"``/``"val"`` (without
-            replacement from the test pool while it lasts).
+            replacement from the test pool; an operator whose test pool runs out is skipped, and only
+            when all are used up do questions repeat, with a warning).
 
     Returns:
         ``n`` rows in the verl schema, ``extra_info.index`` = 0..n-1.
@@ -129,14 +132,19 @@ def make_arith_rows(n: int, seed: int, operators: str = "+", split: str = "train
             a, b = rng.choice(pools[op])
             rows.append(make_row(a, op, b, split, i))
         return rows
-    remaining = {op: [] for op in ops}
+    remaining: dict[str, list[tuple[int, int]]] = {}
+    for op in ops:
+        remaining[op] = list(pools[op])
+        rng.shuffle(remaining[op])
     for i in range(n):
-        op = rng.choice(ops)
-        if not remaining[op]:
-            if i > 0:
-                logger.warning("arith test pool for %r exhausted after %d rows; questions repeat", op, i)
-            remaining[op] = list(pools[op])
-            rng.shuffle(remaining[op])
+        live = [op for op in ops if remaining[op]]
+        if not live:  # every test question used once: recycle (only for very large test splits)
+            logger.warning("arith test pool exhausted after %d rows; questions repeat", i)
+            for op in ops:
+                remaining[op] = list(pools[op])
+                rng.shuffle(remaining[op])
+            live = ops
+        op = rng.choice(live)
         a, b = remaining[op].pop()
         rows.append(make_row(a, op, b, split, i))
     return rows

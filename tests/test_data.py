@@ -1,0 +1,123 @@
+"""The arith generator and the verl-schema loader."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from asyncrl.data import DatasetError, get_task_rows, load_rows, make_arith_rows, register_task, write_splits
+from asyncrl.data.dataset import TASKS
+from asyncrl.reward import compute_score
+
+
+def test_generator_is_deterministic_and_seed_dependent():
+    assert make_arith_rows(50, seed=3) == make_arith_rows(50, seed=3)
+    assert make_arith_rows(50, seed=3) != make_arith_rows(50, seed=4)
+
+
+def test_row_schema_and_target():
+    row = make_arith_rows(1, seed=0)[0]
+    assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+    assert row["data_source"] == "arith" and row["ability"] == "math"
+    assert row["reward_model"]["style"] == "rule"
+    (msg,) = row["prompt"]
+    assert msg["role"] == "user" and msg["content"].startswith("What is ")
+    a, b = msg["content"][len("What is "):-1].split("+")
+    assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99
+    gt = row["reward_model"]["ground_truth"]
+    assert gt == str(int(a) + int(b))
+    assert row["extra_info"]["answer"] == f"{a}+{b}={gt}\n#### {gt}"
+    assert row["extra_info"]["index"] == 0 and row["extra_info"]["split"] == "train"
+    assert compute_score("arith", row["extra_info"]["answer"], gt) == 1.0
+
+
+@pytest.mark.parametrize("ops", ["-", "*", "+-*"])
+def test_other_operators_are_correct_and_short(ops):
+    rows = make_arith_rows(200, seed=1, operators=ops)
+    for r in rows:
+        expr = r["extra_info"]["answer"].split("=")[0]
+        assert any(op in expr for op in ops)
+        assert int(r["reward_model"]["ground_truth"]) == eval(expr)  # noqa: S307 - our own digits
+        assert len(r["extra_info"]["answer"]) + 1 <= 20  # char-level tokens incl. EOS
+    if ops == "+-*":
+        used = {op for r in rows for op in "+-*" if op in r["extra_info"]["answer"].split("=")[0]}
+        assert used == {"+", "-", "*"}
+
+
+def test_unknown_operator_and_split_raise():
+    with pytest.raises(ValueError, match="operator"):
+        make_arith_rows(3, seed=0, operators="/")
+    with pytest.raises(ValueError, match="split"):
+        make_arith_rows(3, seed=0, split="dev")
+
+
+def test_test_pool_exhaustion_recycles_with_warning(caplog):
+    rows = make_arith_rows(1000, seed=0, operators="*", split="test")  # '*' test pool < 1000
+    assert len(rows) == 1000 and "exhausted" in caplog.text
+
+
+@pytest.mark.parametrize("ops", ["+", "-", "*", "+-*"])
+def test_train_and_test_never_overlap(ops):
+    train = {r["extra_info"]["question"] for r in make_arith_rows(5000, seed=0, operators=ops)}
+    test_rows = make_arith_rows(100, seed=7, operators=ops, split="test")  # "*" has 116 test questions
+    test = [r["extra_info"]["question"] for r in test_rows]
+    assert len(set(test)) == len(test)  # no repeats within the test split
+    assert not train & set(test)
+
+
+def test_write_splits_round_trip(tmp_path):
+    paths = write_splits(tmp_path, train_size=40, test_size=10, seed=2, operators="+-")
+    assert set(paths) == {"train.parquet", "train.jsonl", "test.parquet", "test.jsonl"}
+    expected = make_arith_rows(40, 2, "+-", "train")
+    assert load_rows(paths["train.parquet"]) == expected
+    assert load_rows(paths["train.jsonl"]) == expected
+    test = load_rows(paths["test.parquet"])
+    assert len(test) == 10 and all(r["extra_info"]["split"] == "test" for r in test)
+    row = test[0]
+    assert type(row["prompt"]) is list and type(row["prompt"][0]) is dict
+
+
+def test_load_pandas_parquet_with_numpy_prompt_and_json(tmp_path):
+    rows = make_arith_rows(5, seed=0)
+    df = pd.DataFrame(rows)
+    df["prompt"] = df["prompt"].apply(lambda p: __import__("numpy").array(p, dtype=object))
+    pq = tmp_path / "d.parquet"
+    df.to_parquet(pq)
+    assert load_rows(pq) == rows
+    js = tmp_path / "d.json"
+    js.write_text(json.dumps(rows))
+    assert load_rows(js) == rows
+    js2 = tmp_path / "cols.json"
+    pd.DataFrame(rows).to_json(js2)  # pandas' default orient="columns"
+    assert load_rows(js2) == rows
+
+
+def test_loader_error_names_file_row_and_field(tmp_path):
+    rows = make_arith_rows(3, seed=0)
+    del rows[2]["reward_model"]
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DatasetError, match=r"bad\.jsonl: row 2: missing required field 'reward_model'"):
+        load_rows(p)
+    rows = make_arith_rows(2, seed=0)
+    rows[1]["reward_model"] = {"style": "rule"}
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DatasetError, match=r"row 1: missing required field 'reward_model.ground_truth'"):
+        load_rows(p)
+    (tmp_path / "x.csv").write_text("a")
+    with pytest.raises(DatasetError, match="unsupported dataset suffix"):
+        load_rows(tmp_path / "x.csv")
+    with pytest.raises(FileNotFoundError):
+        load_rows(tmp_path / "missing.parquet")
+
+
+def test_get_task_rows_and_registry():
+    rows = get_task_rows("arith", "test", 20, seed=0, operators="+")
+    assert rows == make_arith_rows(20, 0, "+", "test")
+    with pytest.raises(KeyError, match="registered tasks"):
+        get_task_rows("nope", "train", 1, 0)
+    try:
+        register_task("const", lambda size, seed, split, ops: make_arith_rows(size, seed, ops, split))
+        assert len(get_task_rows("const", "train", 4, 0)) == 4
+    finally:
+        TASKS.pop("const", None)
