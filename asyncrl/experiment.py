@@ -72,12 +72,15 @@ class Experiment:
 
     Args:
         config: an :class:`~asyncrl.config.ExperimentConfig` (e.g. from a recipe or ``load_config``).
+        replicas: already-running :class:`~asyncrl.rollout.replica.RolloutReplica` objects to reuse
+            (engine start costs ~35 s on CPU); they get the trainer's starting weights as version 0
+            and are left running by :meth:`stop`. ``None`` builds ``rollout.num_replicas`` new ones.
 
     Raises:
         asyncrl.config.ConfigError: on an invalid config (at construction).
     """
 
-    def __init__(self, config: Optional[ExperimentConfig] = None):
+    def __init__(self, config: Optional[ExperimentConfig] = None, replicas: Optional[list] = None):
         from asyncrl.config import validate
 
         self.config = config or ExperimentConfig()
@@ -87,6 +90,10 @@ class Experiment:
         self.run_dir = Path(self.config.trainer.default_local_dir) / self.name
         self._started_ray = False
         self.replicas: dict[str, Any] = {}
+        self._external_replicas = list(replicas) if replicas else None
+        if self._external_replicas:
+            self.config.actor_rollout_ref.rollout.num_replicas = len(self._external_replicas)
+            self.budget = sample_budget(self.config)
         self.lb = self.mq = self.rollouter = self.trainer = None
         self._fit_ref = None
         self.summary: Optional[Summary] = None
@@ -113,7 +120,7 @@ class Experiment:
         train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
         val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators)
         n = cfg.actor_rollout_ref.rollout.num_replicas
-        self._replica_objs = [RolloutReplica(cfg, server_id=f"replica_{i}") for i in range(n)]
+        self._replica_objs = self._external_replicas or [RolloutReplica(cfg, server_id=f"replica_{i}") for i in range(n)]
         self.replicas = {r.server_id: r.actor for r in self._replica_objs}
         ray.get([r.actor.ready.remote() for r in self._replica_objs])
         self.lb = GlobalRequestLoadBalancer(self.replicas, full_determinism=False)
@@ -122,6 +129,8 @@ class Experiment:
             cfg, train, val, self.replicas, self.lb, self.mq)
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64).remote(
             cfg, self.mq, self.rollouter, self.replicas)
+        if self._external_replicas:
+            ray.get(self.trainer.initial_sync.remote())
         ray.get(self.rollouter.start_evaluation.remote())  # version-0 "before" accuracy
         ray.get(self.rollouter.start.remote())
         self._fit_ref = self.trainer.fit.remote()
@@ -226,8 +235,9 @@ class Experiment:
             except Exception:
                 pass
             self.mq = None
-        for r in getattr(self, "_replica_objs", []):
-            r.shutdown()
+        if not self._external_replicas:
+            for r in getattr(self, "_replica_objs", []):
+                r.shutdown()
         self._replica_objs, self.replicas = [], {}
         if self.lb is not None:
             self.lb.shutdown()

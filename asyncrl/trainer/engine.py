@@ -106,11 +106,14 @@ class TrainEngine:
         dtype: ``float32`` | ``bfloat16``.
         micro_batch_size: sequences per forward/backward chunk.
         with_reference: keep a frozen copy for the KL penalty.
+        temperature: rollout sampling temperature; logits are divided by it so the recomputed
+            logprobs match the sampling distribution (vLLM ``processed_logprobs``).
     """
 
     def __init__(self, model_path: str, lr: float, warmup: int, total_updates: int, weight_decay: float = 0.0,
                  betas: tuple = (0.9, 0.999), clip_grad: float = 1.0, dtype: str = "float32",
-                 micro_batch_size: int = 64, with_reference: bool = False, seed: int = 0):
+                 micro_batch_size: int = 64, with_reference: bool = False, seed: int = 0,
+                 temperature: float = 1.0):
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -133,13 +136,15 @@ class TrainEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
+        self.temperature = temperature if temperature > 0 else 1.0
         self.updates = 0
 
     @torch.no_grad()
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
         """``(batch, resp_len)`` logprobs under the frozen reference model."""
         assert self.ref_model is not None, "reference model not loaded (use_kl_loss is off)"
-        return torch.cat([response_log_probs(self.ref_model, batch.select(range(i, min(len(batch), i + self.micro_batch_size))))
+        return torch.cat([response_log_probs(self.ref_model, batch.select(range(i, min(len(batch), i + self.micro_batch_size))),
+                                             self.temperature)
                           for i in range(0, len(batch), self.micro_batch_size)])
 
     def update(self, batch: Batch, loss_fn: Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict]]) -> dict:
@@ -155,7 +160,7 @@ class TrainEngine:
         for i in range(0, len(batch), self.micro_batch_size):
             mb = batch.select(range(i, min(len(batch), i + self.micro_batch_size)))
             weight = float(mb.response_mask.sum()) / total_tokens
-            log_probs = response_log_probs(self.model, mb)
+            log_probs = response_log_probs(self.model, mb, self.temperature)
             loss, metrics = loss_fn(log_probs, mb)
             (loss * weight).backward()
             for k, v in metrics.items():

@@ -59,7 +59,8 @@ class FullyAsyncTrainer:
             total_updates=actor.optim.total_updates or config.trainer.total_training_steps * updates_per_step,
             weight_decay=actor.optim.weight_decay, betas=actor.optim.betas, clip_grad=actor.optim.clip_grad,
             dtype=config.actor_rollout_ref.model.dtype, micro_batch_size=actor.ppo_micro_batch_size,
-            with_reference=actor.use_kl_loss, seed=config.trainer.seed)
+            with_reference=actor.use_kl_loss, seed=config.trainer.seed,
+            temperature=config.actor_rollout_ref.rollout.temperature)
         engine_cls = get_engine_cls("cpu")
         self.synchronizer = ParameterSynchronizer(
             rollouter, engine_cls(list(replicas.values()), bucket_bytes=int(at.sync_bucket_size_mb * 2**20)))
@@ -234,6 +235,11 @@ class FullyAsyncTrainer:
 
     def trained_versions(self) -> list[tuple[int, int, int]]:
         return list(self.trained_token_versions)
+
+    async def initial_sync(self) -> dict:
+        """Push the starting weights as version 0 (replicas reused from an earlier run, or a
+        trainer that starts from a different checkpoint than the replicas loaded)."""
+        return await self.synchronizer.engine.send_weights(self.engine.named_tensors_for_sync(), 0)
 
     async def final_sync(self) -> Optional[dict]:
         """Push the latest weights if the last steps were not synced yet (before the final evaluation)."""
