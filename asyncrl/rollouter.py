@@ -34,8 +34,9 @@ from typing import Any, Optional
 
 import ray
 
-from asyncrl.agent_loop.base import get_agent_loop_cls
+from asyncrl.agent_loop.worker import AgentLoopManager
 from asyncrl.config import ExperimentConfig
+from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
 from asyncrl.sample import RolloutSample
@@ -68,7 +69,7 @@ class FullyAsyncRollouter:
         self.mq = message_queue
         self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
         self.compute_score = compute_score
-        self.client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=config.async_training.partial_rollout)
+        self.agent_loops = AgentLoopManager(config, load_balancer)
         self.eval_client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=True)
         self.param_version = 0
         self.pending_queue: asyncio.Queue = asyncio.Queue(maxsize=self.budget.max_required_samples)
@@ -112,6 +113,7 @@ class FullyAsyncRollouter:
         for t in active:
             t.cancel()
         await asyncio.gather(*active, return_exceptions=True)
+        await self.agent_loops.shutdown()
         while not self.pending_queue.empty():
             self.pending_queue.get_nowait()
             self.dropped["unstarted_at_shutdown"] += 1
@@ -174,21 +176,15 @@ class FullyAsyncRollouter:
         uid = uuid.uuid4().hex[:12]
         started = time.time()
         try:
-            loop_cls = get_agent_loop_cls(row.get("agent_name") or self.cfg.actor_rollout_ref.rollout.agent.default_agent_loop)
-            loop = loop_cls(self.client, self.tokenizer, self.cfg)
             from asyncrl.agent_loop.single_turn import render_prompt_ids
-            prompt_ids = render_prompt_ids(self.tokenizer, list(row["prompt"]))
+            prompt_ids = render_prompt_ids(self.tokenizer, list(row["prompt"]), row.get("tools"))
             if len(prompt_ids) > self.cfg.data.max_prompt_length:
                 self.dropped["prompt_too_long"] += 1
                 await self.release_budget()
                 return
-            outs = await asyncio.gather(*[
-                loop.run(self.sp, request_id=f"{uid}-{k}", prompt_ids=prompt_ids, **row)
-                for k in range(self.cfg.actor_rollout_ref.rollout.n)])
+            outs = await self.agent_loops.generate_sequences_single(
+                row, uid, self.sp, self.cfg.actor_rollout_ref.rollout.n, prompt_ids)
             gt = row["reward_model"]["ground_truth"]
-            for o in outs:
-                text = self.tokenizer.decode(o.response_ids, skip_special_tokens=True)
-                o.reward_score = float(self.compute_score(row.get("data_source", ""), text, gt, row.get("extra_info")))
             finished = time.time()
             sample = RolloutSample(uid=uid, index=index, data_source=row.get("data_source", ""), ground_truth=gt,
                                    outputs=list(outs), start_version=version,
@@ -209,6 +205,12 @@ class FullyAsyncRollouter:
             raise
         except GenerationAborted:
             self.dropped["aborted_no_partial_rollout"] += 1
+            await self.release_budget()
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.as_instanceof_cause(), QueueShutdown):
+                return  # the MessageQueue counted it as dropped ("queue_shutdown")
+            logger.error("sample %s (row %d) failed: %s", uid, index, exc)
+            self.failed[f"{type(exc.as_instanceof_cause()).__name__}"] += 1
             await self.release_budget()
         except Exception as exc:  # reported and accounted, never silently lost
             logger.exception("sample %s (row %d) failed", uid, index)
@@ -320,4 +322,5 @@ class FullyAsyncRollouter:
             "eval_history": list(self.eval_history),
             "partial_spans": list(self.partial_spans)[-64:],
             "recent": list(self.recent)[-64:],
+            "agent_workers": await self.agent_loops.stats(),
         }
