@@ -249,3 +249,183 @@ def test_edited_assistant_message_is_not_model_generated():
     second = _gen(engine, 1)
     assert sum(traj.response_mask) == len(second)  # the hand-written turn is mask 0
     assert traj.metrics["agent/proxy/rebuilds"] == 1
+
+
+# ------------------------------------------------------------------------------ OpenAI surface
+def test_official_openai_client_chat_tools_streaming_and_token_ids():
+    openai = pytest.importorskip("openai")
+    tok = tokenizer("qwen2.5")
+    steps, script, tools = scenarios(think=False)["tool_use"]
+    engine, proxy = make_proxy(tok, script + script)
+
+    async def main():
+        async with proxy:
+            token, url = await proxy.open_session(request_id="oa")
+            client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+            assert [m.id for m in (await client.models.list()).data] == ["asyncrl-policy"]
+            messages = list(steps[0])
+            r = await client.chat.completions.create(
+                model="asyncrl-policy", messages=messages, tools=tools, logprobs=True,
+                extra_body={"return_token_ids": True})
+            choice = r.choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me compute."
+            tc = choice.message.tool_calls[0]
+            assert tc.function.name == "calc" and json.loads(tc.function.arguments) == {"expr": "6*7"}
+            assert r.model_extra["prompt_token_ids"] == engine.calls[0][1]
+            assert choice.model_extra["token_ids"] == _gen(engine, 0)
+            assert [c.logprob for c in choice.logprobs.content] == pytest.approx(
+                (await _engine_logprobs(engine, 0)))
+            assert r.usage.completion_tokens == len(_gen(engine, 0))
+            messages.append(choice.message)  # the pydantic message object, as agents do
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": "42"})
+            stream = await client.chat.completions.create(
+                model="asyncrl-policy", messages=messages, tools=tools, stream=True,
+                stream_options={"include_usage": True})
+            text, finish, usage = "", None, None
+            async for chunk in stream:
+                if chunk.usage:
+                    usage = chunk.usage
+                for c in chunk.choices:
+                    text += c.delta.content or ""
+                    finish = c.finish_reason or finish
+            assert text == "The answer is 42." and finish == "stop" and usage.completion_tokens > 0
+            messages.append({"role": "assistant", "content": text})
+            # streamed tool calls assemble into the same call
+            token2, url2 = await proxy.open_session()
+            client2 = openai.AsyncOpenAI(base_url=url2, api_key="unused", max_retries=0)
+            calls = {}
+            async for chunk in await client2.chat.completions.create(
+                    model="m", messages=steps[0], tools=tools, stream=True):
+                for c in chunk.choices:
+                    for d in c.delta.tool_calls or []:
+                        calls.setdefault(d.index, {"name": "", "arguments": ""})
+                        calls[d.index]["name"] += d.function.name or ""
+                        calls[d.index]["arguments"] += d.function.arguments or ""
+            assert calls == {0: {"name": "calc", "arguments": '{"expr": "6*7"}'}}
+            await proxy.pop_session(token2)
+            with pytest.raises(openai.NotFoundError):
+                await client2.chat.completions.create(model="m", messages=steps[0])
+            return messages, await proxy.pop_session(token)
+
+    messages, traj = run(main())
+    assert traj.metrics.get("agent/proxy/rebuilds", 0) == 0
+    final = [normalize_message(m if isinstance(m, dict) else m.model_dump()) for m in messages]
+    assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final, tools)
+
+
+async def _engine_logprobs(engine, i):
+    _, prompt, _ = engine.calls[i]
+    n = len(_gen(engine, i))
+    return [-0.01 * (1 + (k * 7 + len(prompt)) % 13) for k in range(n)]
+
+
+async def _post(http, url, data=None, raw=None):
+    kw = {"data": raw, "headers": {"Content-Type": "application/json"}} if raw is not None else {"json": data}
+    async with http.post(f"{url}/chat/completions", **kw) as r:
+        return r.status, await r.json()
+
+
+def test_bad_input_is_a_4xx_openai_error_and_the_session_survives():
+    tok = tokenizer("qwen2.5")
+    steps, script, tools = scenarios(think=False)["tool_use"]
+    engine, proxy = make_proxy(tok, script, max_model_len=400, max_request_bytes=4096, fail_on=[1])
+    ok = {"model": "m", "messages": steps[0], "tools": tools}
+
+    async def main():
+        async with proxy, aiohttp.ClientSession() as http:
+            token, url = await proxy.open_session(trajectory_dir=None)
+            status, body = await _post(http, url, ok)
+            assert status == 200
+            messages = steps[0] + [body["choices"][0]["message"]]
+            cases = [
+                ("invalid json", None, b"{not json", 400),
+                ("missing messages", {"model": "m"}, None, 400),
+                ("empty messages", {"messages": []}, None, 400),
+                ("unknown role", {"messages": messages + [{"role": "wizard", "content": "hi"}]}, None, 400),
+                ("bad number", {"messages": messages + [tool("42")], "temperature": "hot"}, None, 400),
+                ("ends with assistant", {"messages": messages}, None, 400),
+                ("oversize", {"messages": messages + [tool("9" * 5000)]}, None, 413),
+                ("context overflow", {"messages": messages + [tool("9 " * 300)], "tools": tools}, None, 400),
+            ]
+            for name, data, raw, code in cases:
+                status, body = await _post(http, url, data, raw)
+                assert status == code, (name, body)
+                assert set(body["error"]) == {"message", "type", "param", "code"}, name
+            assert body["error"]["code"] == "context_length_exceeded"
+            # engine failure (2nd engine call) -> 502, nothing recorded
+            status, body = await _post(http, url, {"messages": messages + [tool("42")], "tools": tools})
+            assert status == 502 and body["error"]["code"] == "engine_error"
+            status, body = await _post(http, url, {"messages": messages + [tool("42")], "tools": tools})
+            assert status == 200
+            messages += [tool("42"), body["choices"][0]["message"]]
+            async with http.get(f"{url}/models") as r:
+                assert r.status == 200
+            async with http.get(url.replace(token, "not-a-session") + "/models") as r:
+                assert r.status == 404 and (await r.json())["error"]["code"] == "session_not_found"
+            return messages, await proxy.pop_session(token)
+
+    messages, traj = run(main())
+    assert traj.metrics["agent/proxy/requests"] == 2 and traj.metrics.get("agent/proxy/rebuilds", 0) == 0
+    final = [normalize_message(m) for m in messages]
+    assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final, tools)
+
+
+def test_max_consecutive_no_tool_ends_the_session():
+    tok = tokenizer("embedded")
+    engine, proxy = make_proxy(tok, ["hmm.", "still thinking."], max_consecutive_no_tool=2)
+
+    async def main():
+        async with proxy, aiohttp.ClientSession() as http:
+            token, url = await proxy.open_session()
+            msgs = [{"role": "user", "content": "go"}]
+            for _ in range(2):
+                status, body = await _post(http, url, {"messages": msgs})
+                assert status == 200
+                msgs += [body["choices"][0]["message"], {"role": "user", "content": "go on"}]
+            status, body = await _post(http, url, {"messages": msgs})
+            assert status == 409 and body["error"]["code"] == "session_ended"
+            return await proxy.pop_session(token)
+
+    traj = run(main())
+    assert traj.extra_fields["ended"] == "max_consecutive_no_tool" and len(engine.calls) == 2
+
+
+def test_length_cut_closes_turn_with_mask0_eos_and_caps_max_tokens():
+    tok = tokenizer("embedded")
+    engine, proxy = make_proxy(tok, ["a long answer that will be cut"],
+                               sampling_params=SamplingParams(max_tokens=8))
+
+    async def main():
+        async with proxy, aiohttp.ClientSession() as http:
+            token, url = await proxy.open_session(request_id="cut")
+            msgs = [{"role": "user", "content": "talk"}]
+            status, body = await _post(http, url, {"messages": msgs, "max_tokens": 1000})
+            assert body["choices"][0]["finish_reason"] == "length"
+            return msgs + [body["choices"][0]["message"]], await proxy.pop_session(token)
+
+    messages, traj = run(main())
+    assert engine.calls[0][2].max_tokens == 8 and engine.calls[0][0] == "cut"
+    assert traj.response_mask == [1] * 8 + [0] * (1 + len(proxy.renderer.eos_tail_ids))
+    assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids([normalize_message(m) for m in messages])
+
+
+def test_concurrent_sessions_are_isolated():
+    tok = tokenizer("qwen2.5")
+    steps, script, tools = scenarios(think=False)["tool_use"]
+    engine, proxy = make_proxy(tok, lambda prompt: script[0] if "<tool_response>" not in tok.decode(prompt)
+                               else script[1], delay=0.01)
+
+    async def one():
+        token, url = await proxy.open_session()
+        msgs = await drive(url, steps, tools)
+        return msgs, await proxy.pop_session(token)
+
+    async def main():
+        async with proxy:
+            return await asyncio.gather(*(one() for _ in range(8)))
+
+    for messages, traj in run(main()):
+        final = [normalize_message(m) for m in messages]
+        assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final, tools)
+        assert sum(traj.response_mask) == sum(len(tok.encode(s, add_special_tokens=False)) + 1 for s in script)
+    assert len({rid for rid, _, _ in engine.calls}) == 8  # one sticky request id per session
