@@ -429,3 +429,46 @@ def test_concurrent_sessions_are_isolated():
         assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final, tools)
         assert sum(traj.response_mask) == sum(len(tok.encode(s, add_special_tokens=False)) + 1 for s in script)
     assert len({rid for rid, _, _ in engine.calls}) == 8  # one sticky request id per session
+
+
+def test_tools_changed_rebuilds_prompt_and_zeroes_logprobs_after_fork():
+    tok = tokenizer("qwen2.5")
+    steps, script, tools = scenarios(think=False)["tool_use"]
+    engine, proxy = make_proxy(tok, script)
+    more_tools = tools + [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}]
+
+    async def main():
+        async with proxy, aiohttp.ClientSession() as http:
+            token, url = await proxy.open_session()
+            status, body = await _post(http, url, {"messages": steps[0], "tools": tools})
+            msgs = steps[0] + [body["choices"][0]["message"], tool("42")]
+            status, body = await _post(http, url, {"messages": msgs, "tools": more_tools})
+            assert status == 200
+            return msgs + [body["choices"][0]["message"]], await proxy.pop_session(token)
+
+    messages, traj = run(main())
+    final = [normalize_message(m) for m in messages]
+    assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final, more_tools)
+    assert traj.metrics["agent/proxy/rebuilds"] == 1
+    first, second = (len(_gen(engine, i)) for i in range(2))
+    assert sum(traj.response_mask) == first + second  # both turns are still the model's
+    lps = [lp for m, lp in zip(traj.response_mask, traj.response_logprobs) if m]
+    assert set(lps[:first]) == {0.0} and 0.0 not in lps[first:]  # fork inside the prompt
+
+
+def test_stop_releases_the_port():
+    import socket
+
+    tok = tokenizer("embedded")
+    _, proxy = make_proxy(tok, ["x"])
+
+    async def main():
+        token, url = await proxy.open_session()  # starts lazily
+        port = proxy.port
+        assert url.startswith(f"http://127.0.0.1:{port}/s/{token}/v1")
+        await proxy.stop()
+        return port
+
+    port = run(main())
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0

@@ -128,7 +128,7 @@ class TrajectoryProxy:
                 await runner.setup()
                 site = web.TCPSite(runner, self.host, self.port)
                 await site.start()
-                self.port = site._server.sockets[0].getsockname()[1]
+                self.port = runner.addresses[0][1]
                 self._runner = runner
                 logger.info("trajectory proxy listening on %s:%d", self.host, self.port)
         return self.address
