@@ -66,13 +66,17 @@ class FakeEngine:
         script: list of assistant texts returned in order (cycled), or ``f(prompt_ids) -> text``.
         delay: seconds to sleep per call (simulates generation latency).
         fail_on: call indices (0-based) that raise ``RuntimeError`` instead of answering.
+        encode: text -> ids (default: the tokenizer's canonical encoding); lets a test emit a
+            valid but non-canonical tokenization, as a sampled model may.
 
     Attributes:
         calls: ``(request_id, prompt_ids, sampling_params)`` of every call.
     """
 
-    def __init__(self, tokenizer, script: Script, delay: float = 0.0, fail_on: Sequence[int] = ()):
+    def __init__(self, tokenizer, script: Script, delay: float = 0.0, fail_on: Sequence[int] = (),
+                 encode: Optional[Callable[[str], list[int]]] = None):
         self.tokenizer, self.script, self.delay, self.fail_on = tokenizer, script, delay, set(fail_on)
+        self.encode = encode or (lambda text: list(tokenizer.encode(text, add_special_tokens=False)))
         self.calls: list[tuple[str, list[int], SamplingParams]] = []
         self.param_version = 0
 
@@ -87,7 +91,7 @@ class FakeEngine:
             await asyncio.sleep(self.delay)
         if len(self.calls) - 1 in self.fail_on:
             raise RuntimeError("fake engine failure")
-        ids = list(self.tokenizer.encode(self.text_for(list(prompt_ids)), add_special_tokens=False))
+        ids = self.encode(self.text_for(list(prompt_ids)))
         ids.append(self.tokenizer.eos_token_id)
         stop = "completed"
         if len(ids) > sampling_params.max_tokens:

@@ -147,7 +147,7 @@ def test_invariant4_incremental(tok_name, case):
     assert traj.metrics.get("agent/proxy/rebuilds", 0) == 0
     assert traj.metrics["agent/proxy/requests"] == len(script)
     n_calls = sum(s.count("<tool_call>") for s in script)
-    assert traj.metrics["agent/tool_calls"] == n_calls
+    assert traj.metrics.get("agent/tool_calls", 0) == n_calls
     assert traj.num_turns == sum(1 for m in messages if m["role"] != "system")
 
 
@@ -472,3 +472,25 @@ def test_stop_releases_the_port():
     port = run(main())
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_rebuild_keeps_the_models_own_noncanonical_ids():
+    """Token-in-token-out: after a rebuild, generated turns keep the ids the model sampled."""
+    tok = tokenizer("qwen2.5")
+    char_ids = lambda text: [i for c in text for i in tok.encode(c, add_special_tokens=False)]  # noqa: E731
+    engine = FakeEngine(tok, ["The answer is 42.", "Yes, it is 42."], encode=char_ids)
+    proxy = TrajectoryProxy(engine, tok, "hermes")
+
+    async def main():
+        async with proxy:
+            token, url = await proxy.open_session()
+            edit = {1: lambda ms: [{"role": "system", "content": "Be brief."}] + ms[1:]}  # edit the system prompt
+            msgs = await drive(url, [[{"role": "system", "content": "Be kind."}, {"role": "user", "content": "6*7?"}],
+                                     [{"role": "user", "content": "Sure?"}]], None, edits=edit)
+            return msgs, await proxy.pop_session(token)
+
+    messages, traj = run(main())
+    assert traj.metrics["agent/proxy/rebuilds"] == 1
+    model = [i for i, m in zip(traj.response_ids, traj.response_mask) if m]
+    assert model == char_ids("The answer is 42.") + [tok.eos_token_id] + char_ids("Yes, it is 42.") + [tok.eos_token_id]
+    assert model != tok.encode("The answer is 42.", add_special_tokens=False)  # really non-canonical

@@ -273,11 +273,14 @@ class TrajectoryProxy:
             raise APIError(502, f"generation failed: {type(e).__name__}: {e}", "server_error", "engine_error") from None
         session.metrics["agent/proxy/generate_seconds"] += time.perf_counter() - t0
         ids = list(out.token_ids)
+        if out.log_probs is not None and len(out.log_probs) != len(ids):
+            raise APIError(502, f"engine returned {len(out.log_probs)} logprobs for {len(ids)} tokens",
+                           "server_error", "engine_error")
         text_ids = ids[:-1] if ids and ids[-1] == self.renderer.eos_token_id else ids
         text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
         calls, content = [], text
-        if self.tool_parser is not None:
-            parsed = self.tool_parser.parse(text, req.tools if req.tools else None)
+        if self.tool_parser is not None and req.tools:  # as vLLM: calls are parsed only when tools are offered
+            parsed = self.tool_parser.parse(text, req.tools)
             calls, content = [c.to_openai() for c in parsed.calls], parsed.content
             for k, v in parsed.metrics().items():
                 session.metrics[k] += v

@@ -116,7 +116,8 @@ class ProxySession:
         self.response_logprobs: list[float] = []
         self.snapshot: list[dict] = []
         self.tools: Optional[list] = None
-        self.generated: set[str] = set()  # keys of assistant messages the model produced
+        # assistant messages the model produced -> (its ids, their mask), EOS included, tail excluded
+        self.generated: dict[str, tuple[list[int], list[int]]] = {}
         self.metrics: Counter = Counter()
         self.no_tool_streak = 0
         self.ended: Optional[str] = None
@@ -144,12 +145,18 @@ class ProxySession:
         return self._rebuild(messages, tools)
 
     def _build(self, messages: list[dict], tools: Optional[list], path: str) -> Plan:
+        """Segment-by-segment render; assistant turns the model generated keep the model's own ids."""
         segs = self.renderer.segments(messages, tools)
         ids, mask = [], []
         for s in segs[1:]:
-            ids += s.ids
-            own = s.kind == "assistant" and _key(messages[s.message_index]) in self.generated
-            mask += [1] * s.body_len + [0] * (len(s.ids) - s.body_len) if own else [0] * len(s.ids)
+            own = self.generated.get(_key(messages[s.message_index])) if s.kind == "assistant" else None
+            if own is not None:
+                tail = s.ids[s.body_len:]
+                ids += own[0] + tail
+                mask += own[1] + [0] * len(tail)
+            else:  # observations, and assistant text the model did not write (edited / injected)
+                ids += s.ids
+                mask += [0] * len(s.ids)
         return Plan(path, segs[0].ids, ids, mask, [0.0] * len(ids), messages, tools)
 
     def _rebuild(self, messages: list[dict], tools: Optional[list]) -> Plan:
@@ -176,23 +183,24 @@ class ProxySession:
     def commit(self, plan: Plan, token_ids: list[int], logprobs: Optional[list[float]],
                assistant_message: dict, has_tool_calls: bool, param_version: Optional[int] = None) -> None:
         """Adopt ``plan`` and append one generation (see module docstring)."""
+        lps = list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        if len(lps) != len(token_ids):
+            raise ValueError(f"engine returned {len(lps)} logprobs for {len(token_ids)} tokens")
         if plan.path == "rebuild":
             self.metrics["agent/proxy/rebuilds"] += 1
             self.metrics["agent/proxy/rebuild_mask1_tokens_without_logprobs"] += \
                 plan.debug["diff"]["mask1_tokens_without_logprobs"]
             self.dump_rebuild(plan.debug, self.metrics["agent/proxy/rebuilds"])
-        lps = list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
-        if len(lps) != len(token_ids):
-            raise ValueError(f"engine returned {len(lps)} logprobs for {len(token_ids)} tokens")
         closed = bool(token_ids) and token_ids[-1] == self.renderer.eos_token_id
-        filler = ([] if closed else [self.renderer.eos_token_id]) + self.renderer.eos_tail_ids
+        close = [] if closed else [self.renderer.eos_token_id]  # EOS the engine did not produce
+        filler = close + self.renderer.eos_tail_ids
         self.prompt_ids = plan.prompt_ids
         self.response_ids = plan.response_ids + list(token_ids) + filler
         self.response_mask = plan.response_mask + [1] * len(token_ids) + [0] * len(filler)
         self.response_logprobs = plan.response_logprobs + lps + [0.0] * len(filler)
         self.tools = plan.tools
         self.snapshot = plan.messages + [assistant_message]
-        self.generated.add(_key(assistant_message))
+        self.generated[_key(assistant_message)] = (list(token_ids) + close, [1] * len(token_ids) + [0] * len(close))
         if param_version is not None:
             self.versions.append(param_version)
         self.metrics["agent/proxy/requests"] += 1
