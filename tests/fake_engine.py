@@ -85,7 +85,8 @@ class FakeEngine:
             return self.script(prompt_ids)
         return self.script[(len(self.calls) - 1) % len(self.script)]
 
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+    async def generate(self, request_id: str, prompt_ids: Sequence[int],
+                       sampling_params: SamplingParams) -> TokenOutput:
         self.calls.append((request_id, list(prompt_ids), sampling_params))
         if self.delay:
             await asyncio.sleep(self.delay)

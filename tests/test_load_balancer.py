@@ -5,7 +5,11 @@ import asyncio
 import pytest
 
 from asyncrl.rollout.load_balancer import (
-    GlobalRequestLoadBalancer, NoServerAvailableError, RequestLoadBalancer, stable_hash)
+    GlobalRequestLoadBalancer,
+    NoServerAvailableError,
+    RequestLoadBalancer,
+    stable_hash,
+)
 
 
 def lb3(**kw):

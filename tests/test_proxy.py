@@ -15,10 +15,10 @@ import os
 
 import aiohttp
 import pytest
+from fake_engine import FakeEngine, embedded_tokenizer, qwen_test_tokenizer
 
 from asyncrl.agent_loop.proxy import TrajectoryProxy, normalize_message
 from asyncrl.rollout.base import SamplingParams
-from fake_engine import FakeEngine, embedded_tokenizer, qwen_test_tokenizer
 
 TOOLS = [{"type": "function", "function": {
     "name": "calc", "description": "Evaluate an arithmetic expression.",
@@ -165,7 +165,7 @@ def test_must_hold_tool_roundtrip_includes_newline_after_im_end(tok_name):
 
     messages, traj = run(main())
     check_invariant(proxy, traj, messages, tools, engine)
-    ids, eos = traj.prompt_ids + traj.response_ids, tok.eos_token_id
+    eos = tok.eos_token_id
     tail = proxy.renderer.eos_tail_ids
     assert tok.decode(tail) == "\n"
     model_eos = [j for j, (t, m) in enumerate(zip(traj.response_ids, traj.response_mask)) if t == eos and m]
