@@ -366,6 +366,7 @@ def test_bad_input_is_a_4xx_openai_error_and_the_session_survives():
 
     messages, traj = run(main())
     assert traj.metrics["agent/proxy/requests"] == 2 and traj.metrics.get("agent/proxy/rebuilds", 0) == 0
+    assert traj.metrics["agent/proxy/engine_errors"] == 1 and "fake engine failure" in traj.extra_fields["engine_error"]
     final = [normalize_message(m) for m in messages]
     assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final, tools)
 

@@ -270,6 +270,8 @@ class TrajectoryProxy:
             raise
         except Exception as e:  # the engine's failure is not the agent's fault; session untouched
             logger.exception("engine.generate failed for session %s", session.request_id)
+            session.metrics["agent/proxy/engine_errors"] += 1
+            session.last_engine_error = e  # the worker decides: drop (e.g. GenerationAborted) or keep
             raise APIError(502, f"generation failed: {type(e).__name__}: {e}", "server_error", "engine_error") from None
         session.metrics["agent/proxy/generate_seconds"] += time.perf_counter() - t0
         ids = list(out.token_ids)

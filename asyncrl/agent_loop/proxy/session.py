@@ -51,7 +51,9 @@ class ProxyTrajectory:
         num_turns: non-system messages in the final conversation (user + assistant + tool).
         metrics: ``agent/...`` counters (requests, rebuilds, tool calls, parse errors, seconds).
         messages: the final conversation (normalised), for debugging and rewards.
-        extra_fields: ``min_global_steps`` / ``max_global_steps`` over the generations, ``ended``.
+        extra_fields: ``min_global_steps`` / ``max_global_steps`` over the generations, ``ended``
+            (why the proxy ended the session, or ``None``), ``engine_error`` (``repr`` of the last
+            failed generation, e.g. ``GenerationAborted``, or ``None``), ``request_id``.
     """
 
     prompt_ids: list[int]
@@ -122,6 +124,7 @@ class ProxySession:
         self.no_tool_streak = 0
         self.ended: Optional[str] = None
         self.versions: list[int] = []
+        self.last_engine_error: Optional[BaseException] = None
         self.created = time.time()
 
     # ----------------------------------------------------------------------------------- plan
@@ -214,7 +217,8 @@ class ProxySession:
     def trajectory(self) -> ProxyTrajectory:
         """The accumulated trajectory (empty lists if no request was served)."""
         msgs = self.snapshot
-        extra: dict[str, Any] = {"ended": self.ended, "request_id": self.request_id}
+        extra: dict[str, Any] = {"ended": self.ended, "request_id": self.request_id,
+                                 "engine_error": repr(self.last_engine_error) if self.last_engine_error else None}
         if self.versions:
             extra.update(min_global_steps=min(self.versions), max_global_steps=max(self.versions))
         return ProxyTrajectory(
