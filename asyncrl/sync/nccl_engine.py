@@ -171,13 +171,10 @@ class _Endpoint:
     def destroy_group(self) -> None:
         """Tear the process group down and drop the buckets (store and channel stay)."""
         if self.pg is not None:
-            for meth in ("shutdown", "abort"):
-                if hasattr(self.pg, meth):
-                    try:
-                        getattr(self.pg, meth)()
-                        break
-                    except Exception:  # pragma: no cover - best effort teardown
-                        logger.debug("process group %s() failed", meth, exc_info=True)
+            try:
+                self.pg.shutdown() if hasattr(self.pg, "shutdown") else self.pg.abort()
+            except Exception:  # pragma: no cover - best effort teardown
+                logger.debug("process group teardown failed", exc_info=True)
             self.pg = None
         self.bufs = []
 
@@ -287,7 +284,7 @@ class NCCLCheckpointEngine(CheckpointEngine, _Endpoint):
                 pack_bucket(buf, metas, srcs)
                 packed[i].record(pack)
             for s in srcs.values():
-                if s.is_cuda:
+                if s.device == self.device:  # keep sources alive until the pack stream used them
                     s.record_stream(pack)
             comm.wait_event(packed[i])
             with torch.cuda.stream(comm):

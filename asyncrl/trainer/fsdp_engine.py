@@ -1,0 +1,287 @@
+"""FSDP2 trainer engine: a transformers causal LM sharded with ``fully_shard`` over all ranks.
+
+The GPU counterpart of :class:`asyncrl.trainer.engine.TrainEngine` (same small interface:
+``compute_log_probs``, ``train_step`` / ``update``, ``iter_params_for_sync`` /
+``named_tensors_for_sync``). Launch one process per GPU with ``torchrun``; every rank calls every
+method (they are collectives), with its own share of the batch.
+
+::
+
+    batch (this rank's rows) -> micro-batches -> forward (bf16 params, all-gathered per layer)
+      -> response log-probs (fp32) -> loss_fn -> backward (reduce-scatter fp32 grads per layer)
+      -> clip by global grad norm -> AdamW on fp32 shards
+    sync: per bucket of parameters, all-gather full tensors (sync dtype) -> yield -> drop
+
+Design: torchtitan / verl FSDP2 workers. Mixed precision keeps fp32 master shards and computes
+in bf16 (``MixedPrecisionPolicy``); activation checkpointing uses the model's own
+``gradient_checkpointing_enable`` so parameter names stay the HF names the rollout side loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, dict]]
+
+
+def init_distributed(backend: Optional[str] = None) -> tuple[int, int, torch.device]:
+    """Initialise the default process group from torchrun's env (single process if absent).
+
+    Returns:
+        ``(rank, world_size, device)``; the device is ``cuda:LOCAL_RANK`` when CUDA is present.
+    """
+    if not dist.is_initialized():
+        for key, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
+            os.environ.setdefault(key, val)
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group(backend)
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _rows(batch: Any, i: int, j: int) -> Any:
+    if hasattr(batch, "select"):
+        return batch.select(range(i, j))
+    return {k: (v[i:j] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def _get(batch: Any, key: str, default: Any = None) -> Any:
+    return batch.get(key, default) if isinstance(batch, dict) else getattr(batch, key, default)
+
+
+def _len(batch: Any) -> int:
+    return _get(batch, "input_ids").shape[0]
+
+
+class FSDPEngine:
+    """A HF causal LM sharded with FSDP2, with AdamW and grad clipping.
+
+    Args:
+        model: a ``transformers`` model, a ``PretrainedConfig`` (random init, same seed on all
+            ranks) or a path for ``from_pretrained``.
+        lr, betas, weight_decay: AdamW settings (``actor_rollout_ref.actor.optim.*``).
+        clip_grad: max global grad norm.
+        micro_batch_size: sequences per forward/backward.
+        activation_checkpointing: recompute each decoder layer in backward.
+        param_dtype / reduce_dtype: compute and gradient-reduction dtypes of the
+            ``MixedPrecisionPolicy`` (master weights and optimizer stay fp32).
+        compile: ``torch.compile`` each decoder layer (fuses norms / rotary / SwiGLU).
+        seed: init seed (must match across ranks).
+
+    Raises:
+        ImportError: torch without ``torch.distributed.fsdp.fully_shard`` (needs torch >= 2.6).
+    """
+
+    def __init__(self, model: Any, lr: float = 1e-6, betas: tuple = (0.9, 0.999), weight_decay: float = 0.0,
+                 clip_grad: float = 1.0, micro_batch_size: int = 1, activation_checkpointing: bool = False,
+                 param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
+                 compile: bool = False, seed: int = 0):
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError as e:  # pragma: no cover
+            raise ImportError("FSDPEngine needs torch >= 2.6 (torch.distributed.fsdp.fully_shard)") from e
+        self.rank, self.world_size, self.device = init_distributed()
+        torch.manual_seed(seed)
+        self.model = self._build(model)
+        if activation_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model.config.use_cache = False
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        layers = self.model.model.layers
+        for i, layer in enumerate(layers):
+            if compile:  # compile forward only: FSDP hooks stay eager, names stay HF names
+                layer.forward = torch.compile(layer.forward)
+            # the last layer's params are needed again at once by backward: keep them gathered
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
+        fully_shard(self.model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
+                                           weight_decay=weight_decay, foreach=True)
+        self.clip_grad = clip_grad
+        self.micro_batch_size = micro_batch_size
+        self.updates = 0
+
+    def _build(self, model: Any) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM, PretrainedConfig
+
+        if isinstance(model, torch.nn.Module):
+            return model.to(device=self.device, dtype=torch.float32)
+        if isinstance(model, PretrainedConfig):
+            with torch.device(self.device):
+                return AutoModelForCausalLM.from_config(model, dtype=torch.float32, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa").to(self.device)
+
+    # ------------------------------------------------------------------ forward
+    def _log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: torch.Tensor,
+                   temperature: float) -> torch.Tensor:
+        """``(b, resp_len)`` fp32 logprob of ``input_ids[resp_index]`` (0 where ``resp_index`` is 0)."""
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        resp_index = resp_index.to(self.device)
+        seq = input_ids.shape[1]
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        # logits only from the first predicting position on: the prompt's logits are never used
+        valid = resp_index > 0
+        first = int(torch.where(valid, resp_index, seq).min()) - 1
+        first = max(0, min(first, seq - 1))
+        mask = None if bool(attention_mask.all()) else attention_mask  # no mask -> flash SDPA path
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                         logits_to_keep=seq - first, use_cache=False)
+        logits = out.logits  # (b, seq - first, vocab), logits[:, t] predicts token first + t + 1
+        pred = (resp_index - 1 - first).clamp(min=0, max=logits.shape[1] - 1)
+        b, r = pred.shape
+        if torch.equal(pred, torch.arange(r, device=pred.device).expand(b, r)):
+            sel = logits[:, :r]  # verl layout: a view, no copy of the (b, r, vocab) logits
+        else:
+            sel = logits[torch.arange(b, device=pred.device)[:, None], pred]
+        sel = sel.float()
+        if temperature != 1.0:
+            sel = sel / temperature
+        targets = input_ids.gather(1, resp_index)
+        lp = -F.cross_entropy(sel.reshape(-1, sel.shape[-1]), targets.reshape(-1), reduction="none")
+        return lp.view(targets.shape) * valid
+
+    @staticmethod
+    def _resp_index(batch_or_ids: Any, response_mask: torch.Tensor) -> torch.Tensor:
+        """verl layout (response = last ``resp_len`` columns) unless the batch carries ``resp_index``."""
+        ri = batch_or_ids if isinstance(batch_or_ids, torch.Tensor) else None
+        if ri is not None:
+            return ri
+        b, r = response_mask.shape
+        return torch.arange(-r, 0, device=response_mask.device).expand(b, r)
+
+    @torch.no_grad()
+    def compute_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
+                          resp_index: Optional[torch.Tensor] = None, temperature: float = 1.0) -> torch.Tensor:
+        """Logprobs of the response tokens under the current weights.
+
+        Args:
+            input_ids: ``(batch, seq)`` int64, prompt then response (verl layout: the response is
+                the last ``resp_len`` columns, right-padded) unless ``resp_index`` is given.
+            attention_mask: ``(batch, seq)`` 1 on real tokens.
+            response_mask: ``(batch, resp_len)``; only its shape is used here.
+            resp_index: optional ``(batch, resp_len)`` int64 column of each response token
+                (layout of :func:`asyncrl.trainer.engine.collate`; 0 marks padding).
+            temperature: logits are divided by it (the rollout's sampling temperature).
+
+        Returns:
+            ``(batch, resp_len)`` float32 on ``input_ids``' device.
+        """
+        seq = input_ids.shape[1]
+        ri = resp_index if resp_index is not None else self._resp_index(None, response_mask) + seq
+        out = [self._log_probs(input_ids[i:i + self.micro_batch_size], attention_mask[i:i + self.micro_batch_size],
+                               ri[i:i + self.micro_batch_size], temperature)
+               for i in range(0, input_ids.shape[0], self.micro_batch_size)]
+        return torch.cat(out).to(input_ids.device)
+
+    # ------------------------------------------------------------------ update
+    def train_step(self, batch: Any, loss_fn: LossFn, temperature: float = 1.0) -> dict[str, float]:
+        """One optimizer step over this rank's ``batch``.
+
+        Args:
+            batch: a :class:`asyncrl.trainer.engine.Batch` or a dict with ``input_ids``,
+                ``attention_mask``, ``response_mask`` (+ optional ``resp_index``) and any extra
+                per-row tensors ``loss_fn`` reads.
+            loss_fn: ``loss_fn(log_probs (mb, resp_len) fp32, micro_batch) -> (loss, metrics)``;
+                ``loss`` is a token-mean over the micro-batch's mask-1 tokens.
+
+        Returns:
+            Token-weighted means of ``loss_fn``'s metrics, plus ``actor/grad_norm``,
+            ``actor/lr``, ``perf/tokens`` (this rank, padded) and ``perf/step_s``.
+
+        Micro-batches are weighted by their share of mask-1 tokens over *all ranks*, so the
+        reduce-scatter mean equals a global token-mean loss.
+        """
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        resp_mask = _get(batch, "response_mask")
+        total = torch.tensor([float(resp_mask.sum())], device=self.device)
+        dist.all_reduce(total)
+        scale = self.world_size / max(float(total), 1.0)
+        agg: dict[str, float] = {}
+        n = _len(batch)
+        for i in range(0, n, self.micro_batch_size):
+            mb = _rows(batch, i, min(n, i + self.micro_batch_size))
+            ids, rm = _get(mb, "input_ids"), _get(mb, "response_mask")
+            ri = _get(mb, "resp_index")
+            ri = ri if ri is not None else self._resp_index(None, rm) + ids.shape[1]
+            log_probs = self._log_probs(ids, _get(mb, "attention_mask"), ri, temperature)
+            loss, metrics = loss_fn(log_probs, mb)
+            weight = float(rm.sum()) * scale
+            (loss * weight).backward()
+            for k, v in metrics.items():
+                agg[k] = agg.get(k, 0.0) + float(v) * weight / self.world_size
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite grad norm %s; update skipped", grad_norm)
+        self.updates += 1
+        agg.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.optimizer.param_groups[0]["lr"],
+                    "perf/tokens": float(_get(batch, "input_ids").numel()), "perf/step_s": time.perf_counter() - t0})
+        return agg
+
+    update = train_step  # name of the CPU TrainEngine
+
+    # ------------------------------------------------------------------ sync
+    @torch.no_grad()
+    def iter_params_for_sync(self, bucket_bytes: int = 1 << 30, dtype: Optional[torch.dtype] = torch.bfloat16
+                             ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, full tensor)`` for every parameter, gathering one bucket at a time.
+
+        A collective: every rank must exhaust the iterator (non-zero ranks just drop the
+        tensors). Each shard is cast to ``dtype`` (``None`` keeps fp32) before the all-gather, so
+        the extra memory on a GPU is one bucket of full tensors (<= ``bucket_bytes`` plus the one
+        parameter that crosses it), never a second whole model. Tied weights appear once.
+
+        Yields:
+            Tensors on this rank's device, contiguous; valid until the next bucket is gathered.
+        """
+        params = list(self.model.named_parameters())
+        group: list[tuple[str, torch.nn.Parameter]] = []
+        size = 0
+
+        def gather(items):
+            out = []
+            for name, p in items:
+                t = p.detach()
+                t = t.to(dtype) if dtype is not None else t
+                out.append((name, t.full_tensor() if hasattr(t, "full_tensor") else t))
+            return out
+
+        for name, p in params:
+            nbytes = p.numel() * (torch.empty((), dtype=dtype or p.dtype).element_size())
+            if group and size + nbytes > bucket_bytes:
+                yield from gather(group)
+                group, size = [], 0
+            group.append((name, p))
+            size += nbytes
+        if group:
+            yield from gather(group)
+
+    def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """CPU-engine name for :meth:`iter_params_for_sync` with 1 GiB buckets."""
+        return self.iter_params_for_sync()
+
+    def num_params(self) -> int:
+        """Total parameter count (full, not per shard)."""
+        return sum(p.numel() for p in self.model.parameters())
