@@ -186,30 +186,39 @@ class GlobalRequestLoadBalancer:
         return _get(self.actor.acquire_server.remote(request_id))
 
     async def acquire_server_async(self, request_id: str) -> tuple[str, Any]:
+        """Awaitable :meth:`acquire_server`."""
         return await _unwrap(self.actor.acquire_server.remote(request_id))
 
     def release_server(self, server_id: str) -> None:
+        """Blocking :meth:`RequestLoadBalancer.release_server`; call it in ``finally``."""
         _get(self.actor.release_server.remote(server_id))
 
     async def release_server_async(self, server_id: str) -> None:
+        """Awaitable :meth:`release_server`."""
         await _unwrap(self.actor.release_server.remote(server_id))
 
     def add_servers(self, servers: Mapping[str, Any]) -> None:
+        """Batch-atomic add (e.g. lend the hybrid engine to the rollout pool)."""
         _get(self.actor.add_servers.remote(dict(servers)))
 
     async def add_servers_async(self, servers: Mapping[str, Any]) -> None:
+        """Awaitable :meth:`add_servers`."""
         await _unwrap(self.actor.add_servers.remote(dict(servers)))
 
     def remove_servers(self, server_ids: Sequence[str]) -> None:
+        """Batch-atomic removal; sticky entries to removed servers are dropped lazily."""
         _get(self.actor.remove_servers.remote(list(server_ids)))
 
     async def remove_servers_async(self, server_ids: Sequence[str]) -> None:
+        """Awaitable :meth:`remove_servers`."""
         await _unwrap(self.actor.remove_servers.remote(list(server_ids)))
 
     def snapshot(self) -> dict[str, Any]:
+        """Per-server in-flight counts and cache statistics (see :meth:`RequestLoadBalancer.snapshot`)."""
         return _get(self.actor.snapshot.remote())
 
     async def snapshot_async(self) -> dict[str, Any]:
+        """Awaitable :meth:`snapshot` (what notebook widgets poll)."""
         return await _unwrap(self.actor.snapshot.remote())
 
     @contextlib.asynccontextmanager
