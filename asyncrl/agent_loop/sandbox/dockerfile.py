@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import shlex
 from dataclasses import dataclass, field
 
@@ -66,7 +67,7 @@ def parse_instructions(text: str) -> list[Instruction]:
         if not buf:
             start = lineno
         if stripped.endswith("\\"):
-            buf += stripped[:-1] + " "
+            buf += stripped[:-1].rstrip() + " "
             continue
         buf += stripped
         op, _, args = buf.partition(" ")
@@ -117,6 +118,7 @@ def plan_build(text: str) -> BuildPlan:
             *srcs, dst = parts
             if not dst.startswith("/"):
                 dst = plan.workdir.rstrip("/") + "/" + dst
+            dst = posixpath.normpath(dst) + ("/" if dst.endswith("/") else "")
             for src in srcs:
                 if "://" in src:
                     raise DockerfileError(f"{where}: ADD of a URL is not supported (no network at build)")
