@@ -39,6 +39,7 @@ CSS = """
 .asyncrl-w .tok.prompt {background: #f0f0f0; color: #777;}
 .asyncrl-w .tok.m0 {background: #ffe7ba; color: #873800;}
 .asyncrl-w .tok.m1 {color: #002766;}
+.asyncrl-w .vbadge {color: #fff; background: #cf1322; border-radius: 3px; padding: 0 2px; font-size: 9px;}
 .asyncrl-w .turn {border-left: 2px solid #722ed1; margin-left: 2px;}
 .asyncrl-w .legend span {margin-right: 8px; padding: 0 4px;}
 </style>

@@ -65,12 +65,14 @@ class Dashboard(SnapshotView):
         autostart: start polling at once when an event loop is running (a notebook cell).
         key: poller identity (default: the experiment's ``name``); a new Dashboard with the same key
             cancels the old poller.
+        done_polls: polls of a finished ("done") run before polling stops by itself.
     """
 
     title = "asyncrl dashboard"
 
     def __init__(self, source: Any = None, interval: float = 0.75, trajectories: int = 8,
-                 replica_limit: Optional[int] = None, autostart: bool = True, key: Any = None):
+                 replica_limit: Optional[int] = None, autostart: bool = True, key: Any = None,
+                 done_polls: int = 20):
         super().__init__()
         if replica_limit is None:
             replica_limit = _config_replica_limit(source)
@@ -83,6 +85,7 @@ class Dashboard(SnapshotView):
         self._status, self._traj = _fetchers(source)
         self._traj_mark: tuple = (None, 0.0)
         self.poller: Optional[Poller] = None
+        self.done_polls, self._done_polls = done_polls, 0
         if self._status is not None:
             self.poller = Poller(self.fetch, self.update, interval=interval,
                                  key=key if key is not None else ("dashboard", getattr(source, "name", id(source))),
@@ -133,8 +136,10 @@ class Dashboard(SnapshotView):
         return snap
 
     def _finished(self, snap: dict) -> bool:
-        # after Experiment.stop() the status is "not started" again: the run is over
-        return snap.get("state") == "not started" and self.snapshot is not None
+        """Stop after Experiment.stop() ("not started" again), or after ``done_polls`` polls of a
+        finished run (long enough to catch ``finish()``'s final evaluation)."""
+        self._done_polls = self._done_polls + 1 if snap.get("state") == "done" else 0
+        return (snap.get("state") == "not started" and self.snapshot is not None) or self._done_polls >= self.done_polls
 
     # ---------------------------------------------------------------- model
     def _compute(self, snapshot: dict) -> dict:

@@ -210,6 +210,9 @@ def draw_tokens(ax: Any, model: Any, show_prompt: bool = True, max_rows: Optiona
         ax.text(col, row + 0.5, text, fontsize=TOKEN_FONT_PT, family="monospace", color=fg, va="center", ha="left")
         if t.turn_start:
             ax.plot([col, col], [row + 0.05, row + 0.95], color=PURPLE, lw=1.5)
+        if t.version_change:
+            ax.plot([col, col], [row - 0.1, row + 1.0], color=RED, lw=2)
+            ax.text(col, row, f"v{t.version}", fontsize=6, color=RED, va="bottom", ha="center")
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)
     ax.axis("off")

@@ -1,0 +1,342 @@
+"""Widget models from synthetic status snapshots (no Ray, no vLLM, no browser).
+
+Snapshots live in ``tests/data/snapshots`` (regenerate with ``make_snapshots.py`` there); they have
+the shape of ``Experiment.status_async()`` after a JSON round trip (int keys as str, tuples as lists).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from widgets import (ConcurrencyFunnel, Dashboard, Poller, StalenessView, TrajectoryInspector, binding_layer,
+                     check_lengths, curves_model, funnel_model, lag_histogram, span_counts, staleness_model,
+                     trajectory_model)
+
+SNAPSHOTS = Path(__file__).parent / "data" / "snapshots"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def load(name: str) -> dict:
+    return json.loads((SNAPSHOTS / f"{name}.json").read_text())
+
+
+def counts(model) -> dict:
+    return {layer.key: (layer.count, layer.limit) for layer in model.layers}
+
+
+# ---------------------------------------------------------------------- funnel
+def test_funnel_counts_limits_and_binding_when_queue_full():
+    m = funnel_model(load("mq_bound"))
+    assert counts(m) == {"pending_queue": (12, 12), "staleness_samples": (12, 12), "active_tasks": (3, 8),
+                         "replica:replica_0": (10, None), "replica:replica_1": (6, None), "message_queue": (12, 12)}
+    # staleness and queue are both full: the most downstream full layer (the queue) binds
+    assert m.binding == "message_queue"
+    assert [layer.key for layer in m.layers][0] == "pending_queue" and not m.layer("pending_queue").bindable
+
+
+def test_funnel_binding_moves_to_active_tasks():
+    assert funnel_model(load("active_bound")).binding == "active_tasks"
+
+
+def test_funnel_highest_utilisation_when_none_full():
+    snap = load("mq_bound")
+    snap["rollouter"].update(staleness_samples=9, active_tasks=5)
+    snap["message_queue"]["size"] = 4
+    m = funnel_model(snap)
+    assert not any(layer.full for layer in m.layers if layer.bindable)
+    assert m.binding == "staleness_samples"  # 9/12 > 5/8 > 4/12; the full pending queue never binds
+
+
+def test_funnel_nothing_binds_when_idle_and_optional_pools_absent():
+    m = funnel_model(load("early"))
+    assert m.binding is None
+    assert not any(k in counts(m) for k in ("agent_loop_workers", "sandboxes"))
+
+
+def test_funnel_optional_pools_and_replica_limits():
+    m = funnel_model(load("pools"))
+    c = counts(m)
+    assert c["agent_loop_workers"] == (4, 4) and c["sandboxes"] == (2, 6)
+    assert c["replica:replica_0"] == (10, 16)  # load balancer's own limit wins over the argument
+    assert m.binding == "agent_loop_workers"
+
+
+def test_funnel_replica_limit_argument_makes_replica_bind():
+    m = funnel_model(load("active_bound"), replica_limit=8)
+    assert counts(m)["replica:replica_0"] == (10, 8)
+    assert m.binding == "replica:replica_0"  # downstream of active_tasks, also full
+
+
+def test_binding_layer_of_empty_list_is_none():
+    assert binding_layer([]) is None
+
+
+def test_funnel_history_is_a_short_deque():
+    f = ConcurrencyFunnel(history=3)
+    snap = load("mq_bound")
+    for n in range(5):
+        snap["rollouter"]["active_tasks"] = n
+        f.update(snap)
+    assert f.model.history["active_tasks"] == [2, 3, 4]
+    assert f.model.layer("active_tasks").count == 4
+
+
+def test_funnel_live_widget_tracks_the_model():
+    f = ConcurrencyFunnel()
+    f.update(load("mq_bound"))
+    f.widget  # build
+    _, label, bar, num, _ = f._rows["message_queue"]
+    assert (bar.value, bar.max, bar.bar_style) == (12, 12, "danger") and "<b>" in label.value
+    snap = load("active_bound")
+    f.update(snap)
+    assert f._rows["active_tasks"][2].bar_style == "danger"
+    assert f._rows["message_queue"][2].value == 4 and f._rows["message_queue"][2].bar_style == "info"
+    html = f.to_html()
+    assert 'class="binding" data-layer="active_tasks"' in html
+
+
+# ---------------------------------------------------------------------- staleness
+def test_lag_histogram_bins_from_json_keys():
+    assert lag_histogram({"0": 700, "1": 250, "2": 50}, bound=2) == ([0, 1, 2], [700, 250, 50])
+    assert lag_histogram({"1": 5}, bound=3) == ([0, 1, 2, 3], [0, 5, 0, 0])
+    assert lag_histogram({0: 1, 4: 2}, bound=1) == ([0, 1, 2, 3, 4], [1, 0, 0, 0, 2])  # beyond the bound: shown
+    assert lag_histogram({}, bound=0) == ([0], [0])
+
+
+def test_staleness_model_values():
+    m = staleness_model(load("mq_bound"))
+    assert m.lag_bins == [0, 1, 2] and m.total_tokens == 1000
+    assert m.lag_fraction == pytest.approx([0.7, 0.25, 0.05])
+    assert m.mean_lag == pytest.approx(0.35)
+    assert (m.param_version, m.rollout_version, m.bound) == (6, 6, 2)
+    assert (m.staleness_samples, m.max_required_samples) == (12, 12)
+    assert [r for _, r in m.trainer_idle] == pytest.approx([0.57, 0.54, 0.51, 0.48, 0.45, 0.42])
+    assert m.span_counts == {0: 1, 1: 3, 2: 1}
+    assert span_counts([[1, 2], (3, 3), [None, None]]) == {0: 1, 1: 1}
+
+
+def test_staleness_view_records_rollouter_idle_per_poll():
+    v = StalenessView()
+    snap = load("mq_bound")
+    for t, r in ((1.0, 0.5), (1.0, 0.5), (2.0, 0.25)):  # a repeated poll of the same instant is kept once
+        snap["elapsed_s"], snap["rollouter"]["idle_ratio"] = t, r
+        v.update(snap)
+    assert v.model.rollouter_idle == [(1.0, 0.5), (2.0, 0.25)]
+    assert 'data-lag="2"' in v.to_html() and "<svg" in v.idle_svg()
+
+
+# ---------------------------------------------------------------------- trajectory inspector
+SPAN = re.compile(r'<span class="tok ([^"]*)" data-i="(\d+)"')
+
+
+def spans(html: str) -> list[tuple[str, int]]:
+    return [(cls, int(i)) for cls, i in SPAN.findall(html)]
+
+
+def test_inspector_mask_colouring_turns_and_versions():
+    traj = load("mq_bound")["trajectories"][1]
+    insp = TrajectoryInspector([traj], show_prompt=True)
+    html = insp.to_html()
+    all_spans = spans(html)
+    n_prompt = len(traj["prompt_ids"])
+    prompt_spans, resp_spans = all_spans[:n_prompt], all_spans[n_prompt:]
+    assert all(cls.split()[0] == "prompt" for cls, _ in prompt_spans)
+    assert len(resp_spans) == len(traj["response_ids"])
+    assert [i for _, i in resp_spans] == list(range(len(traj["response_ids"])))
+    for (cls, i), mask in zip(resp_spans, traj["response_mask"]):
+        assert cls.split()[0] == ("m1" if mask else "m0"), (i, cls)
+    m = insp.model
+    assert m.turn_starts == [i for i, t in enumerate(traj["response_tokens"]) if t == "<|im_start|>"]
+    assert m.versions == [4, 5] and (m.min_version, m.max_version) == (4, 5)
+    mask = traj["response_mask"]
+    assert [t.index for t in m.response if t.version_change] == [mask.index(1, mask.index(0))]
+    assert "partial rollout v4 &rarr; v5" in html and "lengths agree" in html
+    # logprob as hover title and as shade: a likelier token is darker
+    first = next(t for t in m.response if t.mask)
+    assert f"logprob={first.logprob:.3f}" in html
+    assert m.model_tokens == sum(traj["response_mask"])
+
+
+def test_logprob_shade_increases_with_probability():
+    from widgets.inspector import Token, token_style
+
+    alpha = lambda lp: float(re.search(r"rgba\([^)]*,([\d.]+)\)", token_style(Token(0, "a", 1, 1, lp))).group(1))  # noqa: E731
+    assert alpha(-0.01) > alpha(-1.0) > alpha(-5.0)
+    assert token_style(Token(0, "a", 1, 0, 0.0)) == ""
+
+
+def test_inspector_length_mismatch_warning():
+    traj = copy.deepcopy(load("mq_bound")["trajectories"][0])
+    traj["response_logprobs"] = traj["response_logprobs"][:-1]
+    lengths, warnings = check_lengths(traj)
+    assert lengths["response_logprobs"] == lengths["response_ids"] - 1 and len(warnings) == 1
+    insp = TrajectoryInspector([traj])
+    assert not insp.model.lengths_ok
+    html = insp.to_html()
+    assert 'class="warn"' in html and "length mismatch" in html and "response_logprobs has" in html
+    assert "lengths_ok=False" in repr(insp)
+
+
+def test_inspector_flags_logprob_under_mask_zero():
+    traj = copy.deepcopy(load("mq_bound")["trajectories"][1])
+    i = traj["response_mask"].index(0)
+    traj["response_logprobs"][i] = -0.5
+    assert any("mask-0" in w for w in check_lengths(traj)[1])
+
+
+def test_turns_fall_back_to_mask_transitions_without_markers():
+    traj = {"uid": "x", "prompt_ids": [1], "response_ids": [5, 6, 7, 8, 9], "response_mask": [1, 1, 0, 1, 1],
+            "response_logprobs": [-0.1, -0.2, 0.0, -0.3, -0.4], "response_tokens": list("abcde")}
+    m = trajectory_model(traj)
+    assert m.turn_starts == [3] and m.lengths_ok and m.versions == []
+
+
+def test_inspector_selection_sticks_to_uid():
+    trajs = load("mq_bound")["trajectories"]
+    insp = TrajectoryInspector(trajs)
+    assert insp.model.uid == trajs[-1]["uid"]  # newest by default
+    insp.select(0)
+    assert insp.model.uid == trajs[0]["uid"]
+    insp.update({"trajectories": list(reversed(trajs))})
+    assert insp.model.uid == trajs[0]["uid"]
+    insp.widget
+    insp._pick.value = trajs[1]["uid"]  # picking in the dropdown re-renders
+    assert insp.model.uid == trajs[1]["uid"] and trajs[1]["uid"] in insp._view.value
+
+
+# ---------------------------------------------------------------------- curves
+def test_curves_model_series():
+    m = curves_model(load("mq_bound"))
+    assert m.steps == [1, 2, 3, 4, 5, 6] and len(m.reward) == 6 and m.pg_loss[0] == pytest.approx(0.0617, abs=1e-3)
+    assert m.eval_steps == [0, 3, 6] and m.eval_accuracy == [0.1, 0.35, 0.5]
+
+
+# ---------------------------------------------------------------------- poller / live dashboard
+class FakeExperiment:
+    """Experiment stand-in: ``status_async`` from a list of snapshots, ``rollouter.trajectories.remote``."""
+
+    class _Rollouter:
+        class _Traj:
+            def __init__(self, trajs):
+                self.trajs, self.calls = trajs, 0
+
+            def remote(self, n):
+                self.calls += 1
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(self.trajs[-n:])
+                return fut
+
+        def __init__(self, trajs):
+            self.trajectories = self._Traj(trajs)
+
+    def __init__(self, snaps, name="fake-run"):
+        self.snaps, self.name, self.calls = snaps, name, 0
+        self.rollouter = self._Rollouter(load("mq_bound")["trajectories"])
+
+    async def status_async(self):
+        snap = self.snaps[min(self.calls, len(self.snaps) - 1)]
+        self.calls += 1
+        return copy.deepcopy(snap)
+
+
+def test_dashboard_polls_experiment_and_fetches_trajectories():
+    async def main():
+        exp = FakeExperiment([load("early"), load("active_bound"), load("done")])
+        dash = Dashboard(exp, interval=0.01)
+        await asyncio.wait_for(dash.poller.task, 5)
+        return exp, dash
+
+    exp, dash = asyncio.run(main())
+    assert dash.snapshot["state"] == "done" and dash.poller.reason.startswith("finished")
+    assert dash.funnel.model.history["active_tasks"][:2] == [0, 8]
+    assert dash.inspector.model is not None and exp.rollouter.trajectories.calls >= 1
+    assert dash.model["global_steps"] == 8
+
+
+def test_new_dashboard_for_same_experiment_cancels_old_poller():
+    async def main():
+        exp = FakeExperiment([load("active_bound")])  # never "done": polls until cancelled
+        first = Dashboard(exp, interval=0.01)
+        await asyncio.sleep(0.05)
+        second = Dashboard(exp, interval=0.01)
+        await asyncio.sleep(0.05)
+        states = (first.poller.task.cancelled(), first.poller.reason, second.poller.running)
+        second.stop()
+        await asyncio.sleep(0.01)
+        return first, second, states
+
+    first, second, (cancelled, reason, running) = asyncio.run(main())
+    assert cancelled and reason == "replaced" and running
+    assert second.poller.task.cancelled() and first.poller.polls >= 1
+
+
+def test_poller_gives_up_after_failed_fetches_and_keeps_state():
+    async def failing():
+        raise ConnectionError("actor died")
+
+    seen = []
+
+    async def main():
+        p = Poller(failing, seen.append, interval=0.01, key="failing", max_errors=3).start()
+        await asyncio.wait_for(p.task, 5)
+        return p
+
+    p = asyncio.run(main())
+    assert seen == [] and p.errors == 3 and "gave up" in p.reason and "actor died" in p.reason
+
+
+def test_poller_without_running_loop_raises_and_dashboard_tolerates_it():
+    with pytest.raises(RuntimeError):
+        Poller(FakeExperiment([{}]).status_async, print).start()
+    dash = Dashboard(FakeExperiment([load("mq_bound")]), key="no-loop")
+    assert not dash.poller.running
+    snap = asyncio.run(dash.refresh())
+    assert snap["state"] == "running" and dash.funnel.model.binding == "message_queue"
+
+
+def test_stopped_experiment_keeps_final_state_on_screen():
+    dash = Dashboard(load("done"))
+    dash.update({"state": "not started"})
+    assert dash.model["state"] == "done" and dash.snapshot["state"] == "done"
+
+
+# ---------------------------------------------------------------------- static snapshots and reprs
+@pytest.mark.parametrize("name", ["mq_bound", "early", "pools"])
+def test_static_snapshots_written(tmp_path, name):
+    dash = Dashboard(load(name))
+    paths = dash.save(tmp_path / name)
+    assert set(paths) == {f"{v}.{ext}" for v in ("dashboard", "funnel", "staleness", "curves", "inspector")
+                          for ext in ("png", "html")}
+    for key, path in paths.items():
+        data = path.read_bytes()
+        assert len(data) > 500, key
+        if key.endswith(".png"):
+            assert data.startswith(PNG_MAGIC)
+        else:
+            assert b"asyncrl-w" in data
+
+
+def test_each_view_renders_png_alone(tmp_path):
+    snap = load("mq_bound")
+    views = [ConcurrencyFunnel(), StalenessView(), TrajectoryInspector()]
+    for i, v in enumerate(views):
+        v.update(snap)
+        assert v.to_png(tmp_path / f"{i}.png").read_bytes().startswith(PNG_MAGIC)
+    assert TrajectoryInspector().to_png(tmp_path / "empty.png").stat().st_size > 0
+
+
+def test_rich_reprs_with_text_fallback():
+    dash = Dashboard(load("mq_bound"))
+    bundle = dash._repr_mimebundle_()
+    assert bundle["text/plain"].startswith("Dashboard('arith_grpo_cpu__0__")
+    assert "Concurrency funnel" in bundle["text/html"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert repr(ConcurrencyFunnel()) == "ConcurrencyFunnel(no snapshot yet)"
+    assert "binding='message_queue'" in repr(dash.funnel)
+    assert "<svg" in dash.to_html() and dash._repr_html_() == dash.to_html()
