@@ -38,7 +38,7 @@ from asyncrl.agent_loop.worker import AgentLoopManager
 from asyncrl.config import ExperimentConfig
 from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
+from asyncrl.rollout.client import GenerationAborted
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget
 
@@ -60,7 +60,6 @@ class FullyAsyncRollouter:
     def __init__(self, config: ExperimentConfig, train_rows: list[dict], val_rows: list[dict],
                  replicas: dict, load_balancer: Any, message_queue: Any):
         from asyncrl.models import load_tokenizer  # tokenizers are loaded per actor, never shipped
-        from asyncrl.reward import compute_score
 
         self.cfg = config
         self.budget = sample_budget(config)
@@ -68,9 +67,7 @@ class FullyAsyncRollouter:
         self.replicas = replicas
         self.mq = message_queue
         self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
-        self.compute_score = compute_score
         self.agent_loops = AgentLoopManager(config, load_balancer)
-        self.eval_client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=True)
         self.param_version = 0
         self.pending_queue: asyncio.Queue = asyncio.Queue(maxsize=self.budget.max_required_samples)
         self.active_tasks: set[asyncio.Task] = set()
@@ -260,21 +257,28 @@ class FullyAsyncRollouter:
             self._eval_task = asyncio.create_task(self.evaluate())
 
     async def evaluate(self, limit: Optional[int] = None) -> dict:
-        """Greedy accuracy on the held-out rows at the current version; appended to ``eval_history``."""
-        from asyncrl.agent_loop.single_turn import render_prompt_ids
+        """Greedy accuracy on the held-out rows at the current version, through the same agent loops
+        as training (so tool tasks are evaluated multi-turn); appended to ``eval_history``.
+
+        Returns ``{"version", "accuracy", "n", "time", "eval_s"}`` plus the mean of numeric agent
+        metrics (e.g. ``agent/tool_call_success``) under ``eval/...``.
+        """
         version, t0 = self.param_version, time.time()
         rows = self.val_rows[: limit or len(self.val_rows)]
+        tag = uuid.uuid4().hex[:6]
 
-        async def one(i: int, row: dict) -> float:
-            ids = render_prompt_ids(self.tokenizer, list(row["prompt"]))
-            out = await self.eval_client.generate(f"eval-{version}-{i}-{uuid.uuid4().hex[:6]}", ids, self.greedy_sp)
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            return float(self.compute_score(row.get("data_source", ""), text, row["reward_model"]["ground_truth"],
-                                            row.get("extra_info")))
+        async def one(i: int, row: dict):
+            outs = await self.agent_loops.generate_sequences_single(row, f"eval-{version}-{tag}-{i}", self.greedy_sp, 1)
+            return outs[0]
 
-        scores = await asyncio.gather(*[one(i, r) for i, r in enumerate(rows)])
+        outs = await asyncio.gather(*[one(i, r) for i, r in enumerate(rows)])
+        scores = [float(o.reward_score or 0.0) for o in outs]
         result = {"version": version, "accuracy": sum(scores) / max(1, len(scores)), "n": len(scores),
                   "time": time.time() - self.t_start, "eval_s": time.time() - t0}
+        keys = {k for o in outs for k, v in o.metrics.items() if isinstance(v, (int, float)) and k.startswith("agent/")}
+        for k in sorted(keys):
+            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]
+            result["eval/" + k[len("agent/"):]] = sum(vals) / len(vals)
         self.eval_history.append(result)
         logger.info("eval v%d: accuracy %.3f on %d", version, result["accuracy"], len(scores))
         return result
