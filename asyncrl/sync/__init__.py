@@ -1,1 +1,14 @@
+"""Weight synchronisation: bucket layout, checkpoint-engine contract and the built-in engines.
 
+Engines register lazily (``get_engine_cls(name)``): ``cpu`` (the faster CPU transport, measured
+in ``benchmarks/weight_sync_cpu.py``), ``gloo`` (torch gloo broadcast) and ``cpu_rpc`` (Ray object
+refs + vLLM collective RPC).
+"""
+
+from asyncrl.sync.base import CheckpointEngine, _lazy, get_engine_cls, register_engine
+
+register_engine("cpu", _lazy("asyncrl.sync.cpu_engine", "CPUCheckpointEngine"))
+register_engine("gloo", _lazy("asyncrl.sync.cpu_engine", "GlooCheckpointEngine"))
+register_engine("cpu_rpc", _lazy("asyncrl.sync.cpu_engine", "RayRPCCheckpointEngine"))
+
+__all__ = ["CheckpointEngine", "get_engine_cls", "register_engine"]

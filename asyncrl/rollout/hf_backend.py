@@ -1,0 +1,237 @@
+"""transformers backend: :class:`HFEngine`, the fallback when vLLM is absent.
+
+::
+
+    generate(req) ──► prefill (KV cache) ──► loop: [wait while paused] ─► sample ─► decode step
+                                                 ▲ abort flag checked between tokens
+    load_weight_buckets ──► BucketAssembler ──► param.copy_ under the model lock
+
+Deliberately simple: one request per forward (no continuous batching), requests interleave at
+token granularity on the event loop, each forward runs in a worker thread under a lock. Same
+token-in-token-out contract as :class:`asyncrl.rollout.vllm_backend.VLLMEngine`, including
+``logprobs = log_softmax(logits / temperature)`` of the sampled token (vLLM's
+``processed_logprobs``; top-p renormalisation is not applied to the reported logprob).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Literal, Optional, Sequence
+
+import torch
+
+from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.vllm_backend import eos_token_ids
+from asyncrl.sync.bucket import BucketAssembler, ChunkMeta
+
+logger = logging.getLogger(__name__)
+
+
+def sample_token(logits: torch.Tensor, sp: SamplingParams, generator: Optional[torch.Generator]) -> tuple[int, float]:
+    """Pick the next id from ``(vocab,)`` float logits; returns ``(id, logprob)``.
+
+    Greedy when ``temperature == 0`` (logprob of the raw distribution); otherwise nucleus
+    sampling from ``softmax(logits / temperature)``.
+    """
+    logits = logits.float()
+    if sp.temperature <= 0:
+        logp = torch.log_softmax(logits, -1)
+        tok = int(torch.argmax(logits))
+        return tok, float(logp[tok])
+    logp = torch.log_softmax(logits / sp.temperature, -1)
+    probs = logp.exp()
+    if sp.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, 0) - sorted_p < sp.top_p
+        probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
+    tok = int(torch.multinomial(probs, 1, generator=generator))
+    return tok, float(logp[tok])
+
+
+class HFEngine(InferenceEngine):
+    """A transformers ``AutoModelForCausalLM`` serving token ids (implements :class:`InferenceEngine`).
+
+    Args:
+        model_path: HF model directory.
+        dtype: ``float32`` | ``bfloat16``.
+        device: torch device (``cpu`` by default).
+        seed: base seed; requests without their own seed draw from one engine generator.
+        torch_threads: intra-op threads for this process (``None`` leaves torch's default).
+        max_num_seqs: accepted for config symmetry with vLLM; unused (no batching).
+    """
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
+                 torch_threads: Optional[int] = None, max_num_seqs: int = 0, **_: Any):
+        self.model_path = str(model_path)
+        self.dtype = getattr(torch, dtype)
+        self.device = torch.device(device)
+        self.seed = seed
+        self.torch_threads = torch_threads
+        self.param_version = 0
+        self.eos_token_ids = eos_token_ids(self.model_path)
+        self.model: Any = None
+        self._lock = asyncio.Lock()
+        self._admit = asyncio.Event()  # cleared by pause(): new requests wait
+        self._admit.set()
+        self._running = asyncio.Event()  # cleared by pause("keep"): admitted requests freeze
+        self._running.set()
+        self._aborted: set[str] = set()
+        self._inflight: set[str] = set()  # inside generate(), admitted or queued
+        self._active: set[str] = set()  # admitted
+        self._drained = asyncio.Condition()
+        self._generator = torch.Generator().manual_seed(seed)
+        self._assembler: Optional[BucketAssembler] = None
+        self._loaded = 0
+        self._gloo: Any = None
+
+    async def start(self) -> None:
+        import transformers
+
+        if self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
+        self.model = await asyncio.to_thread(
+            lambda: transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval())
+        logger.info("HF engine ready: %s", self.model_path)
+
+    async def shutdown(self) -> None:
+        await self.abort_all_requests()
+        self.model = None
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    num_weight_workers = 1
+
+    # ------------------------------------------------------------------ generation
+
+    async def _forward(self, ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any]:
+        def step() -> tuple[torch.Tensor, Any]:
+            with torch.no_grad():
+                out = self.model(input_ids=ids.to(self.device), past_key_values=past, use_cache=True)
+            return out.logits[0, -1].float().cpu(), out.past_key_values
+
+        async with self._lock:
+            return await asyncio.to_thread(step)
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        """See :meth:`InferenceEngine.generate`; abort is honoured between tokens."""
+        if self.model is None:
+            raise RuntimeError("HFEngine is not started (call `await engine.start()`)")
+        if request_id in self._inflight:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        sp = sampling_params
+        gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else self._generator
+        stops = set(self.eos_token_ids) | set(sp.stop_token_ids)
+        ids: list[int] = []
+        lps: list[float] = []
+        stop = "length"
+        self._inflight.add(request_id)
+        try:
+            await self._admit.wait()
+            self._active.add(request_id)
+            past = None
+            nxt = torch.tensor([list(prompt_ids)], dtype=torch.long)
+            while len(ids) < sp.max_tokens:
+                if request_id in self._aborted:
+                    stop = "aborted"
+                    break
+                logits, past = await self._forward(nxt, past)
+                tok, lp = sample_token(logits, sp, gen)
+                ids.append(tok)
+                lps.append(lp)
+                if tok in stops:
+                    stop = "completed"
+                    break
+                nxt = torch.tensor([[tok]], dtype=torch.long)
+                if not self._running.is_set():  # pause(mode="keep"): freeze here
+                    await self._running.wait()
+            else:
+                stop = "length"
+        finally:
+            self._inflight.discard(request_id)
+            self._active.discard(request_id)
+            self._aborted.discard(request_id)
+            async with self._drained:
+                self._drained.notify_all()
+        return TokenOutput(token_ids=ids, log_probs=lps if sp.logprobs else None, stop_reason=stop,  # type: ignore[arg-type]
+                           param_version=self.param_version)
+
+    async def abort_all_requests(self) -> int:
+        ids = list(self._inflight)
+        self._aborted.update(ids)
+        return len(ids)
+
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        """Same modes as vLLM's ``pause_generation``; returns once in-flight work is settled."""
+        self._admit.clear()
+        if mode == "keep":
+            self._running.clear()
+            return
+        if mode == "abort":
+            self._aborted.update(self._active)
+        async with self._drained:
+            await self._drained.wait_for(lambda: not self._active)
+
+    async def resume(self) -> None:
+        self._admit.set()
+        self._running.set()
+
+    # ------------------------------------------------------------------ weights
+
+    async def begin_weight_update(self) -> None:
+        self._assembler = BucketAssembler("cpu")
+        self._loaded = 0
+
+    def _copy_in(self, done: list[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        with torch.no_grad():
+            for name, tensor in done:
+                if name not in params:
+                    raise KeyError(f"unknown parameter {name!r} in weight update")
+                params[name].copy_(tensor)
+        self._loaded += len(done)
+
+    async def load_bucket(self, bucket: Any, metas: Sequence[ChunkMeta]) -> None:
+        if not isinstance(bucket, torch.Tensor):
+            bucket = torch.from_numpy(bucket.copy() if not bucket.flags.writeable else bucket)
+        assert self._assembler is not None, "begin_weight_update() first"
+        done = self._assembler.feed(bucket, list(metas))
+        if done:
+            async with self._lock:
+                self._copy_in(done)
+
+    async def finish_weight_update(self, version: int) -> int:
+        assert self._assembler is not None, "begin_weight_update() first"
+        if self._assembler.pending:
+            raise RuntimeError(f"weight update incomplete, missing chunks of {self._assembler.pending[:5]}")
+        self._assembler = None
+        self.param_version = int(version)
+        return self._loaded
+
+    async def load_weight_buckets(self, buckets: list, version: int) -> None:
+        await self.begin_weight_update()
+        for bucket, metas in buckets:
+            await self.load_bucket(bucket, metas)
+        await self.finish_weight_update(version)
+
+    async def gloo_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
+        from asyncrl.rollout.vllm_worker_ext import make_gloo_group
+
+        self._gloo = await asyncio.to_thread(make_gloo_group, host, port, base_rank, world_size, timeout_s)
+        return [base_rank]
+
+    async def gloo_receive(self, plan: Sequence[Sequence[ChunkMeta]], version: int) -> int:
+        from asyncrl.rollout.vllm_worker_ext import gloo_broadcast
+
+        await self.begin_weight_update()
+        for metas in plan:
+            buf = torch.empty(max(m.bucket_offset + m.nbytes for m in metas), dtype=torch.uint8)
+            await asyncio.to_thread(gloo_broadcast, self._gloo, buf, 0)
+            await self.load_bucket(buf, metas)
+        return await self.finish_weight_update(version)
+
+    async def param_checksums(self) -> dict[str, float]:
+        return {n: float(p.detach().double().sum()) for n, p in self.model.named_parameters()}

