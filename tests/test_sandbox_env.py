@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.agent_loop.sandbox import env as sandbox_env
+from asyncrl.agent_loop.sandbox import isolation
 from asyncrl.agent_loop.sandbox.dockerfile import DockerfileError, plan_build
 from asyncrl.agent_loop.sandbox.env import LocalSandbox, SandboxLimits, SandboxStartError, SandboxUnavailableError
 from asyncrl.agent_loop.sandbox.env import start_sandbox
@@ -20,6 +20,7 @@ from asyncrl.agent_loop.sandbox.task import (EXAMPLES_DIR, TaskFormatError, exam
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (apt-get install bubblewrap)")
 TASKS = list_tasks()
+PERSISTENT = pytest.mark.parametrize("persistent", [False, True], ids=["per-command", "container"])
 
 
 def run(coro):
@@ -92,7 +93,7 @@ def test_dockerfile_plan():
 @pytest.mark.parametrize("task", TASKS, ids=[t.name for t in TASKS])
 def test_oracle_solution_scores_one_and_doing_nothing_scores_zero(task, tmp_path):
     async def trial(oracle: bool) -> float | None:
-        async with await start_sandbox(task.environment_dir, tmp_path / f"trial-{oracle}") as sb:
+        async with await start_sandbox(task.environment_dir, tmp_path / f"trial-{oracle}", persistent=oracle) as sb:
             if oracle:
                 await sb.upload(task.solution_dir, "/solution")
                 assert (await sb.exec("bash /solution/solve.sh")).return_code == 0
@@ -106,12 +107,13 @@ def test_oracle_solution_scores_one_and_doing_nothing_scores_zero(task, tmp_path
 
 
 @needs_bwrap
-def test_sandbox_cannot_read_outside_its_trial_dir(tmp_path):
+@PERSISTENT
+def test_sandbox_cannot_read_outside_its_trial_dir(tmp_path, persistent):
     secret = tmp_path / "secret.txt"
     secret.write_text("top secret")
 
     async def go():
-        async with await start_sandbox(None, tmp_path / "trial") as sb:
+        async with await start_sandbox(None, tmp_path / "trial", persistent=persistent) as sb:
             own = await sb.exec("echo mine > note.txt && cat /app/note.txt")
             other = await sb.exec(f"cat {secret}; ls {tmp_path}; cat /etc/shadow; ls /work /home")
             return own, other
@@ -123,7 +125,8 @@ def test_sandbox_cannot_read_outside_its_trial_dir(tmp_path):
 
 
 @needs_bwrap
-def test_sandbox_has_no_network(tmp_path):
+@PERSISTENT
+def test_sandbox_has_no_network(tmp_path, persistent):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -134,7 +137,7 @@ def test_sandbox_has_no_network(tmp_path):
     probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('CONNECTED')\""
 
     async def go():
-        async with await start_sandbox(None, tmp_path / "trial") as sb:
+        async with await start_sandbox(None, tmp_path / "trial", persistent=persistent) as sb:
             return await sb.exec(probe)
 
     res = run(go())
@@ -152,10 +155,11 @@ def _accept(server: socket.socket) -> bool:
 
 
 @needs_bwrap
-def test_timeout_kills_the_whole_namespace_and_limits_apply(tmp_path):
+@PERSISTENT
+def test_timeout_kills_the_whole_namespace_and_limits_apply(tmp_path, persistent):
     async def go():
         limits = SandboxLimits(memory_mb=256, max_output_bytes=1000)
-        async with await start_sandbox(None, tmp_path / "trial", limits=limits) as sb:
+        async with await start_sandbox(None, tmp_path / "trial", limits=limits, persistent=persistent) as sb:
             slow = await sb.exec("(sleep 30 &) ; sleep 30", timeout_sec=0.5)
             big = await sb.exec("python3 -c \"x = bytearray(512 * 1024 * 1024)\"")
             chatty = await sb.exec("yes | head -c 100000")
@@ -188,21 +192,42 @@ def test_cleanup_on_error_and_cancellation(tmp_path):
 
 
 def test_missing_bubblewrap_names_the_package(monkeypatch, tmp_path):
-    sandbox_env.check_isolation.cache_clear()
-    monkeypatch.setattr(sandbox_env.shutil, "which", lambda name: None)
+    isolation.check_isolation.cache_clear()
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
     try:
         with pytest.raises(SandboxUnavailableError, match="apt-get install -y bubblewrap"):
             run(LocalSandbox(tmp_path / "t").start())
     finally:
-        sandbox_env.check_isolation.cache_clear()
+        isolation.check_isolation.cache_clear()
 
 
 @needs_bwrap
-def test_system_paths_are_not_writable(tmp_path):
+@PERSISTENT
+def test_system_paths_are_not_writable(tmp_path, persistent):
     async def go():
-        async with await start_sandbox(None, tmp_path / "trial") as sb:
+        async with await start_sandbox(None, tmp_path / "trial", persistent=persistent) as sb:
             with pytest.raises(PermissionError):
                 sb.host_path("/usr/bin/evil")
             return await sb.exec("touch /usr/evil")
 
     assert run(go()).return_code != 0
+
+
+@needs_bwrap
+def test_container_keeps_background_processes_between_commands_and_stop_kills_them(tmp_path):
+    async def go():
+        sb = await start_sandbox(None, tmp_path / "trial", persistent=True)
+        try:
+            await sb.exec("tmux new-session -d -s agent 'sleep 300'")
+            listed = await sb.exec("tmux ls")
+            host_pid = sb.container.pid
+        finally:
+            await sb.stop()
+        return listed, host_pid
+
+    listed, host_pid = run(go())
+    assert listed.return_code == 0 and "agent:" in listed.stdout
+    status = Path(f"/proc/{host_pid}/status")
+    gone = not status.exists() or "State:\tZ" in status.read_text()  # dead (maybe not yet reaped by pid 1)
+    assert gone, "the container's init must be gone after stop()"
+    assert not (tmp_path / "trial").exists()

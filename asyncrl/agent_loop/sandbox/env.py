@@ -9,16 +9,19 @@
       root/tests/ -> /tests         only after upload_dir(tests, "/tests") at verify time
     host /usr, /etc (a few files)   read-only: the "base image"
 
-Every :meth:`LocalSandbox.exec` is a fresh ``bwrap`` process (like ``docker exec``): new user,
-pid, network, IPC and UTS namespaces, all capabilities dropped, no network unless asked (only a
-private loopback), ``prlimit`` CPU-seconds / address-space / file-size limits, a wall-clock
-timeout that kills the whole pid namespace, and output capped in size. A sandboxed process sees
+By default every :meth:`LocalSandbox.exec` is a fresh ``bwrap`` sandbox; with ``persistent=True``
+commands join one long-lived container instead, so background processes survive between them
+(see :mod:`.isolation`). Either way: new user, pid, network, IPC and UTS namespaces, all
+capabilities dropped, no network unless asked (only a private loopback), ``prlimit`` CPU-seconds /
+address-space / file-size limits, a wall-clock timeout that kills the command's process group,
+and output capped in size. A sandboxed process sees
 only the trial's ``root/`` directories plus read-only system files, so it cannot read other
 trials' files, the repository, or the host's ``/tmp``.
 
 Every top-level directory under ``root/`` is bind-mounted at ``/<name>``; uploading to
-``/tests`` creates ``root/tests`` and later commands see it. System paths (``/usr``, ``/etc``, ...)
-cannot be written.
+``/tests`` creates ``root/tests`` and later commands see it (a persistent container binds the
+directories that exist at start, plus ``/tests``, ``/solution``, ``/runtime`` and
+``/installed-agent``, created empty). System paths (``/usr``, ``/etc``, ...) cannot be written.
 
 This module uses only the standard library (the Harbor environment plugin imports it from the
 Python 3.12 Harbor env).
@@ -28,33 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from .dockerfile import plan_build
+from .isolation import (DEFAULT_PATH, SYSTEM_DIRS, Container, SandboxUnavailableError, bwrap_argv,
+                        check_isolation, limits_prefix)
 
 logger = logging.getLogger(__name__)
 
-SYSTEM_DIRS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sys",
-                         "run", "var", "boot", "opt", "srv", "mnt", "media"})
-"""Top-level names that are never trial-writable (the host's read-only "image")."""
-ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf",
-             "hosts", "localtime", "ssl", "ca-certificates", "python3", "python3.11", "bash.bashrc", "profile",
-             "inputrc", "mime.types", "magic", "debian_version", "os-release")
-"""``/etc`` entries visible read-only inside the sandbox (the rest of ``/etc`` is hidden)."""
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class SandboxUnavailableError(RuntimeError):
-    """The isolation tools are missing or do not work here (the message says what to install)."""
+PERSISTENT_DIRS = ("tests", "solution", "runtime", "installed-agent")
+"""Extra top-level directories a persistent container binds (Harbor uploads there later)."""
+__all__ = ["ExecResult", "LocalSandbox", "SandboxLimits", "SandboxStartError", "SandboxUnavailableError",
+           "check_isolation", "start_sandbox"]
 
 
 class SandboxStartError(RuntimeError):
@@ -99,46 +94,6 @@ class SandboxLimits:
     default_timeout_sec: float = 600.0
 
 
-@functools.lru_cache(maxsize=1)
-def check_isolation() -> str:
-    """Verify that bubblewrap and prlimit exist and that a namespace sandbox starts.
-
-    Returns:
-        The ``bwrap`` path.
-
-    Raises:
-        SandboxUnavailableError: naming the Debian package to install (``bubblewrap`` or
-            ``util-linux``), or the kernel setting that blocks user namespaces.
-    """
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        raise SandboxUnavailableError(
-            "bubblewrap (bwrap) is not installed; the local sandbox needs it: apt-get install -y bubblewrap")
-    if shutil.which("prlimit") is None:
-        raise SandboxUnavailableError("prlimit is not installed; apt-get install -y util-linux")
-    probe = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", *_system_binds(),
-                            "--", "/bin/true"], capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        raise SandboxUnavailableError(
-            f"bubblewrap cannot create namespaces here ({probe.stderr.strip()}); enable unprivileged user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0) or run as root")
-    return bwrap
-
-
-def _system_binds() -> list[str]:
-    """Read-only binds of the host userland: /usr, its merged-usr symlinks, a few /etc files."""
-    args = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        host = Path("/") / name
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), f"/{name}"]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), f"/{name}"]
-    for name in ETC_FILES:
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    return args + ["--proc", "/proc", "--dev", "/dev"]
-
-
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> str:
     """Read a stream to EOF keeping the first and last ``cap // 2`` bytes."""
     head, tail, dropped = bytearray(), bytearray(), 0
@@ -165,10 +120,13 @@ class LocalSandbox:
         limits: per-command resource limits.
         env: environment variables for every command (on top of PATH/HOME/LANG).
         keep: leave ``trial_dir`` on disk after :meth:`stop` (debugging).
+        persistent: run every command in one long-lived container (Terminus-2's tmux needs it)
+            instead of a fresh sandbox per command.
     """
 
     def __init__(self, trial_dir: str | Path, *, workdir: str = "/app", network: bool = False,
-                 limits: Optional[SandboxLimits] = None, env: Optional[dict[str, str]] = None, keep: bool = False):
+                 limits: Optional[SandboxLimits] = None, env: Optional[dict[str, str]] = None, keep: bool = False,
+                 persistent: bool = False):
         self.trial_dir = Path(trial_dir).resolve()
         self.root = self.trial_dir / "root"
         self.workdir = workdir
@@ -176,7 +134,9 @@ class LocalSandbox:
         self.limits = limits or SandboxLimits()
         self.env = dict(env or {})
         self.keep = keep
+        self.persistent = persistent
         self.started = False
+        self.container: Optional[Container] = None
         self._procs: set[asyncio.subprocess.Process] = set()
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -189,31 +149,38 @@ class LocalSandbox:
             build_timeout_sec: wall-clock budget for all ``RUN`` steps together.
 
         Raises:
-            SandboxUnavailableError: bubblewrap / prlimit missing or not working.
-            SandboxStartError: a COPY source is missing, a RUN step fails or times out.
+            SandboxUnavailableError: bubblewrap / util-linux tools missing or not working.
+            SandboxStartError: a COPY source is missing, a RUN step fails or times out, the
+                persistent container does not come up.
         """
         check_isolation()
-        for d in ("tmp", "root", "logs/agent", "logs/verifier", self.workdir.strip("/")):
-            (self.root / d).mkdir(parents=True, exist_ok=True)
+        env_dir = Path(environment_dir) if environment_dir is not None else None
+        dockerfile = env_dir / "Dockerfile" if env_dir is not None else None
+        steps: list[tuple[str, str, str]] = []
+        if dockerfile is not None and dockerfile.is_file():
+            try:
+                plan = plan_build(dockerfile.read_text())
+            except ValueError as e:
+                raise SandboxStartError(f"{dockerfile}: {e}") from None
+            self.workdir, self.env, steps = plan.workdir, {**plan.env, **self.env}, plan.steps
+        tops = ["tmp", "root", "logs/agent", "logs/verifier", self.workdir.strip("/")]
+        tops += [b.strip("/").split("/")[0] for kind, _, b in steps if kind == "copy"]
+        for d in tops + (list(PERSISTENT_DIRS) if self.persistent else []):
+            self.host_path("/" + d).mkdir(parents=True, exist_ok=True)
+        if self.persistent:
+            binds = [(str(p), f"/{p.name}") for p in sorted(self.root.iterdir()) if p.is_dir()]
+            self.container = Container(binds, self.network)
+            try:
+                await self.container.start()
+            except RuntimeError as e:
+                raise SandboxStartError(str(e)) from None
         self.started = True
-        if environment_dir is None:
-            return
-        env_dir = Path(environment_dir)
-        dockerfile = env_dir / "Dockerfile"
-        if not dockerfile.is_file():
+        if env_dir is not None and dockerfile is not None and not dockerfile.is_file():
             for item in env_dir.iterdir():
                 if item.name != "docker-compose.yaml":
                     await self.upload(item, f"{self.workdir}/{item.name}")
-            return
-        try:
-            plan = plan_build(dockerfile.read_text())
-        except ValueError as e:
-            raise SandboxStartError(f"{dockerfile}: {e}") from None
-        self.workdir = plan.workdir
-        (self.root / self.workdir.strip("/")).mkdir(parents=True, exist_ok=True)
-        self.env = {**plan.env, **self.env}
         deadline = time.monotonic() + build_timeout_sec
-        for kind, a, b in plan.steps:
+        for kind, a, b in steps:
             if kind == "copy":
                 src = (env_dir / a).resolve()
                 if not src.exists() or env_dir.resolve() not in (src, *src.parents):
@@ -233,6 +200,9 @@ class LocalSandbox:
         for proc in list(self._procs):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), 5)
+        if self.container is not None:
+            await self.container.kill()
+            self.container = None
         self.started = False
         if not self.keep:
             await asyncio.to_thread(shutil.rmtree, self.trial_dir, True)
@@ -248,13 +218,16 @@ class LocalSandbox:
         """Host location of an absolute sandbox path in a trial-owned directory.
 
         Raises:
-            PermissionError: the path is relative, escapes with ``..``, or is a system directory.
+            PermissionError: the path escapes with ``..``, is a system directory, or (persistent
+                container) lies outside the directories bound at start.
         """
         if not path.startswith("/"):
             path = f"{self.workdir}/{path}"
         parts = [p for p in Path(path).parts[1:] if p not in ("", ".")]
         if not parts or ".." in parts or parts[0] in SYSTEM_DIRS:
             raise PermissionError(f"sandbox path {path!r} is not in a trial-owned directory")
+        if self.container is not None and not (self.root / parts[0]).is_dir():
+            raise PermissionError(f"sandbox path {path!r}: /{parts[0]} was not bound when the container started")
         return self.root.joinpath(*parts)
 
     async def upload(self, source: str | Path, target: str) -> None:
@@ -277,32 +250,18 @@ class LocalSandbox:
 
     # ----------------------------------------------------------------------------- exec
     def command(self, command: str, cwd: Optional[str] = None, env: Optional[dict[str, str]] = None) -> list[str]:
-        """The full ``prlimit ... bwrap ... bash -c command`` argv (exposed for logging and tests)."""
+        """The full ``prlimit ... (bwrap | nsenter) ... bash -c command`` argv (for logging and tests)."""
         lim = self.limits
-        argv = ["prlimit"]
-        if lim.cpu_time_sec:
-            argv.append(f"--cpu={int(lim.cpu_time_sec)}")
-        if lim.memory_mb:
-            argv.append(f"--as={int(lim.memory_mb) << 20}")
-        if lim.file_size_mb:
-            argv.append(f"--fsize={int(lim.file_size_mb) << 20}")
-        argv += ["--", check_isolation(), "--die-with-parent", "--new-session", "--unshare-all", "--unshare-user",
-                 "--uid", "0", "--gid", "0", "--cap-drop", "ALL", "--hostname", "sandbox"]
-        if self.network:
-            argv += ["--share-net", "--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
-        argv += _system_binds()
-        for top in sorted(p.name for p in self.root.iterdir() if p.is_dir()):
-            argv += ["--bind", str(self.root / top), f"/{top}"]
-        full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.env, **(env or {})}
-        argv.append("--clearenv")
-        for k, v in full_env.items():
-            argv += ["--setenv", k, str(v)]
-        argv += ["--chdir", cwd or self.workdir, "--", "/bin/bash", "-c", command]
-        return argv
+        full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm", **self.env, **(env or {})}
+        prefix = limits_prefix(lim.cpu_time_sec, lim.memory_mb, lim.file_size_mb)
+        if self.container is not None:
+            return prefix + self.container.exec_argv(full_env, cwd or self.workdir, command)
+        binds = [(str(p), f"/{p.name}") for p in sorted(self.root.iterdir()) if p.is_dir()]
+        return prefix + bwrap_argv(binds, self.network, full_env, cwd or self.workdir, command)
 
     async def exec(self, command: str, *, cwd: Optional[str] = None, env: Optional[dict[str, str]] = None,
                    timeout_sec: Optional[float] = None, stdin: Optional[bytes] = None) -> ExecResult:
-        """Run ``bash -c command`` in a fresh sandbox process.
+        """Run ``bash -c command`` in the sandbox (a fresh one, or the persistent container).
 
         Args:
             command: shell command line.
@@ -352,7 +311,8 @@ class LocalSandbox:
 
     @staticmethod
     def _kill(proc: asyncio.subprocess.Process) -> None:
-        """SIGKILL the process group; bwrap's --die-with-parent then tears down the pid namespace."""
+        """SIGKILL the command's process group (per-command mode: bwrap's --die-with-parent then
+        tears down its pid namespace)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
@@ -360,7 +320,8 @@ class LocalSandbox:
 async def start_sandbox(task_environment_dir: Optional[str | Path], trial_dir: str | Path, *,
                         memory_mb: Optional[int] = None, network: bool = False,
                         env: Optional[dict[str, str]] = None, build_timeout_sec: float = 600.0,
-                        limits: Optional[SandboxLimits] = None, keep: bool = False) -> LocalSandbox:
+                        limits: Optional[SandboxLimits] = None, keep: bool = False,
+                        persistent: bool = False) -> LocalSandbox:
     """Create and start a :class:`LocalSandbox`; on a failed start the trial dir is removed.
 
     Args:
@@ -372,6 +333,7 @@ async def start_sandbox(task_environment_dir: Optional[str | Path], trial_dir: s
         build_timeout_sec: budget for Dockerfile ``RUN`` steps.
         limits: resource limits.
         keep: keep the trial dir after stop.
+        persistent: one long-lived container for all commands (background processes survive).
 
     Raises:
         SandboxUnavailableError, SandboxStartError: see :meth:`LocalSandbox.start`.
@@ -379,7 +341,7 @@ async def start_sandbox(task_environment_dir: Optional[str | Path], trial_dir: s
     limits = limits or SandboxLimits()
     if memory_mb is not None:
         limits = SandboxLimits(**{**limits.__dict__, "memory_mb": memory_mb})
-    sandbox = LocalSandbox(trial_dir, network=network, limits=limits, env=env, keep=keep)
+    sandbox = LocalSandbox(trial_dir, network=network, limits=limits, env=env, keep=keep, persistent=persistent)
     try:
         await sandbox.start(task_environment_dir, build_timeout_sec)
     except BaseException:
