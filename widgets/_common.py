@@ -35,7 +35,7 @@ CSS = """
 .asyncrl-w .ok {color: #237804;}
 .asyncrl-w .muted {color: #888;}
 .asyncrl-w .toks {font-family: monospace; white-space: pre-wrap; line-height: 1.7; word-break: break-all;}
-.asyncrl-w .tok {border-radius: 2px; padding: 0 1px;}
+.asyncrl-w .tok {box-shadow: inset -1px 0 0 rgba(255,255,255,.75);}
 .asyncrl-w .tok.prompt {background: #f0f0f0; color: #777;}
 .asyncrl-w .tok.m0 {background: #ffe7ba; color: #873800;}
 .asyncrl-w .tok.m1 {color: #002766;}
@@ -106,7 +106,7 @@ def svg_lines(series: dict[str, tuple[Sequence[float], Sequence[float], str]], w
         y_range: fixed ``(lo, hi)``; default: the data range.
     """
     pts = [(x, y) for xs, ys, _ in series.values() for x, y in zip(xs, ys) if y is not None]
-    pad_l, pad_r, pad_t, pad_b = 34, 6, 16, 14
+    pad_l, pad_r, pad_t, pad_b = 34, 6, 28, 14
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'style="background:#fff;border:1px solid #eee">',
            f'<text x="4" y="11" font-size="10" fill="#333">{html.escape(title)}</text>']
@@ -130,14 +130,14 @@ def svg_lines(series: dict[str, tuple[Sequence[float], Sequence[float], str]], w
                f'<text x="2" y="{height - pad_b}" font-size="9" fill="#888">{y0:.3g}</text>'
                f'<text x="{pad_l}" y="{height - 2}" font-size="9" fill="#888">{x0:.4g}</text>'
                f'<text x="{width - pad_r - 24}" y="{height - 2}" font-size="9" fill="#888">{x1:.4g}</text>')
-    lx = pad_l + 60
+    lx = pad_l
     for label, (xs, ys, color) in series.items():
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if y is not None)
         if coords:
             marker = "" if len(xs) > 1 else f'<circle cx="{coords.split(",")[0]}" cy="{coords.split(",")[1]}" r="2" fill="{color}"/>'
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>{marker}')
-        out.append(f'<text x="{lx}" y="11" font-size="9" fill="{color}">{html.escape(label)}</text>')
-        lx += 7 * len(label) + 10
+        out.append(f'<text x="{lx}" y="23" font-size="9" fill="{color}">&#9632; {html.escape(label)}</text>')
+        lx += 6 * len(label) + 22
     out.append("</svg>")
     return "".join(out)
 

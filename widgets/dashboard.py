@@ -175,10 +175,9 @@ class Dashboard(SnapshotView):
         self._charts = w.HTML()
         stop = w.Button(description="stop live updates", layout=w.Layout(width="160px"))
         stop.on_click(lambda _: self.stop())
-        box = lambda v, t: w.VBox([w.HTML(f"<b>{t}</b>"), v], layout=w.Layout(margin="0 12px 0 0"))  # noqa: E731
         return w.VBox([w.HBox([self._head, stop]),
-                       w.HBox([box(self.funnel.widget, self.funnel.title), box(self.staleness.widget, self.staleness.title)]),
-                       self._charts, box(self.inspector.widget, self.inspector.title)])
+                       w.HBox([self.funnel.widget, self.staleness.widget]),
+                       self._charts, self.inspector.widget])
 
     def _refresh_header(self) -> None:
         if self._widget is not None:
@@ -189,7 +188,7 @@ class Dashboard(SnapshotView):
         self._charts.value = wrap(self._charts_html())
 
     def _charts_html(self) -> str:
-        return f"{self.curves.reward_svg()} {self.curves.loss_svg()} {self.staleness.idle_svg(320, 130)}"
+        return f"{self.curves.reward_svg(250)} {self.curves.loss_svg(250)} {self.staleness.idle_svg(250, 130)}"
 
     # ---------------------------------------------------------------- static
     def to_html(self) -> str:

@@ -168,36 +168,38 @@ class ConcurrencyFunnel(SnapshotView):
 
         self._head = w.HTML()
         self._grid = w.VBox()
-        return w.VBox([self._head, self._grid], layout=w.Layout(min_width="460px"))
+        return w.VBox([self._head, self._grid], layout=w.Layout(min_width="460px", margin="0 16px 0 0"))
 
     def _row(self, key: str) -> Any:
         import ipywidgets as w
 
         if key not in self._rows:
-            label = w.HTML(layout=w.Layout(width="210px"))
-            bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="140px"))
-            num = w.HTML(layout=w.Layout(width="80px"))
-            spark = w.HTML(layout=w.Layout(width="130px"))
+            label = w.HTML(layout=w.Layout(width="230px"))
+            bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="120px"))
+            num = w.HTML(layout=w.Layout(width="72px"))
+            spark = w.HTML(layout=w.Layout(width="110px"))
             self._rows[key] = (w.HBox([label, bar, num, spark]), label, bar, num, spark)
         return self._rows[key]
 
     def _refresh(self) -> None:
         m = self.model
         if m is None:
-            self._head.value = '<span class="muted">no snapshot yet</span>'
+            self._head.value = f"<b>{self.title}</b><br>no snapshot yet"
             return
-        self._head.value = self._head_html(m)
+        self._head.value = self._head_live(m)
         rows = []
         for layer in m.layers:
             box, label, bar, num, spark = self._row(layer.key)
             with bar.hold_sync():
                 bar.max = max(1, layer.limit or layer.count or 1)
                 bar.value = min(layer.count, bar.max)
-                bar.bar_style = ("danger" if layer.key == m.binding else
-                                 "warning" if layer.full else "info" if layer.bindable else "")
-            label.value = f"<b>{html.escape(layer.label)}</b>" if layer.key == m.binding else html.escape(layer.label)
+                bar.bar_style = ("danger" if layer.key == m.binding else "" if not layer.bindable else
+                                 "warning" if layer.full else "info")
+            text = f"<b>{html.escape(layer.label)}</b>" if layer.key == m.binding else html.escape(layer.label)
+            label.value = f'<span style="white-space:nowrap">{text}</span>'
             num.value = f"<code>{layer.count} / {layer.limit if layer.limit is not None else '?'}</code>"
-            spark.value = f'<span style="font-family:monospace;color:#555">{sparkline(m.history.get(layer.key, []), lo=0, hi=layer.limit)}</span>'
+            spark.value = (f'<span style="font-family:monospace;font-size:9px;color:#8c8c8c;white-space:nowrap">'
+                           f'{sparkline(m.history.get(layer.key, [])[-20:], lo=0, hi=layer.limit)}</span>')
             rows.append(box)
         if list(self._grid.children) != rows:
             self._grid.children = rows
@@ -206,6 +208,9 @@ class ConcurrencyFunnel(SnapshotView):
         binding = next((layer.label for layer in m.layers if layer.key == m.binding), "none")
         paused = ' &middot; <span class="warn">rollouter paused for weight sync</span>' if m.paused else ""
         return f"binding layer: <b style='color:#cf1322'>{html.escape(binding)}</b>{paused}"
+
+    def _head_live(self, m: FunnelModel) -> str:
+        return f"<b>{self.title}</b><br>{self._head_html(m)}"
 
     # -- static
     def _body_html(self) -> str:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from widgets._common import SnapshotView, as_int
+from widgets._common import SnapshotView, as_int, wrap
 
 TURN_MARKER = "<|im_start|>"
 
@@ -229,8 +229,6 @@ class TrajectoryInspector(SnapshotView):
         return header_html(m) + f'<div class="toks">{toks}</div>'
 
     def to_html(self) -> str:
-        from widgets._common import wrap
-
         if self.model is None:
             return wrap('<span class="muted">no trajectories yet</span>', self.title)
         return wrap(self._body_html(), self.title)
@@ -241,7 +239,7 @@ class TrajectoryInspector(SnapshotView):
         self._pick = w.Dropdown(description="sample", layout=w.Layout(width="420px"))
         self._pick.observe(self._on_pick, names="value")
         self._view = w.HTML()
-        return w.VBox([self._pick, self._view])
+        return w.VBox([w.HTML(f"<b>{self.title}</b>"), self._pick, self._view])
 
     def _on_pick(self, change: dict) -> None:
         if not self._syncing and change["new"] and change["new"] != self.selected:
@@ -259,7 +257,7 @@ class TrajectoryInspector(SnapshotView):
                 self._pick.value = self.selected
         finally:
             self._syncing = False
-        self._view.value = self.to_html()
+        self._view.value = wrap(self._body_html()) if self.model is not None else self.to_html()
 
     def _plot(self) -> Any:
         from widgets.static import plot_tokens
