@@ -14,9 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from widgets import (ConcurrencyFunnel, Dashboard, Poller, StalenessView, TrajectoryInspector, binding_layer,
-                     check_lengths, curves_model, funnel_model, lag_histogram, span_counts, staleness_model,
-                     trajectory_model)
+from widgets import (
+    ConcurrencyFunnel,
+    Dashboard,
+    Poller,
+    StalenessView,
+    TrajectoryInspector,
+    binding_layer,
+    check_lengths,
+    curves_model,
+    funnel_model,
+    lag_histogram,
+    span_counts,
+    staleness_model,
+    trajectory_model,
+)
 
 SNAPSHOTS = Path(__file__).parent / "data" / "snapshots"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -340,3 +352,29 @@ def test_rich_reprs_with_text_fallback():
     assert repr(ConcurrencyFunnel()) == "ConcurrencyFunnel(no snapshot yet)"
     assert "binding='message_queue'" in repr(dash.funnel)
     assert "<svg" in dash.to_html() and dash._repr_html_() == dash.to_html()
+
+
+def test_snapshot_shapes_match_the_real_components():
+    """Guard against key drift: the load balancer and budget the widgets read, built by asyncrl itself."""
+    import dataclasses
+
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.rollout.load_balancer import RequestLoadBalancer
+    from asyncrl.staleness import sample_budget
+
+    lb = RequestLoadBalancer({"replica_0": object(), "replica_1": object()})
+    for rid in ("a", "b", "c"):
+        lb.acquire_server(rid)
+    snap = load("mq_bound")
+    snap["load_balancer"] = lb.snapshot()
+    snap["budget"] = dataclasses.asdict(sample_budget(ExperimentConfig()))
+    c = counts(funnel_model(snap, replica_limit=4))
+    assert c["replica:replica_0"] == (2, 4) and c["replica:replica_1"] == (1, 4)
+    assert staleness_model(snap).bound == snap["trainer"]["staleness_bound"]
+
+
+def test_show_static_displays_html_and_png(tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(type(obj).__name__))
+    Dashboard(load("done")).show_static(png=tmp_path / "d.png")
+    assert shown == ["HTML", "Image"] and (tmp_path / "d.png").stat().st_size > 0

@@ -134,7 +134,8 @@ def svg_lines(series: dict[str, tuple[Sequence[float], Sequence[float], str]], w
     for label, (xs, ys, color) in series.items():
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if y is not None)
         if coords:
-            marker = "" if len(xs) > 1 else f'<circle cx="{coords.split(",")[0]}" cy="{coords.split(",")[1]}" r="2" fill="{color}"/>'
+            cx, cy = coords.split(" ")[0].split(",")
+            marker = "" if len(xs) > 1 else f'<circle cx="{cx}" cy="{cy}" r="2" fill="{color}"/>'
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>{marker}')
         out.append(f'<text x="{lx}" y="23" font-size="9" fill="{color}">&#9632; {html.escape(label)}</text>')
         lx += 6 * len(label) + 22
@@ -217,8 +218,21 @@ class SnapshotView:
 
         return save_figure(self._plot(), Path(path), dpi=dpi)
 
+    def show_static(self, png: "str | Path | None" = None) -> None:
+        """Display the HTML snapshot (and, with ``png``, write and show that PNG) as plain outputs.
+
+        For papermill / exported notebooks: these outputs need no widget JavaScript and show the
+        state at the time of the call (call it last to keep the final state in the saved notebook).
+        """
+        from IPython.display import HTML, Image, display
+
+        display(HTML(self.to_html()))
+        if png is not None:
+            display(Image(filename=str(self.to_png(png))))
+
     # -- rich display (like ``ray.init()``'s context): widget view + HTML fallback + text
-    def _repr_mimebundle_(self, include: Optional[Iterable[str]] = None, exclude: Optional[Iterable[str]] = None) -> dict:
+    def _repr_mimebundle_(self, include: Optional[Iterable[str]] = None,
+                          exclude: Optional[Iterable[str]] = None) -> dict:
         bundle = {"text/plain": repr(self), "text/html": self.to_html()}
         try:
             bundle.update(self.widget._repr_mimebundle_() or {})

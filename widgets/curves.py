@@ -41,7 +41,7 @@ def curves_model(snapshot: dict) -> CurvesModel:
     evals = ro.get("eval_history") or []
     return CurvesModel(
         steps=steps, reward=[r.get("reward/mean") for r in hist], pg_loss=[r.get("actor/pg_loss") for r in hist],
-        eval_steps=[0 if as_int(e.get("version")) == 0 else first_step.get(as_int(e.get("version")), last) for e in evals],
+        eval_steps=[0 if (v := as_int(e.get("version"))) == 0 else first_step.get(v, last) for e in evals],
         eval_accuracy=[float(e.get("accuracy", 0.0)) for e in evals],
         global_steps=as_int(tr.get("global_steps", last)), param_version=as_int(tr.get("param_version")))
 

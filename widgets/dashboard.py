@@ -161,7 +161,8 @@ class Dashboard(SnapshotView):
         err = f'<div class="warn">trainer error: {html.escape(str(h["error"]))}</div>' if h.get("error") else ""
         if self.poller is not None and self.poller.last_error and self.poller.errors:
             err += f'<div class="warn">snapshot fetch failing: {html.escape(self.poller.last_error)}</div>'
-        return (f"<b>{html.escape(str(h.get('name', '')))}</b> &middot; {html.escape(str(h.get('state', 'no snapshot yet')))}"
+        name, state = html.escape(str(h.get("name", ""))), html.escape(str(h.get("state", "no snapshot yet")))
+        return (f"<b>{name}</b> &middot; {state}"
                 f" &middot; {h.get('elapsed_s', 0):.0f} s &middot; step <b>{h.get('global_steps', 0)}</b>"
                 f" &middot; v{h.get('param_version', 0)} &middot; prompts taken {h.get('taken', 0)}, "
                 f"enqueued {h.get('enqueued', 0)}, trained {h.get('trained', 0)} &middot; held-out acc <b>{acc}</b>"

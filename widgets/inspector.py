@@ -164,8 +164,10 @@ def tokens_html(tokens: list[Token]) -> str:
         style = token_style(t)
         style = f' style="{style}"' if style else ""
         if t.version_change:
-            out.append(f'<sup class="vbadge" title="weights synced mid-rollout: v{t.version} from here">v{t.version}</sup>')
-        out.append(f'<span class="{t.css_class}" data-i="{t.index}"{style} title="{html.escape(token_title(t))}">{text}</span>')
+            out.append(f'<sup class="vbadge" title="weights synced mid-rollout: v{t.version} from here">'
+                       f"v{t.version}</sup>")
+        out.append(f'<span class="{t.css_class}" data-i="{t.index}"{style} '
+                   f'title="{html.escape(token_title(t))}">{text}</span>')
     return "".join(out)
 
 

@@ -118,9 +118,11 @@ def draw_lag(ax: Any, model: Any) -> None:
 def draw_idle(ax: Any, model: Any) -> None:
     if model is None or not (model.trainer_idle or model.rollouter_idle):
         return _empty(ax, "idle ratio")
-    for series, label, color in ((model.trainer_idle, "trainer", "#fa541c"), (model.rollouter_idle, "rollouter", "#13c2c2")):
+    for series, label, color in ((model.trainer_idle, "trainer", "#fa541c"),
+                                 (model.rollouter_idle, "rollouter", "#13c2c2")):
         if series:
-            ax.plot([t for t, _ in series], [r for _, r in series], ".-" if len(series) < 3 else "-", label=label, color=color)
+            ax.plot([t for t, _ in series], [r for _, r in series], ".-" if len(series) < 3 else "-",
+                    label=label, color=color)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("time (s)", fontsize=8)
     ax.legend(fontsize=7)
@@ -200,10 +202,10 @@ def draw_tokens(ax: Any, model: Any, show_prompt: bool = True, max_rows: Optiona
     rows = max_rows or max(1, int(h_in / LINE_H_IN))
     tokens = (model.prompt if show_prompt else []) + model.response
     layout = _token_layout(tokens, cols)
-    for t, text, col, row in layout:
+    for k, (t, text, col, row) in enumerate(layout):
         if row >= rows:
-            ax.text(0, row, f"... {len(tokens) - layout.index((t, text, col, row))} more tokens", fontsize=7, color="#999",
-                    family="monospace", va="top")
+            ax.text(0, row, f"... {len(tokens) - k} more tokens", fontsize=7, color="#999", family="monospace",
+                    va="top")
             break
         fg, bg = _token_color(t)
         ax.add_patch(_rect(col, row + 0.1, len(text), 0.8, bg))
@@ -236,10 +238,12 @@ def plot_tokens(model: Any, show_prompt: bool = True, cols: int = 120, max_rows:
     fig = plt.figure(figsize=(cols * CHAR_W_IN + 0.2, rows * LINE_H_IN + 0.9))
     ax = fig.add_axes([0.01, 0.02, 0.98, 1 - 0.55 / fig.get_figheight()])
     draw_tokens(ax, model, show_prompt, max_rows=rows)
-    legend = [("prompt", PROMPT_BG), ("mask 1 (model; shade = p)", (0.094, 0.565, 1.0, 0.5)), ("mask 0 (tool / template)", MASK0_BG)]
     from matplotlib.patches import Patch
 
-    fig.legend(handles=[Patch(color=c, label=n) for n, c in legend], loc="lower right", fontsize=7, ncol=3, frameon=False)
+    legend = [("prompt", PROMPT_BG), ("mask 1 (model; shade = p)", (0.094, 0.565, 1.0, 0.5)),
+              ("mask 0 (tool / template)", MASK0_BG)]
+    fig.legend(handles=[Patch(color=c, label=n) for n, c in legend], loc="lower right", fontsize=7, ncol=3,
+               frameon=False)
     return fig
 
 
