@@ -67,7 +67,8 @@ def measured_matmul_tflops(device) -> float:
 
 def parse_variant(s: str) -> dict:
     kv = dict(p.split("=") for p in s.split(",") if p)
-    return {"mbs": int(kv.get("mbs", 1)), "ac": bool(int(kv.get("ac", 0))), "compile": bool(int(kv.get("compile", 0)))}
+    return {"mbs": int(kv.get("mbs", 1)), "ac": bool(int(kv.get("ac", 0))), "compile": bool(int(kv.get("compile", 0))),
+            "reshard": bool(int(kv.get("reshard", 1)))}
 
 
 def categorise(name: str) -> str:
@@ -104,14 +105,14 @@ def ppo_loss(log_probs, mb):
     return loss, {"actor/pg_loss": loss.detach()}
 
 
-def run_variant(cfg, var, args, rank, world, device):
+def run_variant(cfg, var, args, rank, world, device, profile=False):
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     eng = FSDPEngine(cfg, lr=1e-6, micro_batch_size=var["mbs"], activation_checkpointing=var["ac"],
-                     compile=var["compile"], seed=0)
+                     compile=var["compile"], reshard_after_forward=var["reshard"], seed=0)
     batch = make_batch(cfg, args.rows, args.seq, args.prompt, device, seed=rank)
     t_first = time.perf_counter()
-    for _ in range(args.warmup):
+    for _ in range(args.warmup + int(var["compile"])):  # compiled: AC recompute compiles on step 2
         eng.train_step(batch, ppo_loss)
     t_first = time.perf_counter() - t_first
     ts = []
@@ -127,7 +128,7 @@ def run_variant(cfg, var, args, rank, world, device):
     ts.sort()
     step_s = ts[len(ts) // 2]
     prof_rows = None
-    if args.profile and var is args.variants_parsed[-1]:
+    if profile:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -156,17 +157,17 @@ def main():
     ap.add_argument("--rows", type=int, default=8, help="sequences per rank per step")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--profile", action="store_true", help="profile one step of the last variant")
+    ap.add_argument("--profile", action="store_true", help="profile one step of the best variant")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    args.variants_parsed = [parse_variant(v) for v in args.variants]
     rank, world, device = init_distributed("nccl")
     cfg = qwen25_05b_config()
     mm = measured_matmul_tflops(device)
     flops_step = world * args.rows * model_flops_per_seq(cfg, args.seq, args.seq - args.prompt)
     tokens_step = world * args.rows * args.seq
     results = []
-    for spec, var in zip(args.variants, args.variants_parsed):
+    for spec in args.variants:
+        var = parse_variant(spec)
         r = run_variant(cfg, var, args, rank, world, device)
         r.update(variant=spec, tokens_per_s=tokens_step / r["step_s"],
                  mfu=flops_step / r["step_s"] / (world * PEAK_BF16),
@@ -175,6 +176,10 @@ def main():
         if rank == 0:
             print(f"[{spec}] step {r['step_s']:.3f}s  {r['tokens_per_s']:,.0f} tok/s  MFU {r['mfu']:.1%}  "
                   f"peak mem {r['peak_mem_gib']:.1f} GiB  (first {args.warmup} steps {r['first_steps_s']:.1f}s)", flush=True)
+    if args.profile:  # re-run the best variant with the profiler on one step
+        best = max(results, key=lambda r: r["mfu"])
+        best["profile_ms"] = run_variant(cfg, parse_variant(best["variant"]), args, rank, world, device,
+                                         profile=True)["profile_ms"]
     if rank == 0:
         n_all = 494_032_768
         print(f"\ntrainer: Qwen2.5-0.5B shapes, seq {args.seq} (prompt {args.prompt}), {world} GPU(s) x {args.rows} "

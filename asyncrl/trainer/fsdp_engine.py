@@ -81,7 +81,10 @@ class FSDPEngine:
         activation_checkpointing: recompute each decoder layer in backward.
         param_dtype / reduce_dtype: compute and gradient-reduction dtypes of the
             ``MixedPrecisionPolicy`` (master weights and optimizer stay fp32).
-        compile: ``torch.compile`` each decoder layer (fuses norms / rotary / SwiGLU).
+        compile: ``torch.compile`` each decoder layer's forward (fuses norms / rotary / SwiGLU)
+            and the log-prob head (no fp32 copy of the logits).
+        reshard_after_forward: free gathered layer params after forward (ZeRO-3); ``False``
+            keeps them to backward (ZeRO-2 style: fewer all-gathers, more memory).
         seed: init seed (must match across ranks).
 
     Raises:
@@ -91,7 +94,7 @@ class FSDPEngine:
     def __init__(self, model: Any, lr: float = 1e-6, betas: tuple = (0.9, 0.999), weight_decay: float = 0.0,
                  clip_grad: float = 1.0, micro_batch_size: int = 1, activation_checkpointing: bool = False,
                  param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
-                 compile: bool = False, seed: int = 0):
+                 compile: bool = False, reshard_after_forward: bool = True, seed: int = 0):
         try:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -110,9 +113,11 @@ class FSDPEngine:
             if compile:  # compile forward only: FSDP hooks stay eager, names stay HF names
                 layer.forward = torch.compile(layer.forward)
             # the last layer's params are needed again at once by backward: keep them gathered
-            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(layers) - 1)
         fully_shard(self.model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         self.model.train()
+        self._token_log_probs = (torch.compile(self._token_log_probs_eager) if compile
+                                 else self._token_log_probs_eager)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay, foreach=True)
         self.clip_grad = clip_grad
@@ -130,42 +135,47 @@ class FSDPEngine:
         return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="sdpa").to(self.device)
 
     # ------------------------------------------------------------------ forward
+    def _plan(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: Optional[torch.Tensor],
+              resp_len: int) -> tuple[torch.Tensor, int, bool, bool]:
+        """Per-batch facts read once (one host sync), so the micro-batch loop never waits on the GPU.
+
+        Returns:
+            ``(resp_index on device, first logit position, verl layout?, attention mask all ones?)``.
+        """
+        seq = input_ids.shape[1]
+        if resp_index is None:  # verl layout: the response is the last resp_len columns
+            resp_index = torch.arange(seq - resp_len, seq, device=self.device).expand(input_ids.shape[0], resp_len)
+        resp_index = resp_index.to(self.device)
+        first = torch.where(resp_index > 0, resp_index, seq).min() - 1
+        r = resp_index.shape[1]
+        verl = (resp_index == torch.arange(r, device=self.device) + first + 1).all()
+        facts = torch.stack([first, verl.long(), attention_mask.to(self.device).bool().all().long()]).tolist()
+        return resp_index, max(0, min(int(facts[0]), seq - 1)), bool(facts[1]), bool(facts[2])
+
     def _log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: torch.Tensor,
-                   temperature: float) -> torch.Tensor:
+                   first: int, verl: bool, full_mask: bool, temperature: float) -> torch.Tensor:
         """``(b, resp_len)`` fp32 logprob of ``input_ids[resp_index]`` (0 where ``resp_index`` is 0)."""
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        resp_index = resp_index.to(self.device)
         seq = input_ids.shape[1]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         # logits only from the first predicting position on: the prompt's logits are never used
-        valid = resp_index > 0
-        first = int(torch.where(valid, resp_index, seq).min()) - 1
-        first = max(0, min(first, seq - 1))
-        mask = None if bool(attention_mask.all()) else attention_mask  # no mask -> flash SDPA path
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                         logits_to_keep=seq - first, use_cache=False)
+        out = self.model(input_ids=input_ids, attention_mask=None if full_mask else attention_mask,
+                         position_ids=position_ids, logits_to_keep=seq - first, use_cache=False)
         logits = out.logits  # (b, seq - first, vocab), logits[:, t] predicts token first + t + 1
-        pred = (resp_index - 1 - first).clamp(min=0, max=logits.shape[1] - 1)
-        b, r = pred.shape
-        if torch.equal(pred, torch.arange(r, device=pred.device).expand(b, r)):
-            sel = logits[:, :r]  # verl layout: a view, no copy of the (b, r, vocab) logits
+        b, r = resp_index.shape
+        if verl:
+            sel = logits[:, :r]  # a view, no copy of the (b, r, vocab) logits
         else:
-            sel = logits[torch.arange(b, device=pred.device)[:, None], pred]
-        sel = sel.float()
-        if temperature != 1.0:
-            sel = sel / temperature
+            pred = (resp_index - 1 - first).clamp(min=0, max=logits.shape[1] - 1)
+            sel = logits[torch.arange(b, device=self.device)[:, None], pred]
         targets = input_ids.gather(1, resp_index)
-        lp = -F.cross_entropy(sel.reshape(-1, sel.shape[-1]), targets.reshape(-1), reduction="none")
-        return lp.view(targets.shape) * valid
+        return self._token_log_probs(sel, targets, temperature) * (resp_index > 0)
 
     @staticmethod
-    def _resp_index(batch_or_ids: Any, response_mask: torch.Tensor) -> torch.Tensor:
-        """verl layout (response = last ``resp_len`` columns) unless the batch carries ``resp_index``."""
-        ri = batch_or_ids if isinstance(batch_or_ids, torch.Tensor) else None
-        if ri is not None:
-            return ri
-        b, r = response_mask.shape
-        return torch.arange(-r, 0, device=response_mask.device).expand(b, r)
+    def _token_log_probs_eager(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``log_softmax(logits / T)[targets]`` in fp32: ``(b, r, V)``, ``(b, r)`` -> ``(b, r)``."""
+        logits = logits.float() / temperature
+        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
     @torch.no_grad()
     def compute_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
@@ -184,11 +194,10 @@ class FSDPEngine:
         Returns:
             ``(batch, resp_len)`` float32 on ``input_ids``' device.
         """
-        seq = input_ids.shape[1]
-        ri = resp_index if resp_index is not None else self._resp_index(None, response_mask) + seq
-        out = [self._log_probs(input_ids[i:i + self.micro_batch_size], attention_mask[i:i + self.micro_batch_size],
-                               ri[i:i + self.micro_batch_size], temperature)
-               for i in range(0, input_ids.shape[0], self.micro_batch_size)]
+        ri, first, verl, full = self._plan(input_ids, attention_mask, resp_index, response_mask.shape[1])
+        m = self.micro_batch_size
+        out = [self._log_probs(input_ids[i:i + m], attention_mask[i:i + m], ri[i:i + m], first, verl, full, temperature)
+               for i in range(0, input_ids.shape[0], m)]
         return torch.cat(out).to(input_ids.device)
 
     # ------------------------------------------------------------------ update
@@ -207,28 +216,28 @@ class FSDPEngine:
             ``actor/lr``, ``perf/tokens`` (this rank, padded) and ``perf/step_s``.
 
         Micro-batches are weighted by their share of mask-1 tokens over *all ranks*, so the
-        reduce-scatter mean equals a global token-mean loss.
+        reduce-scatter mean equals a global token-mean loss. The loop itself never syncs with
+        the GPU (weights and metrics stay tensors), so the host can queue work ahead.
         """
         t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        resp_mask = _get(batch, "response_mask")
-        total = torch.tensor([float(resp_mask.sum())], device=self.device)
+        ids, attn, rmask = _get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask")
+        ri, first, verl, full = self._plan(ids, attn, _get(batch, "resp_index"), rmask.shape[1])
+        rmask = rmask.to(self.device, torch.float32)
+        total = rmask.sum().reshape(1)
         dist.all_reduce(total)
-        scale = self.world_size / max(float(total), 1.0)
-        agg: dict[str, float] = {}
-        n = _len(batch)
-        for i in range(0, n, self.micro_batch_size):
-            mb = _rows(batch, i, min(n, i + self.micro_batch_size))
-            ids, rm = _get(mb, "input_ids"), _get(mb, "response_mask")
-            ri = _get(mb, "resp_index")
-            ri = ri if ri is not None else self._resp_index(None, rm) + ids.shape[1]
-            log_probs = self._log_probs(ids, _get(mb, "attention_mask"), ri, temperature)
+        scale = self.world_size / total.clamp(min=1.0)
+        agg: dict[str, torch.Tensor] = {}
+        n, m = _len(batch), self.micro_batch_size
+        for i in range(0, n, m):
+            mb = _rows(batch, i, min(n, i + m))
+            log_probs = self._log_probs(ids[i:i + m], attn[i:i + m], ri[i:i + m], first, verl, full, temperature)
             loss, metrics = loss_fn(log_probs, mb)
-            weight = float(rm.sum()) * scale
+            weight = rmask[i:i + m].sum() * scale
             (loss * weight).backward()
             for k, v in metrics.items():
-                agg[k] = agg.get(k, 0.0) + float(v) * weight / self.world_size
+                agg[k] = agg.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().float() * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         if torch.isfinite(grad_norm):
@@ -236,9 +245,10 @@ class FSDPEngine:
         else:
             logger.warning("non-finite grad norm %s; update skipped", grad_norm)
         self.updates += 1
-        agg.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.optimizer.param_groups[0]["lr"],
-                    "perf/tokens": float(_get(batch, "input_ids").numel()), "perf/step_s": time.perf_counter() - t0})
-        return agg
+        out = {k: float(v) / self.world_size for k, v in agg.items()}
+        out.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.optimizer.param_groups[0]["lr"],
+                    "perf/tokens": float(ids.numel()), "perf/step_s": time.perf_counter() - t0})
+        return out
 
     update = train_step  # name of the CPU TrainEngine
 
