@@ -49,6 +49,8 @@ class SamplingParams:
         logprobs: return the logprob of each sampled token.
         stop_token_ids: extra ids that end generation (EOS always does).
         seed: per-request seed, ``None`` for engine randomness.
+        ignore_eos: keep generating past EOS (benchmarks, abort tests); ``stop_token_ids``
+            still stop. vLLM's ``ignore_eos``.
     """
 
     max_tokens: int = 32
@@ -57,6 +59,7 @@ class SamplingParams:
     logprobs: bool = True
     stop_token_ids: list[int] = field(default_factory=list)
     seed: Optional[int] = None
+    ignore_eos: bool = False
 
 
 class InferenceEngine(abc.ABC):

@@ -123,7 +123,7 @@ class HFEngine(InferenceEngine):
             raise ValueError(f"request_id {request_id!r} is already in flight")
         sp = sampling_params
         gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else self._generator
-        stops = set(self.eos_token_ids) | set(sp.stop_token_ids)
+        stops = (set() if sp.ignore_eos else set(self.eos_token_ids)) | set(sp.stop_token_ids)
         ids: list[int] = []
         lps: list[float] = []
         stop = "length"

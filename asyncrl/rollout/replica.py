@@ -17,6 +17,7 @@ package to install.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import logging
@@ -88,10 +89,18 @@ class _ReplicaActor:
         self.backend = backend
         self.replica_rank = replica_rank
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
+        self._start_task: Optional[asyncio.Future] = None
         self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0}
 
     async def start(self) -> None:
-        await self.engine.start()
+        """Start the engine once; concurrent / repeated calls await the same start."""
+        if self._start_task is None:
+            self._start_task = asyncio.ensure_future(self.engine.start())
+        await asyncio.shield(self._start_task)
+
+    async def ready(self) -> bool:
+        await self.start()
+        return True
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
         out = await self.engine.generate(request_id, prompt_ids, sampling_params)
@@ -160,46 +169,62 @@ class RolloutReplica:
 
     Every method has a blocking form and an ``*_async`` form returning an awaitable
     ``ObjectRef`` (use the latter from notebooks / event loops). ``actor`` is the raw handle,
-    which is what :class:`asyncrl.sync.base.CheckpointEngine` implementations talk to.
+    which is what the rollouter, load balancer and :class:`asyncrl.sync.base.CheckpointEngine`
+    implementations talk to (``actor.generate.remote(...)``, ``actor.pause.remote("abort")``).
+
+    Construction returns at once; the engine starts in the actor (~35 s for vLLM on CPU).
+    ``actor.ready.remote()`` / :meth:`wait_ready` wait for it, so several replicas start in parallel.
 
     Args:
-        backend: registry name, ``vllm`` or ``hf``.
-        engine_kwargs: constructor kwargs of the backend's engine (``model_path`` first).
-        replica_rank: index among replicas (names the actor, offsets the seed upstream).
+        config_or_backend: an :class:`asyncrl.config.ExperimentConfig` (backend and engine
+            settings from ``actor_rollout_ref``), or a backend name (``vllm`` | ``hf``).
+        engine_kwargs: engine constructor kwargs (``model_path`` first); with a config they
+            override the derived ones.
+        server_id: name used by the load balancer; default ``replica_{replica_rank}``.
+        replica_rank: index among replicas (offsets the engine seed).
         actor_options: extra ``ray.remote`` options. Default ``num_cpus=0``: the vLLM processes
             are not Ray tasks, and reserving CPUs would deadlock scheduling on a 2-core local Ray.
-        start: start the engine now (blocks ~35 s for vLLM on CPU).
+        start: launch the engine start now (non-blocking).
 
     Raises:
         ValueError / ImportError: see :func:`get_backend_cls` (checked before any actor starts).
     """
 
-    def __init__(self, backend: str, engine_kwargs: dict[str, Any], *, replica_rank: int = 0,
+    def __init__(self, config_or_backend: Any, engine_kwargs: Optional[dict[str, Any]] = None, *,
+                 server_id: Optional[str] = None, replica_rank: int = 0,
                  actor_options: Optional[dict[str, Any]] = None, start: bool = True):
         import ray
 
+        if isinstance(config_or_backend, str):
+            backend, kwargs = config_or_backend, dict(engine_kwargs or {})
+        else:
+            backend = config_or_backend.actor_rollout_ref.rollout.name
+            kwargs = {**engine_kwargs_from_config(config_or_backend, replica_rank), **(engine_kwargs or {})}
         get_backend_cls(backend)  # fail fast in the caller's process
-        engine_kwargs = dict(engine_kwargs)
-        if "model_path" in engine_kwargs and os.path.exists(engine_kwargs["model_path"]):
-            engine_kwargs["model_path"] = os.path.abspath(engine_kwargs["model_path"])  # actor cwd differs
-        opts = {"num_cpus": 0, "max_concurrency": 10_000, "name": None, **(actor_options or {})}
-        if opts["name"] is None:
-            opts.pop("name")
+        if "model_path" in kwargs and os.path.exists(kwargs["model_path"]):
+            kwargs["model_path"] = os.path.abspath(kwargs["model_path"])  # the actor's cwd differs
+        opts = {"num_cpus": 0, "max_concurrency": 10_000, **(actor_options or {})}
         self.backend = backend
         self.replica_rank = replica_rank
-        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, engine_kwargs, replica_rank)
-        if start:
-            ray.get(self.actor.start.remote())
+        self.server_id = server_id or f"replica_{replica_rank}"
+        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, kwargs, replica_rank)
+        self._start_ref = self.actor.start.remote() if start else None
 
     @classmethod
     def from_config(cls, cfg: Any, replica_rank: int = 0, **kw: Any) -> "RolloutReplica":
-        """Build from an :class:`asyncrl.config.ExperimentConfig` (``actor_rollout_ref.rollout.name``)."""
-        return cls(cfg.actor_rollout_ref.rollout.name, engine_kwargs_from_config(cfg, replica_rank),
-                   replica_rank=replica_rank, **kw)
+        """Same as ``RolloutReplica(cfg, replica_rank=replica_rank, **kw)``."""
+        return cls(cfg, replica_rank=replica_rank, **kw)
+
+    def wait_ready(self, timeout: Optional[float] = None) -> "RolloutReplica":
+        """Block until the engine is started (re-raises a start failure)."""
+        import ray
+
+        ray.get(self.actor.ready.remote(), timeout=timeout)
+        return self
 
     # -- lifecycle
-    def start_async(self) -> Any:
-        return self.actor.start.remote()
+    def ready_async(self) -> Any:
+        return self.actor.ready.remote()
 
     def shutdown(self, kill: bool = True) -> None:
         """Stop the engine processes, then the actor."""

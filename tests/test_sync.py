@@ -1,0 +1,165 @@
+"""Weight sync without vLLM: bucket layout bit-exactness, wire format, gloo broadcast, CPU engines
+into HF replicas (invariant 5 of DESIGN.md: bit-exact, bf16 included, tensors larger than a bucket,
+odd sizes). The vLLM end of the same engines is in ``test_vllm_backend.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import socket
+
+import pytest
+import torch
+
+from asyncrl.rollout.vllm_worker_ext import (gloo_broadcast, make_gloo_group, metas_from_wire,
+                                             metas_to_wire)
+from asyncrl.sync.bucket import BucketAssembler, iter_buckets, plan_buckets
+
+
+def _tensors() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("big.bf16", torch.randn(37, 129, generator=g).to(torch.bfloat16)),  # 9546 B > bucket
+        ("odd.fp32", torch.randn(7, 3, 5, generator=g)),
+        ("scalar.fp32", torch.tensor(3.25)),
+        ("empty.fp32", torch.empty(0, 4)),
+        ("ids.int64", torch.arange(-5, 1000, 7)),
+        ("half", torch.randn(13, generator=g).half()),
+        ("mask.bool", torch.rand(11, generator=g) > 0.5),
+        ("nan_inf.bf16", torch.tensor([float("nan"), float("inf"), -0.0, 1e-40]).to(torch.bfloat16)),
+    ]
+
+
+def _roundtrip(named, bucket_bytes):
+    asm, got = BucketAssembler(), {}
+    for bucket, metas in iter_buckets(named, bucket_bytes):
+        assert bucket.dtype == torch.uint8 and bucket.numel() <= bucket_bytes
+        got.update(asm.feed(bucket, metas_from_wire(metas_to_wire(metas))))
+    assert asm.pending == []
+    return got
+
+
+def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8) if a.numel() else a,
+                                                                     b.reshape(-1).view(torch.uint8) if b.numel() else b)
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 1000, 4093, 1 << 20])
+def test_buckets_roundtrip_bit_exact(bucket_bytes):
+    named = _tensors()
+    got = _roundtrip(named, bucket_bytes)
+    assert list(got) == [n for n, _ in named]
+    for name, t in named:
+        assert _bit_equal(got[name], t), name
+
+
+def test_tensor_larger_than_bucket_spans_buckets():
+    plan = plan_buckets([("w", torch.bfloat16, (37, 129))], 4093)
+    chunks = [m for metas in plan for m in metas]
+    assert len(plan) == 3 and sum(m.nbytes for m in chunks) == 37 * 129 * 2
+    assert [m.is_last for m in chunks] == [False, False, True]
+
+
+def test_wire_metas_roundtrip():
+    plan = plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in _tensors()], 777)
+    for metas in plan:
+        assert metas_from_wire(metas_to_wire(metas)) == metas
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _receiver(port: int, plan, queue) -> None:
+    group = make_gloo_group("127.0.0.1", port, 1, 2, 60)
+    asm, got = BucketAssembler(), {}
+    for metas in plan:
+        buf = torch.empty(max(m.bucket_offset + m.nbytes for m in metas), dtype=torch.uint8)
+        gloo_broadcast(group, buf, 0)
+        got.update(asm.feed(buf, metas))
+    queue.put({n: (str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).clone() if t.numel() else b"") for n, t in got.items()})
+
+
+def test_gloo_broadcast_bit_exact_across_processes():
+    named = _tensors()
+    plan = plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in named], 4093)
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_receiver, args=(port, plan, queue))
+    proc.start()
+    try:
+        group = make_gloo_group("127.0.0.1", port, 0, 2, 60)
+        for bucket, _ in iter_buckets(named, 4093):
+            gloo_broadcast(group, bucket, 0)
+        got = queue.get(timeout=60)
+    finally:
+        proc.join(timeout=30)
+    for name, t in named:
+        dtype, shape, raw = got[name]
+        assert dtype == str(t.dtype) and shape == tuple(t.shape)
+        if t.numel():
+            assert torch.equal(raw, t.reshape(-1).view(torch.uint8)), name
+
+
+# --------------------------------------------------------------------------- CPU engines -> HF replicas
+
+
+def _hf_state(replica) -> dict[str, torch.Tensor]:
+    import ray
+
+    return ray.get(replica.actor.__ray_call__.remote(
+        lambda self: {n: p.detach().clone() for n, p in self.engine.model.named_parameters()}))
+
+
+@pytest.fixture(scope="module")
+def hf_replicas(ray_session, random_model_dir):
+    from asyncrl.rollout.replica import RolloutReplica
+
+    reps = [RolloutReplica("hf", {"model_path": str(random_model_dir), "dtype": dtype}, replica_rank=i)
+            for i, dtype in enumerate(["float32", "bfloat16"])]
+    for r in reps:
+        r.wait_ready(timeout=300)
+    yield reps
+    for r in reps:
+        r.shutdown()
+
+
+@pytest.mark.parametrize("name", ["cpu", "gloo", "cpu_rpc"])
+def test_cpu_engines_deliver_bit_exact(hf_replicas, name):
+    from asyncrl.sync import get_engine_cls
+
+    fp32, bf16 = hf_replicas
+    state = _hf_state(fp32)
+    g = torch.Generator().manual_seed(hash(name) % 1000)
+    sent = [(n, (t + torch.randn(t.shape, generator=g))) for n, t in state.items()]
+    engine = get_engine_cls(name)(hf_replicas, bucket_bytes=3001)
+    metrics = asyncio.run(engine.send_weights(sent, version=5))
+    asyncio.run(engine.shutdown())
+    assert metrics["sync/bytes"] == sum(t.numel() * 4 for _, t in sent)
+    for rep, dtype in ((fp32, torch.float32), (bf16, torch.bfloat16)):
+        got = _hf_state(rep)
+        assert rep.param_version() == 5
+        for n, t in sent:
+            assert _bit_equal(got[n], t.to(dtype)), (rep.server_id, n)
+
+
+def test_bf16_trainer_weights_bit_exact(hf_replicas):
+    from asyncrl.sync import get_engine_cls
+
+    _, bf16 = hf_replicas
+    state = _hf_state(bf16)
+    sent = [(n, (t.float() * 1.5 + 0.01).to(torch.bfloat16)) for n, t in state.items()]
+    asyncio.run(get_engine_cls("cpu")([bf16], bucket_bytes=1000).send_weights(sent, version=6))
+    got = _hf_state(bf16)
+    assert all(_bit_equal(got[n], t) for n, t in sent)
+
+
+def test_unknown_engine_lists_known():
+    from asyncrl.sync import get_engine_cls
+
+    with pytest.raises(ValueError, match="cpu_rpc"):
+        get_engine_cls("carrier_pigeon")

@@ -1,0 +1,178 @@
+"""VLLMEngine through the session's shared RolloutReplica: token-in-token-out, abort, pause, weight sync.
+
+Correctness is checked against transformers on the same weights (greedy ids, per-token logprobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from asyncrl.rollout.base import SamplingParams
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = [[5, 6, 7, 8], [10, 11, 12], [3, 20, 21, 22, 23, 9]]
+
+
+def _hf(model_dir):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _eos(replica) -> list[int]:
+    import ray
+
+    return ray.get(replica.actor.__ray_call__.remote(lambda self: self.engine.eos_token_ids))
+
+
+def hf_greedy(model, prompt: list[int], n: int, eos: list[int]) -> list[int]:
+    """Greedy continuation with KV cache, stopping after an EOS id (included, as vLLM does)."""
+    out: list[int] = []
+    past, nxt = None, torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            res = model(input_ids=nxt, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            tok = int(res.logits[0, -1].argmax())
+            out.append(tok)
+            if tok in eos:
+                break
+            nxt = torch.tensor([[tok]])
+    return out
+
+
+def hf_logprobs(model, prompt: list[int], ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+
+
+def _greedy_all(replica, tag: str, n: int = 16) -> list[list[int]]:
+    import ray
+
+    refs = [replica.generate_async(f"{tag}-{i}", p, SamplingParams(max_tokens=n, temperature=0.0)) for i, p in enumerate(PROMPTS)]
+    return [o.token_ids for o in ray.get(refs)]
+
+
+def test_generate_ids_and_logprobs(shared_replica):
+    out = shared_replica.generate("gen-0", PROMPTS[0], SamplingParams(max_tokens=12, temperature=1.0, seed=3))
+    assert 0 < len(out.token_ids) <= 12
+    assert out.log_probs is not None and len(out.log_probs) == len(out.token_ids)
+    assert all(lp <= 0.0 for lp in out.log_probs)
+    assert out.stop_reason in ("completed", "length")
+    no_lp = shared_replica.generate("gen-1", PROMPTS[0], SamplingParams(max_tokens=4, logprobs=False))
+    assert no_lp.log_probs is None
+
+
+def test_greedy_matches_transformers(shared_replica, model_dir):
+    hf, eos = _hf(model_dir), _eos(shared_replica)
+    got = _greedy_all(shared_replica, "greedy")
+    assert got == [hf_greedy(hf, p, 16, eos) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_match_transformers(shared_replica, model_dir, temperature):
+    hf = _hf(model_dir)
+    out = shared_replica.generate(f"lp-{temperature}", PROMPTS[2], SamplingParams(max_tokens=16, temperature=temperature, seed=1))
+    ref = hf_logprobs(hf, PROMPTS[2], out.token_ids, temperature)
+    torch.testing.assert_close(torch.tensor(out.log_probs), ref, atol=2e-4, rtol=0)
+
+
+def _long_requests(replica, tag: str, n: int = 6, max_tokens: int = 400) -> list:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
+    return [replica.generate_async(f"{tag}-{i}", PROMPTS[i % 3], sp) for i in range(n)]
+
+
+def test_abort_returns_partial_tokens(shared_replica):
+    import ray
+
+    refs = _long_requests(shared_replica, "abort")
+    time.sleep(1.5)
+    n = shared_replica.abort_all_requests()
+    outs = ray.get(refs, timeout=60)
+    aborted = [o for o in outs if o.stop_reason == "aborted"]
+    assert n >= len(aborted) >= 1
+    assert any(0 < len(o.token_ids) < 400 for o in aborted)
+    assert all(len(o.token_ids) == len(o.log_probs) for o in outs)
+    assert shared_replica.num_inflight() == 0
+
+
+def test_pause_abort_then_resume(shared_replica):
+    import ray
+
+    refs = _long_requests(shared_replica, "pause")
+    time.sleep(1.5)
+    shared_replica.pause("abort")
+    outs = ray.get(refs, timeout=60)
+    assert any(o.stop_reason == "aborted" for o in outs)
+    queued = shared_replica.generate_async("while-paused", PROMPTS[0], SamplingParams(max_tokens=4, temperature=0.0))
+    ready, _ = ray.wait([queued], timeout=1.5)
+    assert not ready, "a request submitted while paused must wait for resume"
+    shared_replica.resume()
+    out = ray.get(queued, timeout=60)
+    assert out.stop_reason in ("completed", "length") and len(out.token_ids) > 0
+
+
+def test_pause_keep_freezes_and_continues(shared_replica):
+    import ray
+
+    ref = shared_replica.generate_async("keep", PROMPTS[1], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
+    time.sleep(0.5)
+    shared_replica.pause("keep")
+    ready, _ = ray.wait([ref], timeout=1.0)
+    frozen = not ready
+    shared_replica.resume()
+    out = ray.get(ref, timeout=120)
+    assert frozen, "pause(keep) must freeze the request"
+    assert out.stop_reason == "length" and len(out.token_ids) == 400  # kept, not aborted
+
+
+def _perturbed(hf, seed: int, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            new = (p + 0.5 * p.std().clamp_min(0.05) * torch.randn(p.shape, generator=g)).to(dtype)
+            p.copy_(new.float())  # the reference sees exactly what the engine receives
+            out.append((name, new))
+    return out
+
+
+@pytest.mark.parametrize("transport,dtype", [("gloo", torch.bfloat16), ("cpu_rpc", torch.float32)])
+def test_sync_perturbed_weights_matches_transformers(shared_replica, model_dir, transport, dtype):
+    import ray
+
+    from asyncrl.sync import get_engine_cls
+
+    hf, eos = _hf(model_dir), _eos(shared_replica)
+    original = [(n, p.detach().clone()) for n, p in hf.named_parameters()]
+    before = _greedy_all(shared_replica, f"before-{transport}")
+    sent = _perturbed(hf, seed=11, dtype=dtype)
+    engine = get_engine_cls(transport)([shared_replica], bucket_bytes=4093)  # odd size: tensors span buckets
+    try:
+        metrics = asyncio.run(engine.send_weights(sent, version=7))
+        assert metrics["sync/total_s"] > 0
+        assert shared_replica.param_version() == 7
+        after = _greedy_all(shared_replica, f"after-{transport}")
+        assert after == [hf_greedy(hf, p, 16, eos) for p in PROMPTS]
+        assert after != before
+        assert shared_replica.generate("v", PROMPTS[0], SamplingParams(max_tokens=1)).param_version == 7
+        sums = ray.get(shared_replica.actor.param_checksums.remote())
+        ref = {n: float(t.float().double().sum()) for n, t in sent}
+        for name in ("model.embed_tokens.weight", "model.norm.weight"):  # unfused names: exact
+            assert sums[name] == ref[name]
+    finally:
+        asyncio.run(engine.send_weights(original, version=0))
+        asyncio.run(engine.shutdown())
+    assert _greedy_all(shared_replica, f"restored-{transport}") == before
+
+
+def test_replica_stats(shared_replica):
+    stats = shared_replica.stats()
+    assert stats["backend"] == "vllm" and stats["num_inflight"] == 0
+    assert stats["requests"] >= 1 and stats["generated_tokens"] >= 1
