@@ -33,15 +33,21 @@ class BuildArgs:
     seed: int = 0
     """Seeds init, data and batch order."""
     hidden_size: int = 128
+    """Model width."""
     num_layers: int = 2
+    """Decoder layers."""
     num_heads: int = 4
     """head_dim = hidden_size / num_heads = 32 (vLLM CPU attention supports 32, 64, 80, ...)."""
     intermediate_size: int = 512
+    """SwiGLU MLP width."""
     max_position_embeddings: int = 512
+    """Maximum context (tokens)."""
     vocab_multiple: int = 16
     """Embedding rows are padded up to a multiple of this (265 tokens -> 272 rows)."""
     operators: str = "+"
+    """``arith`` operators for training and eval."""
     train_size: int = 20000
+    """Generated ``arith`` train rows sampled from."""
     steps: int = 600
     """Maximum SFT updates."""
     target_train_acc: float = 0.35
@@ -57,12 +63,18 @@ class BuildArgs:
     probe_size: int = 200
     """Train questions in the probe."""
     batch_size: int = 64
+    """Sequences per update."""
     lr: float = 5e-4
+    """AdamW learning rate after warm-up (constant)."""
     warmup_steps: int = 20
+    """Linear warm-up updates."""
     eval_size: int = 200
+    """Held-out ``arith`` test questions for the recorded greedy accuracy."""
     max_new_tokens: int = 24
+    """Greedy generation budget (= default ``rollout.response_length``)."""
     threads: int = 1
-    """torch intra-op threads (fixed so the float reductions, hence the checkpoint, are reproducible)."""
+    """torch intra-op threads (fixed: a rebuild on the same machine is bit-identical; other CPUs may
+    differ slightly in float reductions, which ``target_train_acc`` absorbs)."""
 
 
 def make_config(args: BuildArgs, tok) -> Any:
