@@ -1,5 +1,6 @@
 """The arith generator and the verl-schema loader."""
 
+import importlib.util
 import json
 
 import pandas as pd
@@ -114,6 +115,8 @@ def test_loader_error_names_file_row_and_field(tmp_path):
 def test_get_task_rows_and_registry():
     rows = get_task_rows("arith", "test", 20, seed=0, operators="+")
     assert rows == make_arith_rows(20, 0, "+", "test")
+    if importlib.util.find_spec("asyncrl.data.calc_tool"):  # lazily imported built-in task module
+        assert len(get_task_rows("calc_tool", "train", 2, seed=0)) == 2
     with pytest.raises(KeyError, match="registered tasks"):
         get_task_rows("nope", "train", 1, 0)
     try:

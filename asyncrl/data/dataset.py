@@ -13,6 +13,7 @@ Any other keys (``agent_name``, ...) pass through untouched.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -51,7 +52,8 @@ def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = 
     """Build a built-in task split in memory.
 
     Args:
-        task: registered task name (see :data:`TASKS`).
+        task: registered task name (see :data:`TASKS`); an unregistered name is first looked up as
+            a module ``asyncrl.data.<task>`` that registers itself on import.
         split: ``"train"`` or ``"test"``; the two never share a question.
         size: number of rows.
         seed: generator seed.
@@ -63,6 +65,13 @@ def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = 
     Raises:
         KeyError: ``task`` is not registered (the message lists the registered tasks).
     """
+    if task not in TASKS and task.isidentifier():
+        # Built-in task modules register themselves on import (e.g. asyncrl/data/calc_tool.py).
+        try:
+            importlib.import_module(f"asyncrl.data.{task}")
+        except ModuleNotFoundError as e:
+            if e.name != f"asyncrl.data.{task}":
+                raise
     if task not in TASKS:
         raise KeyError(f"unknown task {task!r}; registered tasks: {sorted(TASKS)}")
     rows = TASKS[task](size, seed, split, operators)
