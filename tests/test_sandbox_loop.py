@@ -18,7 +18,7 @@ from asyncrl.agent_loop.sandbox.retry import (Action, AttemptOutcome, ErrorKind,
                                               classify)
 from asyncrl.agent_loop.sandbox.task import EXAMPLES_DIR, task_row, load_task
 from asyncrl.rollout.base import SamplingParams
-from tests.fake_engine import FakeEngine, qwen_test_tokenizer
+from tests.fake_engine import FakeEngine, embedded_tokenizer, qwen_test_tokenizer
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 HELLO = load_task(EXAMPLES_DIR / "hello-file")
@@ -93,14 +93,27 @@ def test_registered_as_swe_agent():
     assert get_agent_loop_cls("swe_agent") is SandboxAgentLoop
 
 
-def test_bash_agent_solves_task_and_proxy_tokens_equal_one_shot_render():
+def _tokenizer(name):
+    if name == "embedded":
+        tok = embedded_tokenizer()
+        if tok is None:
+            pytest.skip("embedded tokenizer not built")
+        return tok
+    return qwen_test_tokenizer(name)
+
+
+@pytest.mark.parametrize("tok_name,compact", [("qwen2.5", False), ("qwen3", False), ("embedded", True)])
+def test_bash_agent_solves_task_and_proxy_tokens_equal_one_shot_render(tok_name, compact):
     script = [call("echo 'Hello, world!' > /app/hello.txt && cat /app/hello.txt"), "Done."]
-    tok = qwen_test_tokenizer("qwen2.5")
-    out, lp, engine = run_loop(script, tok=tok)
+    if tok_name == "qwen3":  # Qwen3's template re-renders assistant turns with their <think> block
+        script = [f"<think>\nStep {i}.\n</think>\n\n{text}" for i, text in enumerate(script)]
+    tok = _tokenizer(tok_name)
+    out, lp, engine = run_loop(script, tok=tok, compact_prompt=compact)
     assert out.reward_score == 1.0
     res = lp.last_agent_result
     assert res.exit_reason == "no_tool_call" and res.turns == 2 and res.commands == 1
-    assert "Hello, world!" in res.messages[3]["content"]  # the tool message carried the sandbox output
+    assert "Hello, world!" in res.messages[-2]["content"]  # the tool message carried the sandbox output
+    assert res.messages[-2]["role"] == "tool" and (res.messages[0]["role"] == "system") != compact
     msgs = [normalize_message(m) for m in res.messages]
     reference = tok.encode(tok.apply_chat_template(msgs, tools=res.tools, tokenize=False), add_special_tokens=False)
     assert out.prompt_ids + out.response_ids == reference
@@ -204,3 +217,19 @@ def test_concurrent_sandboxes_are_capped():
     assert len(outs) == 5 and max(peak) == 2
     stats = sandbox_stats()
     assert stats["active"] == 0 and stats["limit"] == 2 and stats["waiting"] == 0
+
+
+def test_loop_owned_proxy_serves_concurrent_samples_and_stops_after_the_last():
+    tok = qwen_test_tokenizer("qwen2.5")
+    first = call("echo 'Hello, world!' > /app/hello.txt")
+    engine = FakeEngine(tok, lambda ids: first if "tool_response" not in tok.decode(ids) else "Done.", delay=0.05)
+
+    async def go():
+        lp = SandboxAgentLoop(engine, tok, None)  # no proxy, no worker: the loop starts its own
+        outs = await asyncio.gather(*[lp.run(SP, request_id=f"own{i}", **task_row(HELLO)) for i in range(3)])
+        return outs, lp
+
+    outs, lp = asyncio.run(go())
+    assert [o.reward_score for o in outs] == [1.0, 1.0, 1.0]
+    assert all(sum(o.response_mask) > 0 for o in outs)
+    assert lp._own_proxy is None

@@ -46,6 +46,12 @@ BASH_TOOL = {
         },
     },
 }
+COMPACT_BASH_TOOL = {
+    "type": "function",
+    "function": {"name": "bash", "description": "Run a shell command.",
+                 "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}},
+}
+"""The same tool in as few tokens as possible (for small-context models such as the embedded one)."""
 
 
 @dataclass
@@ -88,15 +94,20 @@ class BashAgent:
         max_output_chars: tool output kept per command (head and tail), characters.
         max_tokens: per-request completion budget sent to the proxy (``None``: the proxy's).
         request_timeout_sec: HTTP timeout of one model call, seconds.
-        system_prompt: the system message.
+        system_prompt: the system message (``None``: none).
+        compact: no system message and :data:`COMPACT_BASH_TOOL`, for models with a short context
+            (the embedded 512-token model: about 150 + instruction tokens for the first prompt).
     """
 
     name = "bash"
 
     def __init__(self, model: str = "asyncrl-policy", max_turns: int = 8, command_timeout_sec: float = 60.0,
                  max_output_chars: int = 4000, max_tokens: Optional[int] = None,
-                 request_timeout_sec: float = 600.0, system_prompt: str = SYSTEM_PROMPT):
+                 request_timeout_sec: float = 600.0, system_prompt: Optional[str] = SYSTEM_PROMPT,
+                 compact: bool = False):
         self.model, self.max_turns = model, max_turns
+        self.tool = COMPACT_BASH_TOOL if compact else BASH_TOOL
+        system_prompt = None if compact else system_prompt
         self.command_timeout_sec, self.max_output_chars = command_timeout_sec, max_output_chars
         self.max_tokens, self.request_timeout_sec, self.system_prompt = max_tokens, request_timeout_sec, system_prompt
 
@@ -133,15 +144,15 @@ class BashAgent:
 
         client = openai.AsyncOpenAI(base_url=base_url, api_key="asyncrl-sandbox", max_retries=0,
                                     timeout=self.request_timeout_sec)
-        messages: list[dict] = [{"role": "system", "content": self.system_prompt},
-                                {"role": "user", "content": task.instruction}]
-        result = AgentRunResult("max_turns", messages=messages, tools=[BASH_TOOL])
+        messages: list[dict] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": task.instruction})
+        result = AgentRunResult("max_turns", messages=messages, tools=[self.tool])
         try:
             for _ in range(self.max_turns):
                 kwargs = {"max_tokens": self.max_tokens} if self.max_tokens else {}
                 try:
                     resp = await client.chat.completions.create(model=self.model, messages=messages,
-                                                                tools=[BASH_TOOL], **kwargs)
+                                                                tools=[self.tool], **kwargs)
                 except openai.BadRequestError as e:
                     if e.code == "context_length_exceeded":
                         raise ContextLengthExceededError(str(e.message)) from None

@@ -56,6 +56,8 @@ class SandboxLoopConfig:
     """Model calls per trial for the bash agent."""
     command_timeout_sec: float = 60.0
     """Wall-clock limit of one bash command, seconds."""
+    compact_prompt: bool = False
+    """Bash agent without system prompt and with a minimal tool schema (short-context models)."""
     max_tokens_per_turn: Optional[int] = None
     """Completion budget per model call; ``None``: the rollout's ``max_tokens``."""
     max_concurrent_sandboxes: int = 4
@@ -157,6 +159,7 @@ class SandboxAgentLoop(AgentLoopBase):
         self.policy = RetryPolicy(self.cfg.max_retries, dict(self.cfg.retry_actions))
         self._proxy, self._worker, self._own_proxy = proxy, worker, None
         self.agent = agent
+        self._running = 0  # concurrent run() calls (the worker runs n samples on one loop instance)
         self.last_agent_result: Optional[AgentRunResult] = None
         SANDBOX_GATE.configure(self.cfg.max_concurrent_sandboxes)
 
@@ -172,8 +175,9 @@ class SandboxAgentLoop(AgentLoopBase):
         return self._own_proxy
 
     async def close(self) -> None:
-        """Stop a proxy this loop created itself (a passed-in or worker proxy is left running)."""
-        if self._own_proxy is not None:
+        """Stop a proxy this loop created itself once no run uses it (a passed-in or worker proxy is
+        left running)."""
+        if self._own_proxy is not None and self._running == 0:
             await self._own_proxy.stop()
             self._own_proxy = None
 
@@ -202,10 +206,12 @@ class SandboxAgentLoop(AgentLoopBase):
         overrides = {"temperature": sampling_params.temperature, "top_p": sampling_params.top_p,
                      "max_tokens": self.cfg.max_tokens_per_turn or sampling_params.max_tokens}
         t0 = time.perf_counter()
+        self._running += 1
         try:
             decision = await self.policy.run(lambda k: self._attempt(task, f"{rid}-a{k}", root / f"attempt-{k}",
                                                                      overrides))
         finally:
+            self._running -= 1
             await self.close()
         outcome = decision.outcome
         output: AgentLoopOutput = outcome.payload["output"]
@@ -291,7 +297,8 @@ class SandboxAgentLoop(AgentLoopBase):
 
     def _make_agent(self) -> Any:
         if self.cfg.agent == "bash":
-            return make_agent("bash", max_turns=self.cfg.max_turns, command_timeout_sec=self.cfg.command_timeout_sec)
+            return make_agent("bash", max_turns=self.cfg.max_turns, command_timeout_sec=self.cfg.command_timeout_sec,
+                              compact=self.cfg.compact_prompt)
         return make_agent(self.cfg.agent)
 
     async def _verify(self, task: HarborTask, sandbox: Any) -> Any:
