@@ -154,7 +154,7 @@ def test_sender_times_out_on_dead_receiver():
     p = ctx.Process(target=_dead_receiver, args=(port,))
     p.start()
     eng = NCCLCheckpointEngine(NCCLSyncConfig(master_port=port, world_size=2, bucket_mb=1 / 1024,
-                                              backend="gloo", metadata_channel="store", timeout_s=5))
+                                              backend="gloo", metadata_channel="store", timeout_s=60))
     eng.init_group()
     p.join(30)
     t0 = time.monotonic()
