@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -181,12 +183,14 @@ def test_sandbox_start_failing_once_is_retried_then_succeeds(monkeypatch):
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(loop_module, "start_sandbox", flaky_start)
+    before = set(Path(tempfile.gettempdir()).glob("asyncrl-sbx-fix-off-by-one-*"))
     out, _, engine = run_loop(["unused"], task=OFF_BY_ONE, agent="oracle")
     attempts = out.extra_fields["sandbox"]["attempts"]
     assert out.reward_score == 1.0 and len(calls) == 2
     assert [a["error_kind"] for a in attempts] == ["other", None]
     assert "could not start" in attempts[0]["error"]
     assert engine.calls == []  # the oracle never calls the model
+    assert set(Path(tempfile.gettempdir()).glob("asyncrl-sbx-fix-off-by-one-*")) <= before, "sandbox dirs leaked"
 
 
 def test_concurrent_sandboxes_are_capped():

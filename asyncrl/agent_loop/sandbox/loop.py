@@ -263,9 +263,14 @@ class SandboxAgentLoop(AgentLoopBase):
         t = time.perf_counter()
         sandbox_dir = Path(tempfile.mkdtemp(prefix=f"asyncrl-sbx-{task.path.name}-"))
         limits = SandboxLimits(cpu_time_sec=cfg.cpu_time_sec, memory_mb=task.config.memory_mb)
-        sandbox = await start_sandbox(task.environment_dir, sandbox_dir, network=task.config.allow_internet,
-                                      env=task.config.agent_env, build_timeout_sec=task.config.build_timeout_sec,
-                                      limits=limits, keep=cfg.keep_sandboxes)
+        try:
+            sandbox = await start_sandbox(task.environment_dir, sandbox_dir, network=task.config.allow_internet,
+                                          env=task.config.agent_env, build_timeout_sec=task.config.build_timeout_sec,
+                                          limits=limits, keep=cfg.keep_sandboxes)
+        except BaseException:
+            if not cfg.keep_sandboxes:
+                shutil.rmtree(sandbox_dir, ignore_errors=True)
+            raise
         timings["env_setup"] = time.perf_counter() - t
         error: Optional[BaseException] = None
         result: Optional[AgentRunResult] = None
