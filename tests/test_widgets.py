@@ -136,10 +136,14 @@ def test_staleness_model_values():
 def test_staleness_view_records_rollouter_idle_per_poll():
     v = StalenessView()
     snap = load("mq_bound")
+    v.update(snap)
+    assert len(v.model.trainer_idle) == 6  # one snapshot: the trainer's series comes from its history rows
     for t, r in ((1.0, 0.5), (1.0, 0.5), (2.0, 0.25)):  # a repeated poll of the same instant is kept once
-        snap["elapsed_s"], snap["rollouter"]["idle_ratio"] = t, r
+        snap["elapsed_s"], snap["rollouter"]["idle_ratio"], snap["trainer"]["idle_ratio"] = t, r, r / 2
         v.update(snap)
-    assert v.model.rollouter_idle == [(1.0, 0.5), (2.0, 0.25)]
+    assert v.model.rollouter_idle == [(25.5, 0.21), (1.0, 0.5), (2.0, 0.25)]
+    # polled: both series on the experiment's elapsed_s time base
+    assert v.model.trainer_idle == [(25.5, 0.42), (1.0, 0.25), (2.0, 0.125)]
     assert 'data-lag="2"' in v.to_html() and "<svg" in v.idle_svg()
 
 

@@ -50,6 +50,7 @@ class Poller:
         self.errors = 0
         self.last_error: Optional[str] = None
         self.last_poll_s: Optional[float] = None
+        self.max_poll_s = 0.0
         self.reason: str = "not started"
 
     # ---------------------------------------------------------------- control
@@ -97,6 +98,11 @@ class Poller:
             snap = await asyncio.wait_for(self.fetch(), self.timeout)
         except asyncio.CancelledError:
             raise
+        except asyncio.TimeoutError:
+            self.errors += 1
+            self.last_error = f"snapshot took longer than {self.timeout:g} s"
+            logger.warning("snapshot fetch timed out (%d in a row)", self.errors)
+            return None
         except Exception as exc:  # reported in the dashboard; the loop keeps going
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
@@ -105,6 +111,7 @@ class Poller:
         self.errors = 0
         self.polls += 1
         self.last_poll_s = time.monotonic() - t0
+        self.max_poll_s = max(self.max_poll_s, self.last_poll_s)
         try:
             self.sink(snap)
         except Exception:

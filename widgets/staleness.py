@@ -5,7 +5,8 @@
     trainer.lag_counts {lag: tokens}   --> histogram of parameter-version lag over trained tokens
     trainer/rollouter.param_version    --> current version (rollouter adopts it after each sync)
     rollouter.staleness_samples        --> vs max_required_samples (the rollouter pauses at the bound)
-    trainer.history['trainer/idle_ratio'] + rollouter.idle_ratio (recorded per poll) --> idle over time
+    trainer.idle_ratio, rollouter.idle_ratio (recorded per poll, x = elapsed_s) --> idle over time
+                                     (a single snapshot: the trainer's history rows instead)
     rollouter.partial_spans [(min_v, max_v)] --> how many versions a partial rollout spanned
 
 Lag = trainer version at the update minus the version that generated the token (0 = on-policy);
@@ -111,14 +112,18 @@ class StalenessView(SnapshotView):
     def __init__(self, history: int = 300):
         super().__init__()
         self._ro_idle: collections.deque = collections.deque(maxlen=history)
+        self._tr_idle: collections.deque = collections.deque(maxlen=history)
 
     def _compute(self, snapshot: dict) -> StalenessModel:
-        ro = snapshot.get("rollouter") or {}
-        if "idle_ratio" in ro:
-            t = float(snapshot.get("elapsed_s", len(self._ro_idle)))
-            if not self._ro_idle or self._ro_idle[-1][0] != t:
-                self._ro_idle.append((t, float(ro["idle_ratio"])))
-        return staleness_model(snapshot, list(self._ro_idle))
+        t = float(snapshot.get("elapsed_s", len(self._ro_idle)))
+        for series, part in ((self._ro_idle, "rollouter"), (self._tr_idle, "trainer")):
+            ratio = (snapshot.get(part) or {}).get("idle_ratio")
+            if ratio is not None and (not series or series[-1][0] != t):
+                series.append((t, float(ratio)))
+        model = staleness_model(snapshot, list(self._ro_idle))
+        if len(self._tr_idle) >= 2:  # polled: same time base (experiment elapsed_s) as the rollouter's
+            model.trainer_idle = list(self._tr_idle)
+        return model
 
     def _body_html(self) -> str:
         m = self.model
