@@ -72,10 +72,17 @@ def ray_session():
     import ray
 
     started = False
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "TOKENIZERS_PARALLELISM": "false"}})
-        started = True
+    for attempt in range(3):  # the raylet's 30 s start deadline is missed on an overloaded 2-core box
+        if ray.is_initialized():
+            break
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "TOKENIZERS_PARALLELISM": "false"}})
+            started = True
+        except Exception:
+            ray.shutdown()
+            if attempt == 2:
+                raise
     yield ray
     if started and ray.is_initialized():
         ray.shutdown()
