@@ -120,7 +120,7 @@ class Experiment:
         train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
         val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators)
         n = cfg.actor_rollout_ref.rollout.num_replicas
-        self._replica_objs = self._external_replicas or [RolloutReplica(cfg, server_id=f"replica_{i}") for i in range(n)]
+        self._replica_objs = self._external_replicas or [RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i) for i in range(n)]
         self.replicas = {r.server_id: r.actor for r in self._replica_objs}
         ray.get([r.actor.ready.remote() for r in self._replica_objs])
         self.lb = GlobalRequestLoadBalancer(self.replicas, full_determinism=False)
@@ -183,7 +183,8 @@ class Experiment:
     def finish(self) -> Summary:
         """Stop rollout, push the last weights, evaluate, account every prompt, write artifacts."""
         ray.get(self.rollouter.stop.remote())
-        ray.get([r.abort_all_requests.remote() for r in self.replicas.values()])
+        ray.get(self.rollouter.wait_evaluation.remote())
+        ray.get([r.abort_all_requests.remote() for r in self.replicas.values()])  # orphaned training requests
         ray.get(self.trainer.final_sync.remote())
         ray.get(self.rollouter.wait_evaluation.remote())
         ro = ray.get(self.rollouter.snapshot.remote())
@@ -221,6 +222,11 @@ class Experiment:
 
     def stop(self) -> None:
         """Shut everything down: no actors, engine processes or ports left behind. Idempotent."""
+        if self.rollouter is not None:
+            try:
+                ray.get(self.rollouter.shutdown.remote(), timeout=60)
+            except Exception as exc:  # keep tearing down the rest
+                logger.warning("rollouter shutdown: %s", exc)
         for name in ("rollouter", "trainer"):
             h = getattr(self, name)
             if h is not None:

@@ -110,11 +110,14 @@ class FullyAsyncRollouter:
         for t in active:
             t.cancel()
         await asyncio.gather(*active, return_exceptions=True)
-        await self.agent_loops.shutdown()
         while not self.pending_queue.empty():
             self.pending_queue.get_nowait()
             self.dropped["unstarted_at_shutdown"] += 1
         return self.accounting()
+
+    async def shutdown(self) -> None:
+        """Release the agent-loop workers (and their proxies). Call after :meth:`stop` and the final eval."""
+        await self.agent_loops.shutdown()
 
     # ------------------------------------------------------------------ loops
     async def _feed_loop(self) -> None:

@@ -134,8 +134,12 @@ class AgentLoopManager:
         try:
             if self.local:
                 return await self.workers[i].generate_sequences_single(row, uid, sampling_params, n, prompt_ids)
+            ref = self.workers[i].generate_sequences_single.remote(row, uid, sampling_params, n, prompt_ids)
             try:
-                return await self.workers[i].generate_sequences_single.remote(row, uid, sampling_params, n, prompt_ids)
+                return await ref
+            except asyncio.CancelledError:
+                ray.cancel(ref)  # stop the worker's loops too, not just our wait
+                raise
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.as_instanceof_cause()
                 if isinstance(cause, GenerationAborted):
@@ -145,15 +149,20 @@ class AgentLoopManager:
             self.active[i] -= 1
 
     async def stats(self) -> list[dict]:
+        if not self.workers:
+            return []
         if self.local:
             return [self.workers[0].stats()]
         return list(await asyncio.gather(*[w.stats.remote() for w in self.workers]))
 
     async def shutdown(self) -> None:
+        """Stop every worker's proxy and kill the worker actors. Idempotent."""
+        workers, self.workers, self.active = self.workers, [], []
         if self.local:
-            await self.workers[0].shutdown()
+            for w in workers:
+                await w.shutdown()
             return
-        for w in self.workers:
+        for w in workers:
             try:
                 await w.shutdown.remote()
             except Exception:  # pragma: no cover - already dead

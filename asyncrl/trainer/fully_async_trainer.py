@@ -117,13 +117,13 @@ class FullyAsyncTrainer:
         # 5. update: require_batches mini-batches (whole prompt groups), ppo_epochs passes
         update_metrics = await asyncio.to_thread(self._update_policy, batch, old_log_probs, ref_log_probs, advantages)
         self.global_steps += 1
-        self._record_versions(samples, batch)
+        lags = self._record_versions(samples, batch)  # versions at training time, before the sync
         t_updated = time.time()
         # 6. sync weights every trigger_parameter_sync_step steps
         sync_metrics: dict[str, float] = {}
         if self.global_steps % self.cfg.async_training.trigger_parameter_sync_step == 0:
             sync_metrics = await self._sync_weights()
-        self._log_step(samples, batch, update_metrics, sync_metrics,
+        self._log_step(samples, batch, lags, update_metrics, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
                         "timing/step_s": time.time() - t0})
         return True
@@ -163,8 +163,8 @@ class FullyAsyncTrainer:
             if "ref_log_probs" in mb.extras:
                 kl = agg_loss(kl_k3(log_probs, mb.extras["ref_log_probs"]), mb.response_mask, actor.loss_agg_mode)
                 loss = loss + actor.kl_loss_coef * kl
-                m["actor/kl_loss"] = float(kl)
-            m["actor/pg_loss"] = float(loss)
+                m["actor/kl_loss"] = float(kl.detach())
+            m["actor/pg_loss"] = float(loss.detach())
             return loss, m
 
         groups = list(dict.fromkeys(batch.group_ids))
@@ -186,21 +186,21 @@ class FullyAsyncTrainer:
         return metrics
 
     # ------------------------------------------------------------------ bookkeeping
-    def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> None:
-        """Count trained tokens per version lag (for the staleness histogram and invariant tests)."""
+    def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
+        """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
         self.trained += len(samples)
-        mask = batch.response_mask > 0
-        lags = (self.param_version - batch.token_versions[mask]).tolist()
-        self.lag_counts.update(int(x) for x in lags)
+        lags = self.param_version - batch.token_versions[batch.response_mask > 0]
+        self.lag_counts.update(int(x) for x in lags.tolist())
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
+        return lags.float()
 
-    def _log_step(self, samples: list[RolloutSample], batch: Batch, upd: dict, sync: dict, timing: dict) -> None:
+    def _log_step(self, samples: list[RolloutSample], batch: Batch, lags: torch.Tensor, upd: dict, sync: dict,
+                  timing: dict) -> None:
         mask = batch.response_mask
         proc = [s.timings["finished"] - s.timings["started"] for s in samples]
         spans = [s.max_global_steps - s.min_global_steps for s in samples
                  if s.max_global_steps is not None and s.min_global_steps is not None]
-        lags = (self.param_version - batch.token_versions[mask > 0]).float()
         wall = max(1e-9, time.time() - self.t_start)
         row = {
             "step": self.global_steps, "param_version": self.param_version, "time_s": wall,
