@@ -86,6 +86,7 @@ class Dashboard(SnapshotView):
         self._traj_mark: tuple = (None, 0.0)
         self.poller: Optional[Poller] = None
         self.done_polls, self._done_polls = done_polls, 0
+        self._seen_running = False
         if self._status is not None:
             self.poller = Poller(self.fetch, self.update, interval=interval,
                                  key=key if key is not None else ("dashboard", getattr(source, "name", id(source))),
@@ -139,14 +140,15 @@ class Dashboard(SnapshotView):
         """Stop after Experiment.stop() ("not started" again), or after ``done_polls`` polls of a
         finished run (long enough to catch ``finish()``'s final evaluation)."""
         self._done_polls = self._done_polls + 1 if snap.get("state") == "done" else 0
-        return (snap.get("state") == "not started" and self.snapshot is not None) or self._done_polls >= self.done_polls
+        return (snap.get("state") == "not started" and self._seen_running) or self._done_polls >= self.done_polls
 
     # ---------------------------------------------------------------- model
     def _compute(self, snapshot: dict) -> dict:
-        if "rollouter" not in snapshot and self.snapshot is not None:
+        if "rollouter" not in snapshot and self._seen_running:
             return self.model  # a stopped experiment: keep the final state on screen
         self.snapshot = snapshot
         if "rollouter" in snapshot:
+            self._seen_running = True
             self.funnel.update(snapshot)
             self.staleness.update(snapshot)
             self.curves.update(snapshot)
