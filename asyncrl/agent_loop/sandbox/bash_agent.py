@@ -49,7 +49,8 @@ BASH_TOOL = {
 COMPACT_BASH_TOOL = {
     "type": "function",
     "function": {"name": "bash", "description": "Run a shell command.",
-                 "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}},
+                 "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                                "required": ["command"]}},
 }
 """The same tool in as few tokens as possible (for small-context models such as the embedded one)."""
 

@@ -252,7 +252,8 @@ class LocalSandbox:
     def command(self, command: str, cwd: Optional[str] = None, env: Optional[dict[str, str]] = None) -> list[str]:
         """The full ``prlimit ... (bwrap | nsenter) ... bash -c command`` argv (for logging and tests)."""
         lim = self.limits
-        full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm", **self.env, **(env or {})}
+        full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "xterm",
+                    **self.env, **(env or {})}
         prefix = limits_prefix(lim.cpu_time_sec, lim.memory_mb, lim.file_size_mb)
         if self.container is not None:
             return prefix + self.container.exec_argv(full_env, cwd or self.workdir, command)

@@ -89,7 +89,8 @@ def harbor_status(python: Optional[str] = None) -> tuple[bool, str]:
     exe = find_harbor_python(python)
     if exe is None:
         where = f"{python} does not exist; " if python else ""
-        return False, (f"{where}no Harbor env: run scripts/setup_harbor_env.sh (creates .venv-harbor with Python >= 3.12) "
+        return False, (f"{where}no Harbor env: run scripts/setup_harbor_env.sh "
+                       "(creates .venv-harbor with Python >= 3.12) "
                        "or set ASYNCRL_HARBOR_PYTHON")
     probe = subprocess.run([exe, "-c", "import sys, harbor, importlib.metadata as m; "
                                        "assert sys.version_info >= (3, 12); print(m.version('harbor'))"],

@@ -59,7 +59,7 @@ async def run_trial(spec: dict) -> dict:
     if rewards:
         reward = float(rewards["reward"]) if "reward" in rewards else sum(map(float, rewards.values())) / len(rewards)
     exc = result.exception_info
-    total = (result.finished_at - result.started_at).total_seconds() if result.started_at and result.finished_at else 0.0
+    total = _seconds(result)  # TrialResult has started_at / finished_at like a TimingInfo
     return {
         "reward": reward,
         "rewards": rewards,
