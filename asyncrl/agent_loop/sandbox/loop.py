@@ -15,7 +15,8 @@
           proxy.pop_session(token) -> tokens, masks, logprobs         always
         -> AttemptOutcome(reward, error kind)  -> keep / zero / retry / TrialFailedError
       AgentLoopOutput: proxy tokens, reward_score = the policy's reward,
-                       metrics agent/sandbox/{env_setup,agent_setup,agent_execute,verifier,total} (s)
+                       metrics agent/sandbox/{env_setup,agent_setup,agent_execute,verifier,total} (s),
+                       agent/sandbox/slot_wait (s waiting for a sandbox slot), agent/sandbox/attempts
 
 Agents named ``harbor:<agent>`` (e.g. ``harbor:terminus-2``) run as real Harbor trials out of
 process (:mod:`.harbor_runner`); Harbor times its own phases and the same metrics are reported.
@@ -237,10 +238,12 @@ class SandboxAgentLoop(AgentLoopBase):
         proxy = await self._get_proxy()
         token, base_url = await proxy.open_session(request_id=request_id, trajectory_dir=str(traj_dir),
                                                    sampling_overrides=overrides)
-        timings = dict.fromkeys(PHASES, 0.0)
+        timings, slot_wait = dict.fromkeys(PHASES, 0.0), 0.0
         t_total = time.perf_counter()
         try:
+            t_wait = time.perf_counter()
             async with SANDBOX_GATE.slot():
+                slot_wait = time.perf_counter() - t_wait
                 if self.agent is None and self.cfg.agent.startswith("harbor:"):
                     reward, rewards, error, exit_reason = await self._harbor_trial(task, base_url, traj_dir, timings)
                 else:
@@ -250,6 +253,7 @@ class SandboxAgentLoop(AgentLoopBase):
         timings["total"] = time.perf_counter() - t_total
         output = traj.to_agent_loop_output()
         output.metrics.update({f"agent/sandbox/{k}": v for k, v in timings.items()})
+        output.metrics["agent/sandbox/slot_wait"] = slot_wait
         engine_error = traj.extra_fields.get("engine_error")
         if error is None and engine_error:
             error = RuntimeError(f"engine error during the trial: {engine_error}")
