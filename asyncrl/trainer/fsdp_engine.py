@@ -85,6 +85,7 @@ class FSDPEngine:
             and the log-prob head (no fp32 copy of the logits).
         reshard_after_forward: free gathered layer params after forward (ZeRO-3); ``False``
             keeps them to backward (ZeRO-2 style: fewer all-gathers, more memory).
+        fused_optimizer: fused AdamW kernel instead of foreach (CUDA only).
         seed: init seed (must match across ranks).
 
     Raises:
@@ -94,7 +95,8 @@ class FSDPEngine:
     def __init__(self, model: Any, lr: float = 1e-6, betas: tuple = (0.9, 0.999), weight_decay: float = 0.0,
                  clip_grad: float = 1.0, micro_batch_size: int = 1, activation_checkpointing: bool = False,
                  param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
-                 compile: bool = False, reshard_after_forward: bool = True, seed: int = 0):
+                 compile: bool = False, reshard_after_forward: bool = True, fused_optimizer: bool = False,
+                 seed: int = 0):
         try:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -119,7 +121,8 @@ class FSDPEngine:
         self._token_log_probs = (torch.compile(self._token_log_probs_eager) if compile
                                  else self._token_log_probs_eager)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
-                                           weight_decay=weight_decay, foreach=True)
+                                           weight_decay=weight_decay,
+                                           **({"fused": True} if fused_optimizer else {"foreach": True}))
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
         self.updates = 0
