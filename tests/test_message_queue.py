@@ -10,9 +10,7 @@ from asyncrl.message_queue import MessageQueue, QueueShutdown
 
 
 @pytest.fixture(scope="module")
-def ray_up():
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def ray_up(ray_session):
     yield
 
 
