@@ -1,0 +1,148 @@
+"""FullyAsyncRollouter staleness accounting: pause at max_required_samples, reset_staleness, resume.
+
+The rollouter runs in-process with test fakes for the replica, load balancer and queue (named as
+fakes); the real stack is covered by test_e2e.py.
+"""
+
+import asyncio
+
+import pytest
+
+from asyncrl.data.dataset import get_task_rows
+from asyncrl.recipes import smoke_cpu
+from asyncrl.rollout.base import TokenOutput
+from asyncrl.rollouter import FullyAsyncRollouter
+from asyncrl.staleness import sample_budget
+
+
+class FakeGatedReplica:
+    """Generates a fixed short answer; blocks while ``gate`` is cleared. Has Ray-like ``.remote`` hooks."""
+
+    def __init__(self):
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.paused_modes = []
+
+        class _M:
+            def __init__(self, fn):
+                self.remote = fn
+        self.pause = _M(self._pause)
+        self.resume = _M(self._resume)
+
+    async def _pause(self, mode="abort"):
+        self.paused_modes.append(mode)
+
+    async def _resume(self):
+        self.paused_modes.append("resume")
+
+    async def generate(self, request_id, prompt_ids, sp):
+        await self.gate.wait()
+        return TokenOutput([52, 258], [-0.1, -0.2], "completed", param_version=0)
+
+
+class FakePool:
+    def __init__(self, replica):
+        self.replica = replica
+
+    async def acquire_server_async(self, request_id):
+        return "r0", self.replica
+
+    async def release_server_async(self, sid):
+        pass
+
+
+class FakeQueue:
+    """In-process stand-in for the MessageQueue client (stores the refs)."""
+
+    def __init__(self):
+        self.items = []
+
+    async def put_sample_async(self, ref):
+        self.items.append(ref)
+        return True
+
+    async def size_async(self):
+        return len(self.items)
+
+
+async def _settle(ro, cond, timeout=10.0):
+    t0 = asyncio.get_running_loop().time()
+    while not cond():
+        if asyncio.get_running_loop().time() - t0 > timeout:
+            raise AssertionError(f"condition not reached; snapshot={await ro.snapshot()}")
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)  # and nothing more happens after it
+
+
+def _make(staleness=0.5, partial=True):
+    cfg = smoke_cpu("d")
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 1
+    cfg.async_training.require_batches = 2
+    cfg.async_training.staleness_threshold = staleness
+    cfg.async_training.partial_rollout = partial
+    cfg.actor_rollout_ref.rollout.n = 2
+    cfg.actor_rollout_ref.rollout.agent.num_workers = 0
+    cfg.trainer.test_freq = 0
+    rows = get_task_rows("arith", "train", 50, 0)
+    replica, q = FakeGatedReplica(), FakeQueue()
+    ro = FullyAsyncRollouter(cfg, rows, rows[:4], {"r0": replica}, FakePool(replica), q)
+    return cfg, ro, replica, q
+
+
+def test_pauses_at_max_required_and_resets(ray_session):
+    async def main():
+        cfg, ro, replica, q = _make()
+        b = sample_budget(cfg)
+        assert (b.required_samples, b.max_required_samples) == (2, 3)
+        await ro.start()
+        await _settle(ro, lambda: len(q.items) == 3)
+        assert ro.staleness_samples == 3 and len(q.items) == 3  # paused: budget spent, nothing more starts
+        assert len(ro.active_tasks) == 0
+        # the trainer consumes one window (2 samples) and syncs
+        q.items = q.items[2:]
+        await ro.pause_for_sync()
+        assert replica.paused_modes == ["abort"]  # partial rollout: in-flight requests are aborted
+        await ro.resume_after_sync(1)
+        # reset_staleness = active (0) + queued (1) -> 2 more samples may start
+        await _settle(ro, lambda: len(q.items) == 3)
+        assert ro.staleness_samples == 3 and ro.param_version == 1
+        acc = (await ro.stop())
+        assert acc["taken"] == acc["enqueued"] + acc["pending"] + sum(acc["dropped"].values()) + sum(acc["failed"].values())
+        assert acc["enqueued"] == 5
+    asyncio.run(main())
+
+
+def test_reset_staleness_counts_active_tasks(ray_session):
+    async def main():
+        cfg, ro, replica, q = _make(staleness=1.0)  # max_required = 4
+        replica.gate.clear()  # generation hangs: samples stay active
+        await ro.start()
+        await _settle(ro, lambda: len(ro.active_tasks) == 4)
+        assert ro.staleness_samples == 4 and len(q.items) == 0
+        assert await ro.reset_staleness() == 4  # 4 active + 0 queued
+        replica.gate.set()
+        await _settle(ro, lambda: len(q.items) == 4)
+        assert await ro.reset_staleness() == 4  # 0 active + 4 queued: still no room
+        await asyncio.sleep(0.3)
+        assert len(q.items) == 4
+        q.items.clear()
+        assert await ro.reset_staleness() == 0
+        await _settle(ro, lambda: len(q.items) == 4)
+        await ro.stop()
+    asyncio.run(main())
+
+
+def test_no_partial_rollout_sync_waits_for_active(ray_session):
+    async def main():
+        cfg, ro, replica, q = _make(partial=False)
+        replica.gate.clear()
+        await ro.start()
+        await _settle(ro, lambda: len(ro.active_tasks) == 3)
+        pause = asyncio.create_task(ro.pause_for_sync())
+        await asyncio.sleep(0.3)
+        assert not pause.done()  # waits for in-flight samples to finish
+        replica.gate.set()
+        await asyncio.wait_for(pause, 10)
+        assert len(ro.active_tasks) == 0 and len(q.items) == 3 and replica.paused_modes == []
+        await ro.stop()
+    asyncio.run(main())
