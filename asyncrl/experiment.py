@@ -180,6 +180,14 @@ class Experiment:
         ray.get(self._fit_ref)  # re-raise a trainer error here
         return self.finish()
 
+    async def wait_async(self, poll_s: float = 1.0) -> Summary:
+        """Notebook-friendly :meth:`wait`: awaits the trainer without blocking the kernel's event loop
+        (widgets keep updating), then runs :meth:`finish` in a worker thread."""
+        while not (await self.trainer.status.remote())["done"]:
+            await asyncio.sleep(poll_s)
+        await self._fit_ref  # re-raise a trainer error here
+        return await asyncio.to_thread(self.finish)
+
     def finish(self) -> Summary:
         """Stop rollout, push the last weights, evaluate, account every prompt, write artifacts."""
         ray.get(self.rollouter.stop.remote())
