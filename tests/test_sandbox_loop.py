@@ -238,3 +238,14 @@ def test_loop_owned_proxy_serves_concurrent_samples_and_stops_after_the_last():
     assert [o.reward_score for o in outs] == [1.0, 1.0, 1.0]
     assert all(sum(o.response_mask) > 0 for o in outs)
     assert lp._own_proxy is None
+
+
+def test_loop_reads_its_settings_from_the_experiment_config_section():
+    from types import SimpleNamespace
+
+    section = SimpleNamespace(agent="oracle", max_concurrent_sandboxes=3, max_retries=1, unrelated=True)
+    config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(
+        agent=SimpleNamespace(sandbox=section))))
+    lp = SandboxAgentLoop(None, None, config, proxy=object())
+    assert (lp.cfg.agent, lp.cfg.max_concurrent_sandboxes, lp.policy.max_retries) == ("oracle", 3, 1)
+    assert SandboxAgentLoop(None, None, None, proxy=object()).cfg == SandboxLoopConfig()

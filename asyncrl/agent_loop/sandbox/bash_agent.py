@@ -97,7 +97,7 @@ class BashAgent:
         request_timeout_sec: HTTP timeout of one model call, seconds.
         system_prompt: the system message (``None``: none).
         compact: no system message and :data:`COMPACT_BASH_TOOL`, for models with a short context
-            (the embedded 512-token model: about 150 + instruction tokens for the first prompt).
+            (the embedded 512-token model: about 320 + instruction tokens for the first prompt).
     """
 
     name = "bash"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -130,7 +131,11 @@ def _resolve_config(config: Any, override: Optional[SandboxLoopConfig]) -> Sandb
         return override
     agent_cfg = getattr(getattr(getattr(config, "actor_rollout_ref", None), "rollout", None), "agent", None)
     found = getattr(agent_cfg, "sandbox", None)
-    return found if isinstance(found, SandboxLoopConfig) else SandboxLoopConfig()
+    if found is None or isinstance(found, SandboxLoopConfig):
+        return found or SandboxLoopConfig()
+    # a config section of another class (e.g. declared in asyncrl.config): copy the fields it has
+    return SandboxLoopConfig(**{f.name: getattr(found, f.name) for f in dataclasses.fields(SandboxLoopConfig)
+                                if hasattr(found, f.name)})
 
 
 @register("swe_agent")
