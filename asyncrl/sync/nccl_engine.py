@@ -250,11 +250,8 @@ class NCCLCheckpointEngine(CheckpointEngine, _Endpoint):
 
     async def send_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """See :meth:`CheckpointEngine.send_weights`; runs the blocking sync in a thread."""
-        dev = self.device
-
         def run() -> dict[str, float]:
-            if dev.type == "cuda":
-                torch.cuda.set_device(dev)
+            torch.cuda.set_device(self.device) if self.cuda else None  # the worker thread's device
             return self.send_weights_sync(named_tensors, version)
         return await asyncio.to_thread(run)
 
