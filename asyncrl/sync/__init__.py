@@ -2,7 +2,7 @@
 
 Engines register lazily (``get_engine_cls(name)``): ``cpu`` (the faster CPU transport, measured
 in ``benchmarks/weight_sync_cpu.py``), ``gloo`` (torch gloo broadcast) and ``cpu_rpc`` (Ray object
-refs + vLLM collective RPC).
+refs + vLLM collective RPC) and ``nccl`` (GPU bucketed broadcast, double-buffered).
 """
 
 from asyncrl.sync.base import CheckpointEngine, _lazy, get_engine_cls, register_engine
@@ -10,5 +10,6 @@ from asyncrl.sync.base import CheckpointEngine, _lazy, get_engine_cls, register_
 register_engine("cpu", _lazy("asyncrl.sync.cpu_engine", "CPUCheckpointEngine"))
 register_engine("gloo", _lazy("asyncrl.sync.cpu_engine", "GlooCheckpointEngine"))
 register_engine("cpu_rpc", _lazy("asyncrl.sync.cpu_engine", "RayRPCCheckpointEngine"))
+register_engine("nccl", _lazy("asyncrl.sync.nccl_engine", "NCCLCheckpointEngine"))
 
 __all__ = ["CheckpointEngine", "get_engine_cls", "register_engine"]
