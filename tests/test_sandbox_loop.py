@@ -249,3 +249,16 @@ def test_loop_reads_its_settings_from_the_experiment_config_section():
     lp = SandboxAgentLoop(None, None, config, proxy=object())
     assert (lp.cfg.agent, lp.cfg.max_concurrent_sandboxes, lp.policy.max_retries) == ("oracle", 3, 1)
     assert SandboxAgentLoop(None, None, None, proxy=object()).cfg == SandboxLoopConfig()
+
+
+def test_configured_action_for_errors_that_raise(monkeypatch):
+    async def broken_start(*args, **kwargs):
+        raise SandboxStartError("fake: never starts")
+
+    monkeypatch.setattr(loop_module, "start_sandbox", broken_start)
+    out, _, _ = run_loop(["unused"], agent="oracle", retry_actions={"other": "zero_reward"})
+    info = out.extra_fields["sandbox"]
+    assert out.reward_score == 0.0 and info["action"] == "zero_reward" and len(info["attempts"]) == 1
+    assert out.response_ids == [] and "never starts" in info["attempts"][0]["error"]
+    with pytest.raises(TrialFailedError, match="never starts"):
+        run_loop(["unused"], agent="oracle", max_retries=1)

@@ -220,7 +220,8 @@ class SandboxAgentLoop(AgentLoopBase):
             self._running -= 1
             await self.close()
         outcome = decision.outcome
-        output: AgentLoopOutput = outcome.payload["output"]
+        payload = outcome.payload or {}  # empty when the final attempt raised (e.g. "other" -> zero_reward)
+        output: AgentLoopOutput = payload.get("output") or AgentLoopOutput([], [], [], [])
         output.reward_score = decision.reward
         if not output.prompt_ids and sample.get("prompt_ids"):  # no model turn recorded (e.g. oracle)
             output.prompt_ids = list(sample["prompt_ids"])
@@ -232,8 +233,8 @@ class SandboxAgentLoop(AgentLoopBase):
         output.extra_fields["sandbox"] = {
             "task": task.name, "agent": self.cfg.agent, "reward": decision.reward,
             "action": decision.action.value if decision.action else None,
-            "rewards": outcome.payload.get("rewards"), "exit_reason": outcome.payload.get("exit_reason"),
-            "trajectory_dir": outcome.payload.get("trajectory_dir"),
+            "rewards": payload.get("rewards"), "exit_reason": payload.get("exit_reason"),
+            "trajectory_dir": payload.get("trajectory_dir"),
             "attempts": [{"error_kind": a.error_kind.value if a.error_kind else None, "error": a.error,
                           "reward": a.reward} for a in decision.attempts]}
         return output
