@@ -282,3 +282,23 @@ def test_multi_token_end_string_continues_after_false_stop(tok):
     model_text = tok.decode([i for i, m in zip(out.response_ids, out.response_mask) if m])
     assert model_text == text + "#### 5<|im_end|>"
     assert out.extra_fields["messages"][2]["content"] == "5"
+
+
+class TypedTool(ConcurrencyProbeTool):
+    """Reports the Python types of its arguments."""
+
+    name = "add"
+    schema = {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+
+    async def execute(self, arguments: dict) -> str:
+        return ",".join(type(arguments[k]).__name__ for k in sorted(arguments))
+
+
+def test_qwen3_coder_arguments_typed_by_schema(tok):
+    call = "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n3\n</parameter>\n" \
+           "</function>\n</tool_call>"
+    add = TypedTool()
+    out, _, _ = run(tok, [call, "#### 5"], row(tools=[add]), tools={"add": add},
+                    multi_turn=MultiTurnConfig(format="qwen3_coder"))
+    assert out.extra_fields["messages"][2]["content"] == "int,int"

@@ -46,7 +46,7 @@ from typing import Any, Optional
 from asyncrl.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
 from asyncrl.agent_loop.proxy.rendering import ChatRenderer
 from asyncrl.agent_loop.tool_parser import ERROR_KINDS, ToolCall, get_tool_parser
-from asyncrl.agent_loop.tools.base import BaseTool, ToolError, select_tools
+from asyncrl.agent_loop.tools.base import BaseTool, ToolError, select_tools, tool_schema_name
 from asyncrl.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,12 @@ class ToolAgentLoop(AgentLoopBase):
         data.turn_open = stop != "length"  # a cut turn gets no filler: the trajectory just ends
 
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        parsed = self.parser.parse(text, None)  # unknown names become error tool messages below
+        # Calls to tools not offered stay calls (answered with an error message, as verl does); a
+        # second pass with the schemas gives schema-typed arguments (qwen3_coder parameter values).
+        parsed = self.parser.parse(text, None)
+        if data.tools and parsed.calls:
+            offered = {tool_schema_name(t) for t in data.tools}
+            parsed = self.parser.parse(text, list(data.tools) + sorted({c.name for c in parsed.calls} - offered))
         for err in parsed.errors:
             data.metrics[f"agent/tool_parse_errors/{err.kind}"] += 1
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
@@ -232,10 +237,12 @@ class ToolAgentLoop(AgentLoopBase):
         data.messages.append(message)
         data.pending_calls = list(parsed.calls)
 
-        if stop == "length" or len(data.response_ids) >= sp.max_tokens:
+        if stop == "length":
             data.terminate_reason = "length"
         elif not parsed.calls:
             data.terminate_reason = "no_tool_call"
+        elif len(data.response_ids) >= sp.max_tokens:
+            data.terminate_reason = "length"
         elif data.assistant_turns >= self.mt.max_assistant_turns:
             data.terminate_reason = "max_turns"
         else:

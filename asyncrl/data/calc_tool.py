@@ -139,7 +139,6 @@ def make_calc_tool_rows(n: int, seed: int, split: str = "train", shapes: str = "
     return rows
 
 
-
 def demonstration(row: dict[str, Any], call_tool: bool = True) -> list[dict[str, Any]]:
     """The target conversation for a row (what the warm start imitates).
 
