@@ -394,3 +394,24 @@ def test_show_static_displays_html_and_png(tmp_path, monkeypatch):
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(type(obj).__name__))
     Dashboard(load("done")).show_static(png=tmp_path / "d.png")
     assert shown == ["HTML", "Image"] and (tmp_path / "d.png").stat().st_size > 0
+
+
+def test_final_state_reaches_the_displayed_output(monkeypatch):
+    """papermill / exported notebooks show the output's HTML fallback: it must be the final state."""
+    shown, updates = [], []
+    monkeypatch.setattr("IPython.display.display", lambda obj, display_id=None: shown.append(display_id))
+    monkeypatch.setattr("IPython.display.update_display",
+                        lambda obj, display_id=None, raw=False: updates.append((obj, display_id, raw)))
+
+    async def main():
+        exp = FakeExperiment([load("early"), load("done")])
+        dash = Dashboard(exp, interval=0.01, done_polls=2).show()
+        await dash.run(static_at_end=True)
+        return dash
+
+    dash = asyncio.run(main())
+    assert shown and shown[0] is not None
+    final = updates[-1]
+    assert final[1] == shown[0] and final[2] is True
+    assert set(final[0]) == {"text/plain", "text/html"} and "step <b>8</b>" in final[0]["text/html"]
+    assert any(u[0] is dash for u in updates)  # the poller's exit hook refreshed the live output too

@@ -193,11 +193,36 @@ class SnapshotView:
         self._widget.value = self.to_html()
 
     def show(self) -> "SnapshotView":
-        """Display the live widget in the current notebook cell; returns ``self``."""
+        """Display the live widget in the current notebook cell; returns ``self``.
+
+        The output gets a display id, so :meth:`refresh_display` can later replace its static
+        ``text/html`` fallback with the final state (what exported / papermill notebooks show).
+        """
+        import uuid
+
         from IPython.display import display
 
-        display(self)
+        self._display_id = uuid.uuid4().hex
+        display(self, display_id=self._display_id)
         return self
+
+    def refresh_display(self, static: bool = False) -> None:
+        """Re-send this object's display (widget view + current HTML fallback) to its output.
+
+        Args:
+            static: send only the HTML / text forms, replacing the live widget view in that output:
+                exported HTML then shows the final state even where widget JavaScript cannot load
+                (nbconvert prefers a saved widget view over the HTML fallback).
+        """
+        display_id = getattr(self, "_display_id", None)
+        if display_id is not None:
+            from IPython.display import update_display
+
+            if static:
+                update_display({"text/plain": repr(self), "text/html": self.to_html()}, raw=True,
+                               display_id=display_id)
+            else:
+                update_display(self, display_id=display_id)
 
     # -- static
     def to_html(self) -> str:

@@ -90,7 +90,7 @@ class Dashboard(SnapshotView):
         if self._status is not None:
             self.poller = Poller(self.fetch, self.update, interval=interval,
                                  key=key if key is not None else ("dashboard", getattr(source, "name", id(source))),
-                                 stop_when=self._finished)
+                                 stop_when=self._finished, on_exit=self._on_poller_exit)
             if autostart:
                 self.start()
         elif isinstance(source, dict):
@@ -99,7 +99,7 @@ class Dashboard(SnapshotView):
     # ---------------------------------------------------------------- polling
     def start(self) -> "Dashboard":
         """Start (or restart) live polling on the running loop; no-op without a loop or a source."""
-        if self.poller is None:
+        if self.poller is None or self.poller.running:
             return self
         try:
             self.poller.start()
@@ -108,16 +108,34 @@ class Dashboard(SnapshotView):
         return self
 
     def stop(self) -> None:
-        """Cancel live polling (the widgets keep their last state)."""
+        """Cancel live polling (the widgets keep their last state, also in the static fallback)."""
         if self.poller is not None:
             self.poller.stop()
             self._refresh_header()
+        self.refresh_display()
 
-    async def run(self) -> None:
-        """Poll until the run is over (for scripts: ``asyncio.run(dash.run())``)."""
+    def _on_poller_exit(self, poller: Poller) -> None:
+        # the live view is final now: put the same state into the output's static HTML fallback,
+        # so a saved / exported notebook shows the end of the run rather than its first frame
+        self._refresh_header()
+        self.refresh_display()
+
+    async def run(self, static_at_end: bool = False) -> None:
+        """Poll until the run is over, then put the final state into the displayed output.
+
+        In a notebook: ``await dash.run()`` in the cell after ``dash.show()`` (batch notebooks do
+        this so the saved notebook's static fallback is the final state). In scripts:
+        ``asyncio.run(dash.run())``.
+
+        Args:
+            static_at_end: replace the live view by its static HTML when done (batch runs whose
+                notebooks are exported to HTML; see :meth:`refresh_display`).
+        """
         self.start()
         if self.poller is not None and self.poller.task is not None:
             await asyncio.gather(self.poller.task, return_exceptions=True)
+        # sent from the awaiting cell: papermill / nbclient only take messages of the running cell
+        self.refresh_display(static=static_at_end)
 
     async def refresh(self) -> Optional[dict]:
         """One poll now (awaitable); returns the snapshot."""

@@ -37,14 +37,17 @@ class Poller:
         timeout: per-fetch timeout in seconds.
         max_errors: consecutive failed fetches before giving up.
         stop_when: predicate on a snapshot; when true, the poller delivers it and stops.
+        on_exit: called with the poller when its loop ends (finished, gave up, cancelled).
     """
 
     def __init__(self, fetch: Callable[[], Awaitable[dict]], sink: Callable[[dict], None], interval: float = 0.75,
                  key: Any = None, timeout: float = 10.0, max_errors: int = 5,
-                 stop_when: Optional[Callable[[dict], bool]] = None):
+                 stop_when: Optional[Callable[[dict], bool]] = None,
+                 on_exit: Optional[Callable[["Poller"], None]] = None):
         self.fetch, self.sink = fetch, sink
         self.interval, self.key, self.timeout, self.max_errors = interval, key, timeout, max_errors
         self.stop_when = stop_when or (lambda s: s.get("state") == "done")
+        self.on_exit = on_exit
         self.task: Optional[asyncio.Task] = None
         self.polls = 0
         self.errors = 0
@@ -136,6 +139,11 @@ class Poller:
         finally:
             if self.key is not None and _LIVE.get(self.key) is self:
                 del _LIVE[self.key]
+            if self.on_exit is not None:
+                try:
+                    self.on_exit(self)
+                except Exception:
+                    logger.exception("poller on_exit hook failed")
 
     def __repr__(self) -> str:
         return f"Poller(key={self.key!r}, {self.reason}, polls={self.polls}, interval={self.interval}s)"
