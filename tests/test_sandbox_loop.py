@@ -20,6 +20,7 @@ from asyncrl.agent_loop.sandbox.retry import (Action, AttemptOutcome, ErrorKind,
                                               classify)
 from asyncrl.agent_loop.sandbox.task import EXAMPLES_DIR, task_row, load_task
 from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.client import GenerationAborted
 from tests.fake_engine import FakeEngine, embedded_tokenizer, qwen_test_tokenizer
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -262,3 +263,49 @@ def test_configured_action_for_errors_that_raise(monkeypatch):
     assert out.response_ids == [] and "never starts" in info["attempts"][0]["error"]
     with pytest.raises(TrialFailedError, match="never starts"):
         run_loop(["unused"], agent="oracle", max_retries=1)
+
+
+class AbortingFakeEngine(FakeEngine):
+    """Fake engine whose requests are aborted by a weight sync while partial_rollout is off."""
+
+    async def generate(self, request_id, prompt_ids, sampling_params):
+        self.calls.append((request_id, list(prompt_ids), sampling_params))
+        raise GenerationAborted("fake abort during weight sync")
+
+
+def test_aborted_generation_drops_the_sample_without_retry():
+    tok = qwen_test_tokenizer("qwen2.5")
+    engine = AbortingFakeEngine(tok, ["unused"])
+
+    async def go():
+        proxy = TrajectoryProxy(engine, tok, "hermes")
+        try:
+            lp = SandboxAgentLoop(engine, tok, None, proxy=proxy, sandbox_config=SandboxLoopConfig(max_retries=2))
+            return await lp.run(SP, request_id="abort", **task_row(HELLO))
+        finally:
+            await proxy.stop()
+
+    with pytest.raises(GenerationAborted):
+        asyncio.run(go())
+    assert len(engine.calls) == 1
+
+
+def test_engine_failure_is_retried_with_a_fresh_session():
+    tok = qwen_test_tokenizer("qwen2.5")
+    script = [call("echo 'Hello, world!' > /app/hello.txt"), "Done."]
+
+    async def go():
+        engine = FakeEngine(tok, lambda ids: script[0] if "tool_response" not in tok.decode(ids) else script[1],
+                            fail_on=[0])
+        proxy = TrajectoryProxy(engine, tok, "hermes")
+        try:
+            lp = SandboxAgentLoop(engine, tok, None, proxy=proxy)
+            return await lp.run(SP, request_id="flaky-engine", **task_row(HELLO)), engine
+        finally:
+            await proxy.stop()
+
+    out, engine = asyncio.run(go())
+    info = out.extra_fields["sandbox"]
+    assert out.reward_score == 1.0 and [a["error_kind"] for a in info["attempts"]] == ["other", None]
+    assert {c[0] for c in engine.calls} == {"flaky-engine-a0", "flaky-engine-a1"}  # one session per attempt
+    assert out.extra_fields["request_id"] == "flaky-engine-a1"

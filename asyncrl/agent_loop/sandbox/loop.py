@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
+from asyncrl.rollout.client import GenerationAborted
 
 from .bash_agent import AgentRunResult, make_agent
 from .env import SandboxLimits, start_sandbox
@@ -201,6 +202,8 @@ class SandboxAgentLoop(AgentLoopBase):
             TaskFormatError: the task directory is malformed.
             TrialFailedError: every allowed attempt hit a retryable error (the sample is failed
                 with that reason).
+            GenerationAborted: a generation was aborted with ``partial_rollout`` off (the
+                rollouter drops the sample), never retried.
         """
         extra = sample.get("extra_info") or {}
         task_dir = extra.get("task_dir") or sample.get("task_dir")
@@ -215,7 +218,7 @@ class SandboxAgentLoop(AgentLoopBase):
         self._running += 1
         try:
             decision = await self.policy.run(lambda k: self._attempt(task, f"{rid}-a{k}", root / f"attempt-{k}",
-                                                                     overrides))
+                                                                     overrides), reraise=(GenerationAborted,))
         finally:
             self._running -= 1
             await self.close()
@@ -246,6 +249,7 @@ class SandboxAgentLoop(AgentLoopBase):
                                                    sampling_overrides=overrides)
         timings, slot_wait = dict.fromkeys(PHASES, 0.0), 0.0
         t_total = time.perf_counter()
+        failure: Optional[Exception] = None
         try:
             t_wait = time.perf_counter()
             async with SANDBOX_GATE.slot():
@@ -254,13 +258,21 @@ class SandboxAgentLoop(AgentLoopBase):
                     reward, rewards, error, exit_reason = await self._harbor_trial(task, base_url, traj_dir, timings)
                 else:
                     reward, rewards, error, exit_reason = await self._local_trial(task, base_url, traj_dir, timings)
+        except Exception as e:  # decided below, once the session is popped
+            failure = e
         finally:
             traj = await proxy.pop_session(token)
+        engine_error = traj.extra_fields.get("engine_error")
+        if engine_error and engine_error.startswith("GenerationAborted"):
+            # partial_rollout is off and a weight sync aborted a request: drop the sample, like the
+            # other loops do, instead of retrying the trial (the rollouter counts the drop)
+            raise GenerationAborted(f"a request of trial {request_id} was aborted: {engine_error}")
+        if failure is not None:
+            raise failure
         timings["total"] = time.perf_counter() - t_total
         output = traj.to_agent_loop_output()
         output.metrics.update({f"agent/sandbox/{k}": v for k, v in timings.items()})
         output.metrics["agent/sandbox/slot_wait"] = slot_wait
-        engine_error = traj.extra_fields.get("engine_error")
         if error is None and engine_error:
             error = RuntimeError(f"engine error during the trial: {engine_error}")
         payload = {"output": output, "rewards": rewards, "exit_reason": exit_reason, "trajectory_dir": str(traj_dir)}

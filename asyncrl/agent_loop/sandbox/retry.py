@@ -188,13 +188,16 @@ class RetryPolicy:
         """The action for an error kind (override, else default)."""
         return Action(self.actions[kind.value]) if kind.value in self.actions else DEFAULT_ACTIONS[kind]
 
-    async def run(self, attempt_fn: Callable[[int], Awaitable[AttemptOutcome]]) -> Decision:
+    async def run(self, attempt_fn: Callable[[int], Awaitable[AttemptOutcome]],
+                  reraise: tuple[type[BaseException], ...] = ()) -> Decision:
         """Run attempts until one is final.
 
         Args:
             attempt_fn: ``await attempt_fn(k)`` runs attempt ``k`` (0-based) with fresh resources
                 and returns its :class:`AttemptOutcome`; an exception it raises is classified
                 like a reported error (``asyncio.CancelledError`` propagates).
+            reraise: exception types that end the sample at once instead (e.g. the client's
+                ``GenerationAborted``: the rollouter drops such samples with their reason).
 
         Returns:
             The :class:`Decision` (reward, final outcome, every attempt).
@@ -207,6 +210,8 @@ class RetryPolicy:
             try:
                 outcome = await attempt_fn(k)
             except asyncio.CancelledError:
+                raise
+            except reraise:
                 raise
             except Exception as e:  # a failed attempt is data for the policy, not a crash
                 logger.warning("sandbox attempt %d raised %s: %s", k, type(e).__name__, e)
