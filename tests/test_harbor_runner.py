@@ -41,9 +41,9 @@ def terminus_script():
     return script
 
 
-def run_swe_loop(engine, tok, cfg: SandboxLoopConfig, task=HELLO):
+def run_swe_loop(engine, tok, cfg: SandboxLoopConfig, task=HELLO, **proxy_kwargs):
     async def go():
-        proxy = TrajectoryProxy(engine, tok, "hermes")
+        proxy = TrajectoryProxy(engine, tok, "hermes", **proxy_kwargs)
         try:
             loop = SandboxAgentLoop(engine, tok, None, proxy=proxy, sandbox_config=cfg)
             return await loop.run(SamplingParams(max_tokens=512), request_id="harbor-test", **task_row(task))
@@ -104,6 +104,19 @@ def test_harbor_agent_timeout_maps_to_keep_reward_without_retry(tmp_path):
     info = out.extra_fields["sandbox"]
     assert [a["error_kind"] for a in info["attempts"]] == ["agent_timeout"]
     assert info["action"] == "keep_reward" and out.reward_score == 0.0
+
+
+@needs_harbor
+def test_harbor_context_length_exceeded_maps_to_zero_reward_without_retry(tmp_path):
+    tok = qwen_test_tokenizer("qwen2.5")
+    engine = FakeEngine(tok, terminus_script())
+    # Terminus-2's first prompt is far longer than 512 tokens: the proxy answers 400
+    # context_length_exceeded, LiteLLM and Harbor turn it into ContextLengthExceededError
+    out = run_swe_loop(engine, tok, SandboxLoopConfig(agent="harbor:terminus-2", trials_dir=str(tmp_path)),
+                       max_model_len=512)
+    info = out.extra_fields["sandbox"]
+    assert [a["error_kind"] for a in info["attempts"]] == ["context_length_exceeded"]
+    assert info["action"] == "zero_reward" and out.reward_score == 0.0 and engine.calls == []
 
 
 def test_loop_without_harbor_env_fails_the_sample_with_the_reason(tmp_path):

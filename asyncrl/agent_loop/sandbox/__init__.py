@@ -28,6 +28,7 @@ _EXPORTS = {
     "RetryPolicy": "retry", "ErrorKind": "retry", "Action": "retry",
     "BashAgent": "bash_agent",
     "SandboxAgentLoop": "loop", "SandboxLoopConfig": "loop", "sandbox_stats": "loop",
+    "HarborRunner": "harbor_runner", "harbor_status": "harbor_runner", "TrialFailedError": "retry",
 }
 
 __all__ = sorted(_EXPORTS)
