@@ -98,7 +98,7 @@ def test_terminus2_against_the_proxy_completes_and_the_proxy_holds_every_turn(tm
 @needs_harbor
 def test_harbor_agent_timeout_maps_to_keep_reward_without_retry(tmp_path):
     tok = qwen_test_tokenizer("qwen2.5")
-    engine = FakeEngine(tok, terminus_script(), delay=30.0)  # never answers within the agent timeout
+    engine = FakeEngine(tok, terminus_script(), delay=8.0)  # never answers within the agent timeout
     cfg = SandboxLoopConfig(agent="harbor:terminus-2", trials_dir=str(tmp_path), agent_timeout_sec=3.0)
     out = run_swe_loop(engine, tok, cfg)
     info = out.extra_fields["sandbox"]
