@@ -405,7 +405,8 @@ def test_final_state_reaches_the_displayed_output(monkeypatch):
 
     async def main():
         exp = FakeExperiment([load("early"), load("done")])
-        dash = Dashboard(exp, interval=0.01, done_polls=2).show()
+        dash = Dashboard(exp, interval=0.01, done_polls=2)
+        assert dash.show() is None
         await dash.run(static_at_end=True)
         return dash
 

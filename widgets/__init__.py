@@ -4,7 +4,8 @@ Each view turns a status snapshot (``Experiment.status_async()``) into a model (
 unit-tested), a live ipywidgets view, and static HTML / PNG snapshots for batch runs::
 
     from widgets import Dashboard
-    dash = Dashboard(exp).show()     # live in JupyterLab, polling ~1.3 Hz on the kernel loop
+    dash = Dashboard(exp)
+    dash.show()                      # live in JupyterLab, polling ~1.3 Hz on the kernel loop
     dash.save(exp.run_dir / "widgets")
 """
 

@@ -192,8 +192,11 @@ class SnapshotView:
     def _refresh(self) -> None:
         self._widget.value = self.to_html()
 
-    def show(self) -> "SnapshotView":
-        """Display the live widget in the current notebook cell; returns ``self``.
+    def show(self) -> None:
+        """Display the live widget in the current notebook cell.
+
+        Returns ``None`` (like matplotlib's ``show``), so ``Dashboard(exp).show()`` as a cell's last
+        line displays once; keep a handle with ``dash = Dashboard(exp); dash.show()``.
 
         The output gets a display id, so :meth:`refresh_display` can later replace its static
         ``text/html`` fallback with the final state (what exported / papermill notebooks show).
@@ -204,7 +207,6 @@ class SnapshotView:
 
         self._display_id = uuid.uuid4().hex
         display(self, display_id=self._display_id)
-        return self
 
     def refresh_display(self, static: bool = False) -> None:
         """Re-send this object's display (widget view + current HTML fallback) to its output.

@@ -13,7 +13,8 @@ Creating a second Dashboard for the same experiment (re-running the cell) cancel
 poller; ``stop()`` cancels it explicitly. Typical notebook use::
 
     exp = Experiment(arith_grpo_cpu()).start()
-    dash = Dashboard(exp).show()          # live; the cell returns at once
+    dash = Dashboard(exp)
+    dash.show()                           # live; the cell returns at once
     ...
     dash.save(exp.run_dir / "widgets")    # PNG + HTML snapshots
 """
