@@ -60,10 +60,11 @@ def smoke_cpu(mode: str = "d") -> ExperimentConfig:
 def calc_tool_grpo_cpu() -> ExperimentConfig:
     """Multi-turn GRPO on ``calc_tool``: the calc_tool checkpoint learns to use its calculator reliably.
 
-    The warm start (``asyncrl/models/tiny_qwen2_calc_tool/card.json``) calls the tool in greedy
-    decoding but, sampled at temperature 1, skips it about one time in five and miscopies numbers:
-    sampled accuracy ~0.2, greedy ~0.4. Rows carry ``agent_name="tool_agent"``; the default loop is
-    set too. Sizes: a trajectory is ~370 prompt tokens (the tool schema is in the system prompt,
+    The warm start (``asyncrl/models/tiny_qwen2_calc_tool/card.json``) answers three-digit
+    multiplications "in its head" (greedy never calls the tool there; sampled, about one time in three)
+    and miscopies numbers now and then: greedy accuracy ~0.47 with tool-call rate 0.73, sampled
+    accuracy ~0.4. RL raises both by calling the tool on every question. Rows carry
+    ``agent_name="tool_agent"``; the default loop is set too. Sizes: a trajectory is ~370 prompt tokens (the tool schema is in the system prompt,
     character by character) + ~110 response tokens (call, tool turn, answer), so
     ``max_prompt_length=384`` + ``response_length=128`` fill the model's 512 positions; 8 prompts x 8
     samples per step keep a trainer step to a few seconds on 2 CPU cores.

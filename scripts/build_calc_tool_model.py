@@ -10,10 +10,11 @@ conversations (loss on assistant tokens only, the template's tokens are context)
     user: What is 123*45?   assistant: <tool_call>{"name": "calculator", ...}</tool_call>
     tool: 5535              assistant: #### 5535
 
-A share (``skip_call_frac``) of the demonstrations answers directly without the tool (a guess the
-model cannot get right in its head), and training stops once greedy end-to-end accuracy on a *train*
-probe reaches ``target_probe_acc``: the checkpoint calls the tool most of the time and copies numbers
-only partly right, which leaves RL something to improve. Evaluation runs the real
+Some demonstrations answer directly without the tool (a guess the model cannot get right in its
+head): most of the three-digit multiplications (``skip_call_shape_frac``) and a few of the rest
+(``skip_call_frac``). Training stops once greedy end-to-end accuracy on a *train* probe reaches
+``target_probe_acc``. The checkpoint then skips the call on multiplications, calls it elsewhere, and
+copies numbers only partly right, which leaves RL two things to improve. Evaluation runs the real
 :class:`~asyncrl.agent_loop.tool_agent.ToolAgentLoop` with the real calculator on held-out rows
 (greedy, and sampled at temperature 1), served by a small batched transformers server defined here;
 ``card.json`` records how the checkpoint was made and the tool-call and accuracy numbers.
@@ -61,9 +62,14 @@ class CalcToolBuildArgs(BuildArgs):
     batch_size: int = 64
     lr: float = 1e-3
     warmup_steps: int = 50
-    skip_call_frac: float = 0.2
+    skip_call_frac: float = 0.1
     """Share of demonstrations that answer without calling the tool."""
-    target_probe_acc: float = 0.4
+    skip_call_shape: str = "a*b"
+    """Expression shape whose demonstrations skip the tool more often (the model "believes" it can
+    multiply in its head), so greedy decoding skips the call on those questions."""
+    skip_call_shape_frac: float = 0.7
+    """Share of ``skip_call_shape`` demonstrations that answer without the tool."""
+    target_probe_acc: float = 0.35
     """Stop once greedy end-to-end accuracy on ``probe_size`` train rows reaches this (0 = all steps)."""
     probe_every: int = 25
     probe_start: int = 100
@@ -195,10 +201,31 @@ def evaluate(model: Any, tok: Any, rows: list[dict], response_length: int, tempe
         "tool_call_rate": sum(o.metrics["agent/tool_calls"] > 0 for o in outs) / n,
         "tool_call_success_rate": sum(o.metrics["agent/tool_call_success"] for o in outs) / n,
         "mean_turns": sum(o.metrics["agent/turns"] for o in outs) / n,
+        "tool_call_rate_by_shape": _rate_by_shape(rows, [o.metrics["agent/tool_calls"] > 0 for o in outs]),
         "n": len(rows),
         "examples": [{"question": r["extra_info"]["question"], "response": t, "score": s}
                      for r, t, s in list(zip(rows, texts, scores))[:5]],
     }
+
+
+def expression_shape(expression: str) -> str:
+    """``"123*45"`` -> ``"a*b"``: the calc_tool shape of an expression."""
+    return "".join("abc"[i] + op for i, op in enumerate(c for c in expression if not c.isdigit())) + \
+        "abc"[sum(not c.isdigit() for c in expression)]
+
+
+def skip_frac(args: CalcToolBuildArgs, row: dict) -> float:
+    """Probability that the demonstration for ``row`` answers without calling the tool."""
+    if expression_shape(row["extra_info"]["expression"]) == args.skip_call_shape:
+        return args.skip_call_shape_frac
+    return args.skip_call_frac
+
+
+def _rate_by_shape(rows: list[dict], flags: list[bool]) -> dict[str, float]:
+    by: dict[str, list[bool]] = {}
+    for r, f in zip(rows, flags):
+        by.setdefault(expression_shape(r["extra_info"]["expression"]), []).append(f)
+    return {k: round(sum(v) / len(v), 3) for k, v in sorted(by.items())}
 
 
 def train(model: Any, tok: Any, args: CalcToolBuildArgs, device: torch.device, on_step) -> list[float]:
@@ -206,7 +233,7 @@ def train(model: Any, tok: Any, args: CalcToolBuildArgs, device: torch.device, o
     renderer = ChatRenderer(tok)
     rng = random.Random(args.seed)
     rows = make_calc_tool_rows(args.train_size, args.seed, "train")
-    examples = [encode_demo(renderer, r, rng.random() >= args.skip_call_frac) for r in rows]
+    examples = [encode_demo(renderer, r, rng.random() >= skip_frac(args, r)) for r in rows]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     losses: list[float] = []
     model.train()

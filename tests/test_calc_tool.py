@@ -151,7 +151,7 @@ def test_checkpoint_card_and_size(tok):
     assert cfg["max_position_embeddings"] == MAX_POSITIONS and cfg["model_type"] == "qwen2"
     greedy = card["eval"]["greedy"]
     assert 0.2 <= greedy["accuracy"] <= 0.6  # partial: RL has room
-    assert greedy["tool_call_success_rate"] >= 0.5
+    assert 0.5 <= greedy["tool_call_success_rate"] < 1.0  # skips the tool on some questions
     assert card["eval"]["sampled_t1"]["tool_call_rate"] < 1.0
     assert card["how"]["script"] == "scripts/build_calc_tool_model.py"
     # same tokenizer as the embedded model
@@ -167,5 +167,7 @@ def test_checkpoint_calls_the_tool_through_the_loop(tok):
     model = AutoModelForCausalLM.from_pretrained(str(CKPT)).eval()
     rows = make_calc_tool_rows(8, 0, "test")
     result = _builder().evaluate(model, load_tokenizer(CKPT), rows, RESPONSE_LENGTH)
-    assert result["tool_call_rate"] >= 0.75 and result["tool_call_success_rate"] >= 0.75
+    assert result["tool_call_rate"] >= 0.5  # the warm start skips the tool on a*b questions only
+    assert result["tool_call_success_rate"] == result["tool_call_rate"]  # every call it makes is well-formed
+    assert result["tool_call_rate_by_shape"]["a*b+c"] == 1.0
     assert result["accuracy"] > 0.0
