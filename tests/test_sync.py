@@ -158,6 +158,13 @@ def test_bf16_trainer_weights_bit_exact(hf_replicas):
     assert all(_bit_equal(got[n], t) for n, t in sent)
 
 
+def test_default_cpu_engine_is_the_measured_winner():
+    from asyncrl.sync import get_engine_cls
+    from asyncrl.sync.cpu_engine import GlooCheckpointEngine
+
+    assert get_engine_cls("cpu") is GlooCheckpointEngine
+
+
 def test_unknown_engine_lists_known():
     from asyncrl.sync import get_engine_cls
 

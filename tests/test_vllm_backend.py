@@ -83,16 +83,25 @@ def test_sampled_logprobs_match_transformers(shared_replica, model_dir, temperat
     torch.testing.assert_close(torch.tensor(out.log_probs), ref, atol=2e-4, rtol=0)
 
 
+def _wait_inflight(replica, n: int, timeout: float = 30.0) -> None:
+    """Block until ``n`` requests are inside the engine, then let them produce a few tokens."""
+    deadline = time.monotonic() + timeout
+    while replica.num_inflight() < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # a warm engine makes ~300 tokens/s per request on the tiny model: partial, not done
+
+
 def _long_requests(replica, tag: str, n: int = 6, max_tokens: int = 400) -> list:
     sp = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
-    return [replica.generate_async(f"{tag}-{i}", PROMPTS[i % 3], sp) for i in range(n)]
+    refs = [replica.generate_async(f"{tag}-{i}", PROMPTS[i % 3], sp) for i in range(n)]
+    _wait_inflight(replica, n)
+    return refs
 
 
 def test_abort_returns_partial_tokens(shared_replica):
     import ray
 
     refs = _long_requests(shared_replica, "abort")
-    time.sleep(1.5)
     n = shared_replica.abort_all_requests()
     outs = ray.get(refs, timeout=60)
     aborted = [o for o in outs if o.stop_reason == "aborted"]
@@ -106,7 +115,6 @@ def test_pause_abort_then_resume(shared_replica):
     import ray
 
     refs = _long_requests(shared_replica, "pause")
-    time.sleep(1.5)
     shared_replica.pause("abort")
     outs = ray.get(refs, timeout=60)
     assert any(o.stop_reason == "aborted" for o in outs)
@@ -122,7 +130,7 @@ def test_pause_keep_freezes_and_continues(shared_replica):
     import ray
 
     ref = shared_replica.generate_async("keep", PROMPTS[1], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
-    time.sleep(0.5)
+    _wait_inflight(shared_replica, 1)
     shared_replica.pause("keep")
     ready, _ = ray.wait([ref], timeout=1.0)
     frozen = not ready

@@ -38,9 +38,10 @@ _GiB = 1 << 30
 # the environment before vLLM spawns its EngineCore; user-set values win.
 CPU_ENV_DEFAULTS = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # "auto" pins cores other processes need (Ray, trainer)
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; overridden by kv_cache_memory_bytes below
     "VLLM_LOGGING_LEVEL": "WARNING",
 }
+# KV-cache size on CPU comes from ``kv_cache_gb`` (engine arg ``kv_cache_memory_bytes``). vLLM's
+# legacy ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), when set, overrides it inside vLLM.
 
 
 def eos_token_ids(model_path: str | os.PathLike) -> list[int]:
@@ -109,7 +110,6 @@ class VLLMEngine(InferenceEngine):
         self.eos_token_ids = eos_token_ids(self.model_path)
         self._engine: Any = None
         self._inflight: set[str] = set()
-        self._counter = 0
 
     @classmethod
     def from_config(cls, model_cfg: Any, rollout_cfg: Any, max_model_len: int = 512, seed: int = 0, **kw: Any) -> "VLLMEngine":
@@ -208,6 +208,7 @@ class VLLMEngine(InferenceEngine):
                 if sampling_params.logprobs and comp.logprobs:
                     lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
                 finish = comp.finish_reason or finish
+                # vLLM 0.32 does not report per-request preemptions; read it if a later one does.
                 preempted = max(preempted, getattr(out, "num_preemptions", 0) or 0)
         except asyncio.CancelledError:
             await engine.abort(request_id)
