@@ -145,8 +145,8 @@ class StalenessView(SnapshotView):
             f"<div>staleness_samples <code>{m.staleness_samples} / {m.max_required_samples}</code> "
             f"{bar_html(budget_frac, '#722ed1')}</div>"
             f"<div>trainer idle <code>{(ti or [0])[-1]:.2f}</code> "
-            f"<span class='spark'>{sparkline(ti[-20:], 0, 1)}</span> &middot; rollouter idle "
-            f"<code>{(ri or [0])[-1]:.2f}</code> <span class='spark'>{sparkline(ri[-20:], 0, 1)}</span></div>"
+            f"<span class='spark'>{sparkline(ti[-12:], 0, 1)}</span> &middot; rollouter idle "
+            f"<code>{(ri or [0])[-1]:.2f}</code> <span class='spark'>{sparkline(ri[-12:], 0, 1)}</span></div>"
             f"<div>partial rollouts spanning: {spans} &middot; recent: {last}</div>")
 
     def idle_svg(self, width: int = 300, height: int = 110) -> str:
