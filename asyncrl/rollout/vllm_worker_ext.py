@@ -64,7 +64,8 @@ def make_gloo_group(host: str, port: int, rank: int, world_size: int, timeout_s:
     store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host if rank == 0 else local_address_towards(host, port))]
+    device_host = host if rank == 0 else local_address_towards(host, port)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=device_host)]
     return dist.ProcessGroupGloo(dist.PrefixStore("asyncrl_weights", store), rank, world_size, opts)
 
 
