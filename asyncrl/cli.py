@@ -15,7 +15,7 @@ ALIASES = {
     "task": "data.task",
     "steps": "trainer.total_training_steps",
     "seed": "trainer.seed",
-    "agent": "actor_rollout_ref.rollout.agent.default_agent_loop",
+    "agent": "actor_rollout_ref.rollout.agent.sandbox.agent",  # bash | oracle | harbor:<name>
 }
 
 
@@ -30,17 +30,22 @@ def _expand(overrides: list[str]) -> list[str]:
 def _train(args: argparse.Namespace) -> int:
     from asyncrl.config import ConfigError, load_config
     from asyncrl.experiment import Experiment
-    from asyncrl.recipes import RECIPES
+    from asyncrl.recipes import RECIPES, TASK_RECIPES
 
     yaml_path = None
     overrides = list(args.overrides)
     if overrides and "=" not in overrides[0]:
         yaml_path = overrides.pop(0)
-    if args.recipe not in RECIPES:
-        print(f"unknown recipe {args.recipe!r}; known: {sorted(RECIPES)}", file=sys.stderr)
+    task = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] in ("task", "data.task")), None)
+    recipe = args.recipe or ("arith_grpo_cpu" if task is None else None)
+    if recipe is None and task not in TASK_RECIPES:
+        recipe = "arith_grpo_cpu"  # a dataset task without its own recipe
+    base = RECIPES.get(recipe) if recipe else TASK_RECIPES[task]
+    if base is None:
+        print(f"unknown recipe {recipe!r}; known: {sorted(RECIPES)}", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(yaml_path, _expand(overrides), base=RECIPES[args.recipe]())
+        cfg = load_config(yaml_path, _expand(overrides), base=base())
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -56,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, help_ in [("train", "run fully async training"), ("demo", "train the embedded model on arith")]:
         p = sub.add_parser(name, help=help_)
         p.add_argument("overrides", nargs="*", help="[config.yaml] key=value ... (verl key names)")
-        p.add_argument("--recipe", default="arith_grpo_cpu", help="base recipe (default: arith_grpo_cpu)")
+        p.add_argument("--recipe", default=None,
+                       help="base recipe (default: the task's recipe, e.g. task=calc_tool -> calc_tool_grpo_cpu; "
+                            "else arith_grpo_cpu)")
         p.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),

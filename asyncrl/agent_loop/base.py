@@ -97,6 +97,7 @@ def register(name: str) -> Callable[[type], type]:
 _BUILTIN = {
     "single_turn_agent": ("asyncrl.agent_loop.single_turn", "SingleTurnAgentLoop"),
     "tool_agent": ("asyncrl.agent_loop.tool_agent", "ToolAgentLoop"),
+    "swe_agent": ("asyncrl.agent_loop.sandbox.loop", "SandboxAgentLoop"),
 }
 
 

@@ -62,7 +62,8 @@ class AgentLoopWorker:
             if self._proxy is None:
                 from asyncrl.agent_loop.proxy import TrajectoryProxy
 
-                self._proxy = TrajectoryProxy(self.client, self.tokenizer)
+                self._proxy = TrajectoryProxy(self.client, self.tokenizer,
+                                              max_model_len=self.cfg.actor_rollout_ref.rollout.max_model_len)
                 await self._proxy.start()
             return self._proxy
 
@@ -100,9 +101,17 @@ class AgentLoopWorker:
             self.active_trajectories -= 1
 
     def stats(self) -> dict:
-        """``{"worker_id", "active_samples", "active_trajectories", "done_samples"}`` for the funnel."""
-        return {"worker_id": self.worker_id, "active_samples": self.active_samples,
-                "active_trajectories": self.active_trajectories, "done_samples": self.done_samples}
+        """``{"worker_id", "active_samples", "active_trajectories", "done_samples", "sandboxes"?}`` for the funnel.
+
+        ``sandboxes`` (``{"active", "limit", "waiting", "started"}``) appears once a sandboxed loop ran here.
+        """
+        out = {"worker_id": self.worker_id, "active_samples": self.active_samples,
+               "active_trajectories": self.active_trajectories, "done_samples": self.done_samples}
+        import sys
+
+        if "asyncrl.agent_loop.sandbox.loop" in sys.modules:  # never import the sandbox just to report
+            out["sandboxes"] = sys.modules["asyncrl.agent_loop.sandbox.loop"].sandbox_stats()
+        return out
 
     async def shutdown(self) -> None:
         if self._proxy is not None:

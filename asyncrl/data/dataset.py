@@ -28,6 +28,9 @@ TaskGenerator = Callable[[int, int, str, str], list[dict[str, Any]]]
 
 TASKS: dict[str, TaskGenerator] = {
     "arith": lambda size, seed, split, operators: make_arith_rows(size, seed, operators, split),
+    # Harbor-format example tasks for the sandboxed swe_agent loop (imported only when used)
+    "swe_examples": lambda size, seed, split, operators: importlib.import_module(
+        "asyncrl.agent_loop.sandbox.task").example_rows(size, seed, split, operators),
 }
 """Built-in task registry (name -> generator). Add new tasks with :func:`register_task`."""
 
