@@ -176,7 +176,7 @@ class ConcurrencyFunnel(SnapshotView):
         if key not in self._rows:
             label = w.HTML(layout=w.Layout(width="230px"))
             bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="120px"))
-            num = w.HTML(layout=w.Layout(width="72px"))
+            num = w.HTML(layout=w.Layout(width="86px"))
             spark = w.HTML(layout=w.Layout(width="110px"))
             self._rows[key] = (w.HBox([label, bar, num, spark]), label, bar, num, spark)
         return self._rows[key]

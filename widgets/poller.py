@@ -104,12 +104,12 @@ class Poller:
         except asyncio.TimeoutError:
             self.errors += 1
             self.last_error = f"snapshot took longer than {self.timeout:g} s"
-            logger.warning("snapshot fetch timed out (%d in a row)", self.errors)
+            logger.info("snapshot fetch timed out (%d in a row)", self.errors)
             return None
         except Exception as exc:  # reported in the dashboard; the loop keeps going
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
-            logger.warning("snapshot fetch failed (%d in a row): %s", self.errors, self.last_error)
+            logger.info("snapshot fetch failed (%d in a row): %s", self.errors, self.last_error)
             return None
         self.errors = 0
         self.polls += 1
@@ -131,6 +131,7 @@ class Poller:
                     break
                 if self.errors >= self.max_errors:
                     self.reason = f"gave up after {self.errors} failed fetches: {self.last_error}"
+                    logger.warning("poller %r %s", self.key, self.reason)
                     break
                 await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - t0)))
         except asyncio.CancelledError:
