@@ -27,6 +27,9 @@ def arith_grpo_cpu() -> ExperimentConfig:
     cfg.async_training.trigger_parameter_sync_step = 1
     cfg.async_training.partial_rollout = True
     cfg.actor_rollout_ref.rollout.n = 8
+    # agent loops inside the rollouter: on 2 cores an extra worker process and an actor hop per
+    # request cost more than they give; set >= 1 for tool / sandbox loops or many replicas
+    cfg.actor_rollout_ref.rollout.agent.num_workers = 0
     cfg.actor_rollout_ref.actor.optim.lr = 1e-4
     cfg.actor_rollout_ref.actor.optim.lr_warmup_steps = 10
     cfg.actor_rollout_ref.actor.optim.total_updates = 1200
