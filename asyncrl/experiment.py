@@ -104,7 +104,7 @@ class Experiment:
         """Create the actors and start rollout + training; returns immediately."""
         from asyncrl.data.dataset import load_rows, get_task_rows
         from asyncrl.message_queue import MessageQueue
-        from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer
+        from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
         from asyncrl.rollout.replica import RolloutReplica
         from asyncrl.rollouter import FullyAsyncRollouter
         from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
@@ -123,7 +123,10 @@ class Experiment:
         self._replica_objs = self._external_replicas or [RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i) for i in range(n)]
         self.replicas = {r.server_id: r.actor for r in self._replica_objs}
         ray.get([r.actor.ready.remote() for r in self._replica_objs])
-        self.lb = GlobalRequestLoadBalancer(self.replicas, full_determinism=False)
+        if cfg.actor_rollout_ref.rollout.agent.num_workers > 0:  # shared by several worker processes
+            self.lb = GlobalRequestLoadBalancer(self.replicas)
+        else:  # agent loops run inside the rollouter: route in-process, no actor hop per request
+            self.lb = LocalRequestLoadBalancer(self.replicas)
         self.mq = MessageQueue(self.budget.max_required_samples)
         self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
             cfg, train, val, self.replicas, self.lb, self.mq)
@@ -142,20 +145,21 @@ class Experiment:
         """Snapshot of every actor (never blocks the event loop)."""
         if self.rollouter is None:
             return {"state": "not started"}
-        ro, tr, mq, lb = await asyncio.gather(self.rollouter.snapshot.remote(), self.trainer.status.remote(),
-                                              self.mq.stats_async(), self.lb.snapshot_async())
-        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": time.time() - self.t_start,
-                "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq), "load_balancer": lb,
-                "budget": dataclasses.asdict(self.budget)}
+        ro, tr, mq = await asyncio.gather(self.rollouter.snapshot.remote(), self.trainer.status.remote(),
+                                          self.mq.stats_async())
+        return self._status(ro, tr, mq)
 
     def status(self) -> dict:
         """Blocking variant of :meth:`status_async` for scripts."""
         if self.rollouter is None:
             return {"state": "not started"}
         ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
+        return self._status(ro, tr, self.mq.stats())
+
+    def _status(self, ro: dict, tr: dict, mq: Any) -> dict:
         return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": time.time() - self.t_start,
-                "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(self.mq.stats()),
-                "load_balancer": self.lb.snapshot(), "budget": dataclasses.asdict(self.budget)}
+                "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq),
+                "load_balancer": ro.pop("load_balancer", {}), "budget": dataclasses.asdict(self.budget)}
 
     def wait(self, progress: Optional[bool] = None, poll_s: float = 1.0) -> Summary:
         """Block until training ends (tqdm progress bar), then :meth:`finish`."""

@@ -67,6 +67,7 @@ class FullyAsyncRollouter:
         self.replicas = replicas
         self.mq = message_queue
         self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
+        self.lb = load_balancer
         self.agent_loops = AgentLoopManager(config, load_balancer)
         self.param_version = 0
         self.pending_queue: asyncio.Queue = asyncio.Queue(maxsize=self.budget.max_required_samples)
@@ -329,5 +330,19 @@ class FullyAsyncRollouter:
             "eval_history": list(self.eval_history),
             "partial_spans": list(self.partial_spans)[-64:],
             "recent": list(self.recent)[-64:],
-            "agent_workers": await self.agent_loops.stats(),
+            **self._pool_view(await self.agent_loops.stats()),
+            "load_balancer": {**await self.lb.snapshot_async(),
+                              "max_in_flight_per_server": self.cfg.actor_rollout_ref.rollout.max_num_seqs},
         }
+
+    @staticmethod
+    def _pool_view(workers: list[dict]) -> dict:
+        """Funnel layers for the AgentLoopWorker pool and (when used) the sandboxes."""
+        out: dict = {"agent_workers": workers,
+                     "agent_loop_workers": {"busy": sum(1 for w in workers if w["active_samples"]), "total": len(workers),
+                                            "active_samples": sum(w["active_samples"] for w in workers)}}
+        boxes = [w["sandboxes"] for w in workers if "sandboxes" in w]
+        if boxes:
+            out["sandboxes"] = {"active": sum(b["active"] for b in boxes), "limit": sum(b["limit"] for b in boxes),
+                                "waiting": sum(b.get("waiting", 0) for b in boxes)}
+        return out

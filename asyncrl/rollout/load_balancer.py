@@ -140,6 +140,24 @@ class RequestLoadBalancer:
         }
 
 
+class LocalRequestLoadBalancer(RequestLoadBalancer):
+    """:class:`RequestLoadBalancer` with the awaitable names of the shared actor, for use inside one
+    process (agent loops running in the rollouter, ``agent.num_workers=0``): no actor hop per request.
+    """
+
+    async def acquire_server_async(self, request_id: str) -> tuple[str, Any]:
+        return self.acquire_server(request_id)
+
+    async def release_server_async(self, server_id: str) -> None:
+        self.release_server(server_id)
+
+    async def snapshot_async(self) -> dict[str, Any]:
+        return self.snapshot()
+
+    def shutdown(self) -> None:
+        """Nothing to release (kept for interface parity with :class:`GlobalRequestLoadBalancer`)."""
+
+
 @functools.lru_cache(maxsize=None)
 def _make_actor_cls():
     import ray
