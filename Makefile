@@ -10,7 +10,21 @@ export TOKENIZERS_PARALLELISM := false
 export RAY_DISABLE_USAGE_STATS := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup demo test test-fast test-e2e bench clean
+.PHONY: setup sysdeps harbor-env demo test test-fast test-e2e bench clean
+
+# Debian packages: bubblewrap (sandboxed agents), tmux (Harbor's Terminus-2 inside the sandbox),
+# chromium (the real-browser notebook test). Installed when missing and we are root; else a hint.
+SYSPKGS := bubblewrap tmux chromium
+sysdeps:
+	@missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "optional Debian packages missing:$$missing (sudo apt-get install -y$$missing); dependent tests will skip"; fi; \
+	fi
+
+# Harbor needs Python >= 3.12 and runs out of process; optional (its tests skip without it).
+harbor-env:
+	@[ -x .venv-harbor/bin/python ] || scripts/setup_harbor_env.sh || echo "Harbor env not created (needs Python >= 3.12); Harbor tests will skip"
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -23,13 +37,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) sysdeps harbor-env
 
-demo: setup
+demo: $(STAMP)
 	$(BIN)/asyncrl demo
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=1200 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e" tests
