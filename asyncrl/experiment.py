@@ -64,7 +64,16 @@ class Summary:
                 f" (mean of last evals)\n"
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
-                f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})")
+                f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
+                + self._tool_lines())
+
+    def _tool_lines(self) -> str:
+        """Before/after of the evaluations' tool metrics (``eval/tool_*``), for tool-using tasks."""
+        if not self.evals:
+            return ""
+        first, last = self.evals[0], self.evals[-1]
+        keys = sorted(k for k in last if k.startswith("eval/tool"))
+        return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
 
 
 class Experiment:
