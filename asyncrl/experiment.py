@@ -76,6 +76,26 @@ class Summary:
         return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
 
 
+def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3) -> None:
+    """``ray.init`` that survives a slow start: a local raylet has a hard-coded 30 s deadline to
+    register, which an overloaded laptop can miss; each failed attempt is shut down and retried.
+
+    Raises:
+        Exception: Ray's own start error after ``attempts`` tries.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
+                     log_to_driver=True, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+            return
+        except Exception as exc:  # Ray raises a bare Exception for the start timeout
+            ray.shutdown()
+            if attempt == attempts or address is not None:
+                raise
+            logger.warning("Ray did not start (attempt %d/%d): %s; retrying", attempt, attempts, exc)
+            time.sleep(2.0)
+
+
 class Experiment:
     """One fully-async RL run.
 
@@ -121,9 +141,7 @@ class Experiment:
         cfg = self.config
         self.t_start = time.time()
         if not ray.is_initialized():
-            ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
-                     include_dashboard=False, log_to_driver=True,
-                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+            _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
         d = cfg.data
         train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
