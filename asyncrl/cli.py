@@ -1,4 +1,5 @@
-"""``asyncrl`` command line: ``asyncrl train [config.yaml] [key=value ...]`` and ``asyncrl demo``.
+"""``asyncrl`` command line: ``asyncrl train [config.yaml] [key=value ...]``, ``asyncrl demo`` and
+``asyncrl batch NOTEBOOK -p key value ...`` (papermill; see :mod:`asyncrl.batch`).
 
 Overrides use verl's key names (``async_training.staleness_threshold=0.5``); a few short aliases
 are accepted (``task=arith`` -> ``data.task=arith``). An unknown key exits with status 2 and names
@@ -55,6 +56,27 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch(args: argparse.Namespace) -> int:
+    """Run a notebook with papermill into a run dir (executed notebook + widget PNG snapshots)."""
+    try:
+        from asyncrl.batch import parse_value, run_notebook
+        params = {key: parse_value(value) for key, value in args.parameters}
+        env = dict(item.partition("=")[::2] for item in args.env)
+        result = run_notebook(args.notebook, params, run_dir=args.run_dir, kernel_name=args.kernel, env=env,
+                              cell_timeout=args.cell_timeout, log_output=args.log_output)
+    except (FileNotFoundError, ImportError) as exc:
+        print(f"batch: {exc}", file=sys.stderr)
+        return 2
+    print(f"executed notebook: {result.notebook}")
+    print(f"widget snapshots:  {len(result.snapshots)} PNG under {result.run_dir / 'snapshots'}")
+    print(f"figures:           {len(result.figures)} PNG under {result.run_dir / 'figures'}")
+    if not result.ok:
+        print(f"FAILED: {result.error} (see the executed notebook)", file=sys.stderr)
+        return 1
+    print(f"ok in {result.wall_s:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="asyncrl", description="Fully asynchronous RL for LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,9 +87,22 @@ def main(argv: list[str] | None = None) -> int:
                        help="base recipe (default: the task's recipe, e.g. task=calc_tool -> calc_tool_grpo_cpu; "
                             "else arith_grpo_cpu)")
         p.add_argument("--log-level", default="WARNING")
+    b = sub.add_parser("batch", help="run a notebook with papermill into runs/batch/<notebook>__<time>/")
+    b.add_argument("notebook", help="the .ipynb to execute (e.g. notebooks/01_four_modes.ipynb)")
+    b.add_argument("-p", "--parameter", dest="parameters", nargs=2, action="append", default=[],
+                   metavar=("KEY", "VALUE"), help="papermill parameter (value parsed as a Python literal, else a string)")
+    b.add_argument("--run-dir", default=None, help="output directory (default runs/batch/<notebook>__<time>)")
+    b.add_argument("-k", "--kernel", default=None, help="Jupyter kernel name (default: the notebook's)")
+    b.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the kernel, e.g. --env CI=1 for smoke sizes")
+    b.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell (default: none)")
+    b.add_argument("--log-output", action="store_true", help="stream cell outputs to the terminal")
+    b.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "batch":
+        return _batch(args)
     return _train(args)
 
 
