@@ -75,6 +75,7 @@ def jupyterlab(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
          f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", f"--LabApp.user_settings_dir={tmp_path / 'settings'}"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -120,6 +121,29 @@ def _wait_kernel_done(base: str, token: str, timeout: float) -> None:
     raise TimeoutError("the notebook did not finish")
 
 
+def _kernel_states(base: str, token: str) -> list[str]:
+    return [k["execution_state"] for k in _get(f"{base}/api/kernels?token={token}")]
+
+
+def _run_all_cells(page, base: str, token: str, attempts: int = 3) -> None:
+    """Run > Run All Cells from the menu bar; retried until the kernel goes busy."""
+    deadline = time.time() + 180
+    while not (_kernel_states(base, token) and all(s == "idle" for s in _kernel_states(base, token))):
+        if time.time() > deadline:
+            raise TimeoutError(f"kernel not idle: {_kernel_states(base, token)}")
+        time.sleep(1)
+    for _ in range(attempts):
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click(timeout=30_000)
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click(timeout=30_000)
+        for _ in range(30):
+            if "busy" in _kernel_states(base, token):
+                return
+            time.sleep(1)
+        page.keyboard.press("Escape")
+    page.screenshot(path=str(ARTIFACTS / "browser_quickstart_failure.png"), full_page=True)
+    raise AssertionError("Run All Cells did not start the kernel")
+
+
 def test_quickstart_funnel_updates_live_in_jupyterlab(jupyterlab):
     from playwright.sync_api import sync_playwright
 
@@ -131,14 +155,14 @@ def test_quickstart_funnel_updates_live_in_jupyterlab(jupyterlab):
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.goto(f"{base}/lab/workspaces/asyncrl-test/tree/00_quickstart.ipynb?reset&token={token}", timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') === null || "
-                                   "document.querySelector('.jp-Notebook-ExecutionIndicator').dataset.status === 'idle'",
-                                   timeout=120_000)
-            page.click("text=Run", timeout=30_000)  # the menu bar's Run menu
-            page.click("text=Run All Cells", timeout=30_000)
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('.widget-html-content code')].some(e => /^\\s*\\d+ \\/ /.test(e.textContent))",
-                timeout=600_000)
+            _run_all_cells(page, base, token)
+            try:
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('.widget-html-content code')]"
+                    ".some(e => /^\\s*\\d+ \\/ /.test(e.textContent))", timeout=600_000)
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "browser_quickstart_failure.png"), full_page=True)
+                raise
             readings = []
             t_end = time.time() + 90
             while time.time() < t_end:
