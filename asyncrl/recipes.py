@@ -91,8 +91,9 @@ def calc_tool_grpo_cpu() -> ExperimentConfig:
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 4
     cfg.actor_rollout_ref.actor.ppo_micro_batch_size = 16
     cfg.async_training.require_batches = 2
-    cfg.actor_rollout_ref.actor.optim.lr = 3e-4
-    cfg.actor_rollout_ref.actor.optim.lr_warmup_steps = 5
+    cfg.actor_rollout_ref.actor.optim.lr = 1e-4
+    cfg.actor_rollout_ref.actor.optim.lr_warmup_steps = 10
+    cfg.actor_rollout_ref.actor.optim.total_updates = 0  # decay over this recipe's own 80 updates
     cfg.trainer.total_training_steps = 40
     cfg.trainer.total_time_s = 300.0
     cfg.trainer.test_freq = 10
