@@ -155,6 +155,10 @@ class RolloutConfig:
     """vLLM scheduler batch size."""
     max_model_len: int = 512
     """Prompt + response tokens per sequence (engine and trajectory proxy context limit)."""
+    enable_prefix_caching: bool = False
+    """vLLM prefix caching. Off by default: a cache entry computed before a weight sync that survives
+    it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which
+    broke the version accounting and spiked ppo_kl on calc_tool (its prompts share a 370-token prefix)."""
     gpu_memory_utilization: float = 0.5
     """vLLM GPU memory fraction (ignored on CPU)."""
     cpu_kvcache_space_gb: float = 1.0

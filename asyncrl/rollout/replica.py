@@ -77,7 +77,8 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
     kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
                               max_num_seqs=arr.rollout.max_num_seqs)
     if arr.rollout.name == "vllm":
-        kw.update(max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
+        kw.update(engine_kwargs={"enable_prefix_caching": arr.rollout.enable_prefix_caching},
+                  max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, enforce_eager=arr.rollout.enforce_eager)
     return kw
 

@@ -279,8 +279,9 @@ class VLLMEngine(InferenceEngine):
         engine = self._require()
         self.param_version = int(version)
         await engine.update_weight_version(str(version))
-        if not await engine.reset_prefix_cache():
-            logger.debug("prefix cache not reset (requests running)")
+        # drop KV computed with the old weights, also blocks held by running requests (they recompute)
+        if not await engine.reset_prefix_cache(reset_running_requests=True):
+            logger.warning("vLLM did not reset its prefix cache after the sync to version %d", version)
 
     async def load_weight_buckets(self, buckets: list, version: int) -> None:
         """Load ``[(bucket, metas), ...]`` in memory (no files) via the RPC transport.
