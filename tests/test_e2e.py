@@ -4,8 +4,11 @@ Each run is a few trainer steps sharing one RolloutReplica (one vLLM engine per 
 Checks invariants 1-3 of DESIGN.md section 5 on what actually happened in the run.
 """
 
+import asyncio
+
 import ray
 import pytest
+import torch
 
 from asyncrl.experiment import Experiment
 from asyncrl.recipes import smoke_cpu
@@ -31,7 +34,19 @@ def _run(mode, shared_replica, tmp_path, **changes):
         versions = ray.get(exp.trainer.trained_versions.remote())
     finally:
         exp.stop()
+        _restore_checkpoint(shared_replica, cfg)  # the session's replica is shared with other tests
     return cfg, summary, versions
+
+
+def _restore_checkpoint(replica, cfg):
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.sync import get_engine_cls
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.actor_rollout_ref.model.path, dtype=torch.float32)
+    engine = get_engine_cls("cpu")([replica], bucket_bytes=1 << 20)
+    asyncio.run(engine.send_weights([(n, p.detach()) for n, p in model.named_parameters()], version=0))
+    asyncio.run(engine.shutdown())
 
 
 def _check_accounting(cfg, summary):
