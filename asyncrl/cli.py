@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 ALIASES = {
@@ -37,6 +38,10 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if overrides and "=" not in overrides[0]:
         yaml_path = overrides.pop(0)
+        if not os.path.isfile(yaml_path):
+            print(f"config error: no config file {yaml_path!r} (overrides are key=value, e.g. "
+                  f"trainer.total_training_steps=40)", file=sys.stderr)
+            return 2
     task = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] in ("task", "data.task")), None)
     recipe = args.recipe or ("arith_grpo_cpu" if task is None else None)
     if recipe is None and task not in TASK_RECIPES:
@@ -50,6 +55,14 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    from asyncrl.data.dataset import DatasetError, get_task_rows
+
+    if not cfg.data.train_files:
+        try:  # fail fast, before Ray and the engines start
+            get_task_rows(cfg.data.task, "test", 1, cfg.trainer.seed, cfg.data.operators)
+        except (KeyError, DatasetError) as exc:
+            print(f"config error: data.task: {exc}", file=sys.stderr)
+            return 2
     summary = Experiment(cfg).run()
     print(summary)
     print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
@@ -78,7 +91,10 @@ def _batch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl", description="Fully asynchronous RL for LLMs")
+    parser = argparse.ArgumentParser(
+        prog="asyncrl", description="Fully asynchronous RL for LLMs",
+        epilog="short aliases: " + ", ".join(f"{k}= -> {v}=" for k, v in ALIASES.items())
+               + "; recipes: arith_grpo_cpu, smoke_cpu, calc_tool_grpo_cpu, swe_grpo_cpu")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in [("train", "run fully async training"), ("demo", "train the embedded model on arith")]:
         p = sub.add_parser(name, help=help_)

@@ -54,16 +54,20 @@ class Summary:
     evals: list = field(default_factory=list)
     lag_counts: dict = field(default_factory=dict)
     staleness_bound: int = 0
+    stop_reason: str = ""
 
     def __str__(self) -> str:
         def pct(x: Optional[float]) -> str:
             return "n/a" if x is None else f"{100 * x:.1f}%"
         a = self.accounting
-        return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s\n"
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(a.get("dropped", {}).items())) or "none"
+        return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s"
+                f" (stopped: {self.stop_reason or 'n/a'})\n"
                 f"  held-out greedy accuracy: before {pct(self.accuracy_before)} -> after {pct(self.accuracy_after)}"
                 f" (mean of last evals)\n"
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
+                f"  dropped by reason: {drops}\n"
                 f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
                 + self._tool_lines())
 
@@ -130,7 +134,12 @@ class Experiment:
 
     # ------------------------------------------------------------------ build
     def start(self) -> "Experiment":
-        """Create the actors and start rollout + training; returns immediately."""
+        """Create the actors and start rollout + training; returns once the actors are up (about a
+        minute on CPU, mostly the vLLM engine start) while training continues in the background.
+
+        Raises:
+            KeyError / asyncrl.data.DatasetError: unknown ``data.task`` or a bad dataset file.
+        """
         from asyncrl.data.dataset import load_rows, get_task_rows
         from asyncrl.message_queue import MessageQueue
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
@@ -140,12 +149,12 @@ class Experiment:
 
         cfg = self.config
         self.t_start = time.time()
+        d = cfg.data  # data first: a bad task name or file fails before any process starts
+        train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
+        val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators)
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
-        d = cfg.data
-        train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
-        val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators)
         n = cfg.actor_rollout_ref.rollout.num_replicas
         self._replica_objs = self._external_replicas or [RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i) for i in range(n)]
         self.replicas = {r.server_id: r.actor for r in self._replica_objs}
@@ -240,7 +249,7 @@ class Experiment:
             accuracy_before=evals[0]["accuracy"] if evals and evals[0]["version"] == 0 else None,
             accuracy_after=sum(e["accuracy"] for e in after_evals) / len(after_evals) if after_evals else None,
             accounting=accounting, wall_s=time.time() - self.t_start, evals=evals,
-            lag_counts=tr["lag_counts"], staleness_bound=tr["staleness_bound"])
+            lag_counts=tr["lag_counts"], staleness_bound=tr["staleness_bound"], stop_reason=tr.get("stop_reason", ""))
         history = tr["history"]
         write_run_artifacts(self.run_dir, history, evals, to_yaml(self.config), dataclasses.asdict(self.summary))
         return self.summary

@@ -19,7 +19,7 @@ def arith_grpo_cpu() -> ExperimentConfig:
     cfg = ExperimentConfig()
     cfg.trainer.experiment_name = "arith_grpo_cpu"
     cfg.trainer.total_training_steps = 300
-    cfg.trainer.total_time_s = 420.0
+    cfg.trainer.total_time_s = 450.0
     cfg.trainer.test_freq = 10
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 16
     cfg.async_training.require_batches = 2

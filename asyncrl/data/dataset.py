@@ -28,6 +28,8 @@ TaskGenerator = Callable[[int, int, str, str], list[dict[str, Any]]]
 
 TASKS: dict[str, TaskGenerator] = {
     "arith": lambda size, seed, split, operators: make_arith_rows(size, seed, operators, split),
+    "calc_tool": lambda size, seed, split, operators: importlib.import_module(
+        "asyncrl.data.calc_tool").make_calc_tool_rows(size, seed, split),
     # Harbor-format example tasks for the sandboxed swe_agent loop (imported only when used)
     "swe_examples": lambda size, seed, split, operators: importlib.import_module(
         "asyncrl.agent_loop.sandbox.task").example_rows(size, seed, split, operators),

@@ -75,16 +75,21 @@ class FullyAsyncTrainer:
         self.trained_token_versions: list[tuple[int, int, int]] = []  # (trainer version, min, max) per sample
         self.done = False
         self.error: Optional[str] = None
+        self.stop_reason = ""
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict:
         """Run until ``total_training_steps`` / ``total_time_s`` / shutdown; returns the final status."""
         try:
+            self.stop_reason = f"trainer.total_training_steps={self.cfg.trainer.total_training_steps} reached"
             while self.global_steps < self.cfg.trainer.total_training_steps:
                 if self.cfg.trainer.total_time_s and time.time() - self.t_start > self.cfg.trainer.total_time_s:
-                    logger.info("time budget reached after %d steps", self.global_steps)
+                    self.stop_reason = (f"time budget trainer.total_time_s={self.cfg.trainer.total_time_s:g} reached "
+                                        f"at step {self.global_steps}/{self.cfg.trainer.total_training_steps}")
+                    logger.info(self.stop_reason)
                     break
                 if not await self.fit_step():
+                    self.stop_reason = "the MessageQueue was shut down"
                     break
         except Exception as exc:
             logger.exception("trainer failed")
@@ -227,7 +232,7 @@ class FullyAsyncTrainer:
         wall = max(1e-9, time.time() - self.t_start)
         return {"global_steps": self.global_steps, "param_version": self.param_version, "trained": self.trained,
                 "dropped": dict(self.dropped), "idle_ratio": min(1.0, self.idle_s / wall), "done": self.done,
-                "error": self.error, "lag_counts": dict(self.lag_counts),
+                "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
                 "staleness_bound": self.budget.staleness_bound, "history": list(self.history)}
 
     def history_since(self, n: int) -> list[dict]:
