@@ -97,7 +97,7 @@ def test_hf_engine_abort_between_tokens(hf_engine):
 @pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
 def test_hf_engine_pause_modes(hf_engine, mode):
     async def run():
-        sp = SamplingParams(max_tokens=30, temperature=1.5, ignore_eos=True)
+        sp = SamplingParams(max_tokens=400, temperature=1.5, ignore_eos=True)
         task = asyncio.create_task(hf_engine.generate("p", [4, 5], sp))
         await asyncio.sleep(0.05)
         await hf_engine.pause(mode)
