@@ -57,5 +57,5 @@ class FakePool:
         self.inflight[sid] += 1
         return sid, self.servers[sid]
 
-    async def release_server_async(self, sid):
+    async def release_server_async(self, sid, request_id):
         self.inflight[sid] -= 1

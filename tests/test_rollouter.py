@@ -47,7 +47,7 @@ class FakePool:
     async def acquire_server_async(self, request_id):
         return "r0", self.replica
 
-    async def release_server_async(self, sid):
+    async def release_server_async(self, sid, request_id):
         pass
 
 

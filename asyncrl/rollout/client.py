@@ -5,7 +5,7 @@
     agent loop --generate(request_id, prompt_ids, sp)--> FullyAsyncLLMServerClient
         loop:  acquire_server(request_id)  (sticky: retries land on the same replica)
                replica.generate(prompt + generated so far, max_tokens = remaining budget)
-               release_server in finally
+               release_server(server_id, request_id) in finally
                stop_reason == "aborted"?  -> partial_rollout: resubmit after the replica resumes
                                              otherwise: raise GenerationAborted (sample is dropped)
         returns one TokenOutput whose tokens may span several parameter versions
@@ -36,7 +36,7 @@ class ServerPool(Protocol):
     """What the client needs from a load balancer (see GlobalRequestLoadBalancer)."""
 
     async def acquire_server_async(self, request_id: str) -> tuple[Any, Any]: ...
-    async def release_server_async(self, server_id: Any) -> None: ...
+    async def release_server_async(self, server_id: Any, request_id: str) -> None: ...
 
 
 @dataclass
@@ -85,7 +85,7 @@ class LLMServerClient:
         try:
             return await _call_replica(handle, request_id, prompt_ids, sp), server_id
         finally:
-            await self.pool.release_server_async(server_id)
+            await self.pool.release_server_async(server_id, request_id)
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
         out, _ = await self._once(request_id, list(prompt_ids), sampling_params)

@@ -11,9 +11,15 @@ acquire_server(request_id)
         |- one candidate                 -> it
         |- several + full_determinism    -> stable_hash(request_id) % len(candidates)
         '- several                       -> the first (pool insertion order)
-  and in the same call: in_flight[server] += 1
-release_server(server_id)                 -> in_flight[server] -= 1   (callers do this in `finally`)
+  and in the same call: a lease (request_id -> server, incarnation) is recorded
+release_server(server_id, request_id)     -> that lease ends   (callers do this in `finally`)
+in_flight[server] = leases on the server's current incarnation
 ```
+
+Bookkeeping is keyed by request, not by replica name: removing a server ends its incarnation, so
+leases taken before a remove + re-add under the same id (a restarted replica, a hybrid-engine
+handover) no longer count against the new one, and their late releases cannot decrement a count
+that belongs to other requests.
 
 Partial-rollout retries reuse the request id, so a resumed generation lands on the replica that
 holds its KV cache. One shared Ray actor serialises every call, which is what makes "choose and
@@ -27,7 +33,7 @@ import contextlib
 import functools
 import hashlib
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from typing import Any, AsyncIterator, Mapping, Optional, Sequence
 
 logger = logging.getLogger(__name__)
@@ -62,7 +68,11 @@ class RequestLoadBalancer:
             raise ValueError(f"max_cache_size must be >= 1, got {max_cache_size}")
         self._handles: dict[str, Any] = {}
         self._in_flight: dict[str, int] = {}
-        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._incarnation: dict[str, int] = {}  # server id -> incarnation, bumped by each (re-)add
+        self._next_incarnation = 0
+        self._leases: defaultdict[str, list[tuple[str, int]]] = defaultdict(list)  # request id -> leases
+        self._sticky: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self.stale_releases = 0
         self.max_cache_size = max_cache_size
         self.full_determinism = full_determinism
         self.sticky_hits = 0
@@ -83,20 +93,24 @@ class RequestLoadBalancer:
                 f"no rollout server in the pool for request {request_id!r}; add_servers() first "
                 "(were all replicas removed, e.g. during a hybrid-engine handover?)"
             )
-        server_id = self._sticky.get(request_id)
-        if server_id is not None and server_id not in self._handles:
-            del self._sticky[request_id]  # lazy invalidation: the server was removed
-            self.invalidations += 1
-            server_id = None
+        sticky = self._sticky.get(request_id)
+        server_id = None
+        if sticky is not None:
+            if self._incarnation.get(sticky[0]) != sticky[1]:
+                del self._sticky[request_id]  # lazy invalidation: the server was removed (maybe re-added)
+                self.invalidations += 1
+            else:
+                server_id = sticky[0]
         if server_id is not None:
             self._sticky.move_to_end(request_id)
             self.sticky_hits += 1
         else:
             server_id = self._least_loaded(request_id)
-            self._sticky[request_id] = server_id
+            self._sticky[request_id] = (server_id, self._incarnation[server_id])
             if len(self._sticky) > self.max_cache_size:
                 self._sticky.popitem(last=False)
         self._in_flight[server_id] += 1
+        self._leases[request_id].append((server_id, self._incarnation[server_id]))
         return server_id, self._handles[server_id]
 
     def _least_loaded(self, request_id: str) -> str:
@@ -106,28 +120,48 @@ class RequestLoadBalancer:
             return candidates[0]
         return candidates[stable_hash(request_id) % len(candidates)]
 
-    def release_server(self, server_id: str) -> None:
-        """One request on ``server_id`` ended (success or error). Unknown / removed ids are ignored."""
-        n = self._in_flight.get(server_id)
-        if n is None:
-            logger.debug("release of server %r that is no longer in the pool", server_id)
+    def release_server(self, server_id: str, request_id: str) -> None:
+        """Request ``request_id`` on ``server_id`` ended (success or error); call it once per acquire.
+
+        A lease taken on an incarnation of ``server_id`` that was since removed ends without touching
+        the current counts. A release that matches no lease is logged and ignored (counts never go
+        negative).
+        """
+        leases = self._leases.get(request_id)
+        match = next((i for i, (sid, _) in enumerate(leases or []) if sid == server_id), None)
+        if match is None:
+            logger.warning("release_server(%r, %r) without a matching acquire; counts unchanged", server_id, request_id)
             return
-        if n <= 0:
-            logger.warning("release_server(%r) without a matching acquire; count stays 0", server_id)
+        _, incarnation = leases.pop(match)
+        if not leases:
+            del self._leases[request_id]
+        if self._incarnation.get(server_id) != incarnation:
+            self.stale_releases += 1  # the server was removed since: its counts restarted at 0
+            logger.debug("release of %r on a removed incarnation of %r", request_id, server_id)
             return
-        self._in_flight[server_id] = n - 1
+        self._in_flight[server_id] -= 1
 
     def add_servers(self, servers: Mapping[str, Any]) -> None:
-        """Add (or re-handle) servers, all at once. A re-added id keeps its in-flight count."""
+        """Add servers, all at once. A server still in the pool only gets its new handle (same
+        incarnation, counts kept); a removed id added again is a new incarnation starting at 0."""
         for sid, handle in servers.items():
             self._handles[sid] = handle
-            self._in_flight.setdefault(sid, 0)
+            if sid not in self._in_flight:
+                self._in_flight[sid] = 0
+                self._next_incarnation += 1
+                self._incarnation[sid] = self._next_incarnation
 
     def remove_servers(self, server_ids: Sequence[str]) -> None:
-        """Remove servers, all at once. Sticky entries pointing at them are invalidated lazily."""
+        """Remove servers, all at once. Sticky entries pointing at them are invalidated lazily and
+        their open leases end with this incarnation (see :meth:`release_server`)."""
         for sid in server_ids:
             self._handles.pop(sid, None)
             self._in_flight.pop(sid, None)
+            self._incarnation.pop(sid, None)
+
+    def servers(self) -> list[str]:
+        """Server ids in the pool (insertion order)."""
+        return list(self._handles)
 
     def snapshot(self) -> dict[str, Any]:
         """State for widgets / metrics: per-server in-flight counts and cache statistics."""
@@ -137,6 +171,8 @@ class RequestLoadBalancer:
             "sticky_entries": len(self._sticky),
             "sticky_hits": self.sticky_hits,
             "invalidations": self.invalidations,
+            "open_leases": sum(len(v) for v in self._leases.values()),
+            "stale_releases": self.stale_releases,
         }
 
 
@@ -148,8 +184,17 @@ class LocalRequestLoadBalancer(RequestLoadBalancer):
     async def acquire_server_async(self, request_id: str) -> tuple[str, Any]:
         return self.acquire_server(request_id)
 
-    async def release_server_async(self, server_id: str) -> None:
-        self.release_server(server_id)
+    async def release_server_async(self, server_id: str, request_id: str) -> None:
+        self.release_server(server_id, request_id)
+
+    async def add_servers_async(self, servers: Mapping[str, Any]) -> None:
+        self.add_servers(servers)
+
+    async def remove_servers_async(self, server_ids: Sequence[str]) -> None:
+        self.remove_servers(server_ids)
+
+    async def servers_async(self) -> list[str]:
+        return self.servers()
 
     async def snapshot_async(self) -> dict[str, Any]:
         return self.snapshot()
@@ -207,13 +252,13 @@ class GlobalRequestLoadBalancer:
         """Awaitable :meth:`acquire_server`."""
         return await _unwrap(self.actor.acquire_server.remote(request_id))
 
-    def release_server(self, server_id: str) -> None:
+    def release_server(self, server_id: str, request_id: str) -> None:
         """Blocking :meth:`RequestLoadBalancer.release_server`; call it in ``finally``."""
-        _get(self.actor.release_server.remote(server_id))
+        _get(self.actor.release_server.remote(server_id, request_id))
 
-    async def release_server_async(self, server_id: str) -> None:
+    async def release_server_async(self, server_id: str, request_id: str) -> None:
         """Awaitable :meth:`release_server`."""
-        await _unwrap(self.actor.release_server.remote(server_id))
+        await _unwrap(self.actor.release_server.remote(server_id, request_id))
 
     def add_servers(self, servers: Mapping[str, Any]) -> None:
         """Batch-atomic add (e.g. lend the hybrid engine to the rollout pool)."""
@@ -231,6 +276,14 @@ class GlobalRequestLoadBalancer:
         """Awaitable :meth:`remove_servers`."""
         await _unwrap(self.actor.remove_servers.remote(list(server_ids)))
 
+    def servers(self) -> list[str]:
+        """Server ids in the pool."""
+        return _get(self.actor.servers.remote())
+
+    async def servers_async(self) -> list[str]:
+        """Awaitable :meth:`servers`."""
+        return await _unwrap(self.actor.servers.remote())
+
     def snapshot(self) -> dict[str, Any]:
         """Per-server in-flight counts and cache statistics (see :meth:`RequestLoadBalancer.snapshot`)."""
         return _get(self.actor.snapshot.remote())
@@ -246,7 +299,7 @@ class GlobalRequestLoadBalancer:
         try:
             yield sid, handle
         finally:
-            await self.release_server_async(sid)
+            await self.release_server_async(sid, request_id)
 
     def shutdown(self) -> None:
         """Kill the actor (in-flight calls fail). Idempotent."""
