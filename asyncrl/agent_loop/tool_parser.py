@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
+from asyncrl.registry import Registry
+
 ToolSpec = Union[str, dict]
 """A tool offered to the model: its name, or an OpenAI ``{"type": "function", "function": {...}}`` dict."""
 
@@ -251,19 +253,18 @@ class Qwen3CoderToolParser(ToolParser):
         return name, args
 
 
-_PARSERS: dict[str, Callable[[], ToolParser]] = {
-    "hermes": HermesToolParser,
-    "qwen3_coder": Qwen3CoderToolParser,
-}
+TOOL_PARSERS: Registry[type] = Registry("tool parser")
+"""``multi_turn.format`` / proxy ``tool_parser`` name -> :class:`ToolParser` subclass."""
+TOOL_PARSERS.register("hermes", HermesToolParser)
+TOOL_PARSERS.register("qwen3_coder", Qwen3CoderToolParser)
 
 
 def register_tool_parser(name: str) -> Callable[[type], type]:
     """Class decorator adding a :class:`ToolParser` subclass under ``name``."""
 
     def deco(cls: type) -> type:
-        _PARSERS[name] = cls
         cls.name = name
-        return cls
+        return TOOL_PARSERS.register(name, cls)
 
     return deco
 
@@ -272,8 +273,6 @@ def get_tool_parser(name: str) -> ToolParser:
     """A fresh parser instance by name.
 
     Raises:
-        ValueError: unknown name (the message lists the registered ones).
+        UnknownNameError: unknown name (a ``ValueError``; the message lists the registered ones).
     """
-    if name not in _PARSERS:
-        raise ValueError(f"unknown tool parser {name!r}; registered: {sorted(_PARSERS)}")
-    return _PARSERS[name]()
+    return TOOL_PARSERS[name]()

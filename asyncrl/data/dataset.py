@@ -13,28 +13,27 @@ Any other keys (``agent_name``, ...) pass through untouched.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from pathlib import Path
 from typing import Any, Callable
 
 from asyncrl.data.arith import make_arith_rows
+from asyncrl.registry import Registry
 
 logger = logging.getLogger(__name__)
 
 TaskGenerator = Callable[[int, int, str, str], list[dict[str, Any]]]
 """``fn(size, seed, split, operators) -> rows`` building a built-in task split in memory."""
 
-TASKS: dict[str, TaskGenerator] = {
-    "arith": lambda size, seed, split, operators: make_arith_rows(size, seed, operators, split),
-    "calc_tool": lambda size, seed, split, operators: importlib.import_module(
-        "asyncrl.data.calc_tool").make_calc_tool_rows(size, seed, split),
-    # Harbor-format example tasks for the sandboxed swe_agent loop (imported only when used)
-    "swe_examples": lambda size, seed, split, operators: importlib.import_module(
-        "asyncrl.agent_loop.sandbox.task").example_rows(size, seed, split, operators),
-}
-"""Built-in task registry (name -> generator). Add new tasks with :func:`register_task`."""
+TASKS: Registry[TaskGenerator] = Registry("task", discover="asyncrl.data.{name}")
+"""Built-in task registry (``data.task`` -> generator). Add tasks with :func:`register_task`; an unknown
+name is first looked up as a module ``asyncrl.data.<name>`` that registers itself on import."""
+TASKS.register("arith", lambda size, seed, split, operators: make_arith_rows(size, seed, operators, split))
+TASKS.register_lazy("calc_tool", "asyncrl.data.calc_tool:_task")
+# Harbor-format example tasks for the sandboxed swe_agent loop (imported only when used)
+TASKS.register_lazy("swe_examples", "asyncrl.agent_loop.sandbox.task:example_rows")
+
 
 REQUIRED_FIELDS = ("data_source", "prompt", "reward_model")
 
@@ -50,7 +49,7 @@ def register_task(name: str, generator: TaskGenerator) -> None:
         name: task name as used in ``data.task``.
         generator: ``fn(size, seed, split, operators) -> rows`` returning verl-schema rows.
     """
-    TASKS[name] = generator
+    TASKS.register(name, generator)
 
 
 def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = "+") -> list[dict[str, Any]]:
@@ -68,18 +67,9 @@ def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = 
         ``size`` validated rows in the verl schema.
 
     Raises:
-        KeyError: ``task`` is not registered (the message lists the registered tasks).
+        UnknownNameError: ``task`` is not registered (a ``KeyError``; the message lists the registered tasks).
     """
-    if task not in TASKS and task.isidentifier():
-        # Built-in task modules register themselves on import (e.g. asyncrl/data/calc_tool.py).
-        try:
-            importlib.import_module(f"asyncrl.data.{task}")
-        except ModuleNotFoundError as e:
-            if e.name != f"asyncrl.data.{task}":
-                raise
-    if task not in TASKS:
-        raise KeyError(f"unknown task {task!r}; registered tasks: {sorted(TASKS)}")
-    rows = TASKS[task](size, seed, split, operators)
+    rows = TASKS[task](size, seed, split, operators)  # UnknownNameError lists the registered tasks
     return [validate_row(r, f"<task {task}/{split}>", i) for i, r in enumerate(rows)]
 
 

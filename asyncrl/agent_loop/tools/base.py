@@ -15,8 +15,9 @@ importing this module stays cheap.
 from __future__ import annotations
 
 import abc
-import importlib
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from asyncrl.registry import Registry
 
 
 class ToolError(Exception):
@@ -50,35 +51,30 @@ class BaseTool(abc.ABC):
         """
 
 
-_TOOLS: dict[str, Callable[[], BaseTool]] = {}
-_BUILTIN = {"calculator": ("asyncrl.agent_loop.tools.calculator", "CalculatorTool")}
+TOOLS: Registry[type] = Registry("tool")
+"""Tool name -> :class:`BaseTool` subclass; built-ins register lazily."""
+TOOLS.register_lazy("calculator", "asyncrl.agent_loop.tools.calculator:CalculatorTool")
 
 
 def register_tool(cls: type) -> type:
     """Class decorator: make a :class:`BaseTool` subclass available by its ``name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
-    _TOOLS[cls.name] = cls
-    return cls
+    return TOOLS.register(cls.name, cls)
 
 
 def registered_tool_names() -> list[str]:
     """Names of all registered tools (built-ins included), sorted."""
-    return sorted(set(_TOOLS) | set(_BUILTIN))
+    return TOOLS.names()
 
 
 def get_tool(name: str) -> BaseTool:
     """A fresh instance of a registered tool.
 
     Raises:
-        KeyError: unknown name (the message lists the registered ones).
+        UnknownNameError: unknown name (a ``KeyError``; the message lists the registered ones).
     """
-    if name not in _TOOLS and name in _BUILTIN:
-        module, attr = _BUILTIN[name]
-        getattr(importlib.import_module(module), attr)  # importing registers it
-    if name not in _TOOLS:
-        raise KeyError(f"unknown tool {name!r}; registered: {registered_tool_names()}")
-    return _TOOLS[name]()
+    return TOOLS[name]()
 
 
 def tool_schema_name(schema: dict[str, Any]) -> Optional[str]:
@@ -118,6 +114,6 @@ def select_tools(schemas: Optional[Sequence[dict]], selection: Optional[Sequence
         if tools is not None:
             if name in tools:
                 impl[name] = tools[name]
-        elif name in set(_TOOLS) | set(_BUILTIN):
+        elif name in TOOLS:
             impl[name] = get_tool(name)
     return list(schemas), impl
