@@ -80,9 +80,10 @@ class Summary:
         return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
 
 
-def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3) -> None:
+def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
     """``ray.init`` that survives a slow start: a local raylet has a hard-coded 30 s deadline to
     register, which an overloaded laptop can miss; each failed attempt is shut down and retried.
+    ``log_to_driver=False`` keeps actors' output out of the caller (notebooks: ``asyncrl.notebook``).
 
     Raises:
         Exception: Ray's own start error after ``attempts`` tries.
@@ -90,7 +91,7 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
-                     log_to_driver=True, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+                     log_to_driver=log_to_driver, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
             return
         except Exception as exc:  # Ray raises a bare Exception for the start timeout
             ray.shutdown()

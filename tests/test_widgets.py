@@ -416,3 +416,43 @@ def test_final_state_reaches_the_displayed_output(monkeypatch):
     assert final[1] == shown[0] and final[2] is True
     assert set(final[0]) == {"text/plain", "text/html"} and "step <b>8</b>" in final[0]["text/html"]
     assert any(u[0] is dash for u in updates)  # the poller's exit hook refreshed the live output too
+
+
+def test_close_after_the_run_shows_done_without_live_controls():
+    """What a reader sees after a run: the run's end state, the inspector filled, no live button."""
+    pytest.importorskip("ipywidgets")
+
+    async def main():
+        exp = FakeExperiment([load("early"), load("done")])
+        dash = Dashboard(exp, interval=5.0)  # the poller has taken one snapshot when close() runs
+        _ = dash.widget
+        await asyncio.sleep(0.05)
+        snap = await dash.close()
+        return dash, snap
+
+    dash, snap = asyncio.run(main())
+    assert snap["state"] == "done" and dash.final and not dash.poller.running
+    assert dash._stop_button.layout.display == "none"
+    head = dash._head.value
+    assert "done" in head and "[" not in re.sub(r"<[^>]+>", "", head), head
+    assert dash.inspector.model is not None and dash.inspector._pick.options
+    assert dash.inspector._view.value.count("Trajectory inspector") == 0  # the heading is the widget's own, once
+
+
+def test_inspector_without_trajectories_has_one_heading_and_no_empty_dropdown():
+    pytest.importorskip("ipywidgets")
+    insp = TrajectoryInspector()
+    box = insp.widget
+    texts = [c.value for c in box.children if hasattr(c, "value") and isinstance(c.value, str)]
+    assert sum(t.count("Trajectory inspector") for t in texts) == 1
+    assert insp._pick.layout.display == "none"
+
+
+def test_inspector_dropdown_labels_without_versions_say_nothing_about_versions():
+    pytest.importorskip("ipywidgets")
+    traj = dict(load("mq_bound")["trajectories"][0], min_global_steps=None, max_global_steps=None, uid="u1")
+    insp = TrajectoryInspector([traj])
+    _ = insp.widget
+    assert "None" not in insp._pick.options[0][0]
+    insp.update([dict(traj, min_global_steps=2, max_global_steps=3)])
+    assert insp._pick.options[0][0].endswith("v2-v3")

@@ -88,6 +88,7 @@ class Dashboard(SnapshotView):
         self.poller: Optional[Poller] = None
         self.done_polls, self._done_polls = done_polls, 0
         self._seen_running = False
+        self.final = False  # set by close(): the view shows the run's end state
         if self._status is not None:
             self.poller = Poller(self.fetch, self.update, interval=interval,
                                  key=key if key is not None else ("dashboard", getattr(source, "name", id(source))),
@@ -111,8 +112,11 @@ class Dashboard(SnapshotView):
     def stop(self) -> None:
         """Cancel live polling (the widgets keep their last state, also in the static fallback)."""
         if self.poller is not None:
-            self.poller.stop()
+            if self.poller.running:
+                self.poller.stop()
             self._refresh_header()
+        if self._widget is not None:
+            self._stop_button.layout.display = "none"  # nothing live left to stop
         self.refresh_display()
 
     def _on_poller_exit(self, poller: Poller) -> None:
@@ -120,6 +124,26 @@ class Dashboard(SnapshotView):
         # so a saved / exported notebook shows the end of the run rather than its first frame
         self._refresh_header()
         self.refresh_display()
+
+    async def close(self) -> Optional[dict]:
+        """End of the run: one last snapshot (with fresh trajectories for the inspector), polling
+        stopped, and the view marked final (the header shows the run's end state, no live-update
+        button). Call it after ``await exp.wait_async()`` and before ``exp.stop()``.
+
+        Returns:
+            The final snapshot (``None`` when it could not be fetched; the last one stays shown).
+        """
+        snap = None
+        if self.poller is not None:
+            self.poller.stop("final")
+            self._traj_mark = (None, 0.0)  # the inspector gets the run's last trajectories
+            snap = await self.poller.poll_once()
+        self.final = True
+        if self._widget is not None:
+            self._refresh()
+            self._stop_button.layout.display = "none"
+        self.refresh_display()
+        return snap
 
     async def run(self, static_at_end: bool = False) -> None:
         """Poll until the run is over, then put the final state into the displayed output.
@@ -187,7 +211,7 @@ class Dashboard(SnapshotView):
                 f" &middot; {h.get('elapsed_s', 0):.0f} s &middot; step <b>{h.get('global_steps', 0)}</b>"
                 f" &middot; v{h.get('param_version', 0)} &middot; prompts taken {h.get('taken', 0)}, "
                 f"enqueued {h.get('enqueued', 0)}, trained {h.get('trained', 0)} &middot; held-out acc <b>{acc}</b>"
-                f' <span class="muted">[{html.escape(live)}]</span>{err}')
+                + ("" if self.final else f' <span class="muted">[{html.escape(live)}]</span>') + err)
 
     # ---------------------------------------------------------------- live widget
     def _build(self) -> Any:
@@ -195,8 +219,10 @@ class Dashboard(SnapshotView):
 
         self._head = w.HTML()
         self._charts = w.HTML()
-        stop = w.Button(description="stop live updates", layout=w.Layout(width="160px"))
+        stop = self._stop_button = w.Button(description="stop live updates", layout=w.Layout(width="160px"))
         stop.on_click(lambda _: self.stop())
+        if self.final:
+            stop.layout.display = "none"
         return w.VBox([w.HBox([self._head, stop]),
                        w.HBox([self.funnel.widget, self.staleness.widget]),
                        self._charts, self.inspector.widget])

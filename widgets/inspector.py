@@ -171,6 +171,13 @@ def tokens_html(tokens: list[Token]) -> str:
     return "".join(out)
 
 
+def version_label(lo: Any, hi: Any) -> str:
+    """``"  v3"`` / ``"  v3-v4"`` for a sample's parameter versions; empty when they are unknown."""
+    if lo is None and hi is None:
+        return ""
+    return f"  v{lo}" if lo == hi or hi is None else f"  v{lo}-v{hi}"
+
+
 def header_html(m: TrajectoryModel) -> str:
     span = ("&ndash;" if m.min_version is None else
             f"v{m.min_version}" if m.min_version == m.max_version else
@@ -248,8 +255,8 @@ class TrajectoryInspector(SnapshotView):
             self.select(change["new"])
 
     def _refresh(self) -> None:
-        options = [(f"{t.get('uid', i)}  reward={t.get('reward')}  turns={t.get('num_turns')}  "
-                    f"v{t.get('min_global_steps')}-{t.get('max_global_steps')}", str(t.get("uid", i)))
+        options = [(f"{t.get('uid', i)}  reward={t.get('reward')}  turns={t.get('num_turns')}"
+                    f"{version_label(t.get('min_global_steps'), t.get('max_global_steps'))}", str(t.get("uid", i)))
                    for i, t in enumerate(self.trajectories)]
         self._syncing = True  # option changes reset the value; that is not a user pick
         try:
@@ -259,7 +266,9 @@ class TrajectoryInspector(SnapshotView):
                 self._pick.value = self.selected
         finally:
             self._syncing = False
-        self._view.value = wrap(self._body_html()) if self.model is not None else self.to_html()
+        self._pick.layout.display = None if options else "none"
+        self._view.value = wrap(self._body_html() if self.model is not None
+                                else '<span class="muted">no trajectories yet</span>')
 
     def _plot(self) -> Any:
         from widgets.static import plot_tokens

@@ -1,0 +1,424 @@
+"""What every teaching notebook repeats, as one library call: start Ray quietly, show progress while
+engines start, run an experiment with its dashboard, check the chapter's claims, tear everything down.
+
+::
+
+    nb = start_ray(ray_address)                  ray.init (local unless an address; retried on a slow start)
+         |                                       Ray's start-up log lines -> <log_dir>/ray_start.log
+    replica = await nb.replica(cfg)              engine start with a ticking progress line; closed by nb.close()
+    run = await nb.run(cfg, replicas=[replica])  Experiment start (progress) -> Dashboard (live) -> wait
+         |                                       -> final dashboard state ("done") -> stop -> snapshots
+    nb.claim("mode d shows a partial rollout", run.partial_samples > 0, f"{run.partial_samples} samples")
+         |                                       "✓ text (evidence)", or ClaimFailed: the notebook stops there
+    nb.claims()                                  the list of claims checked on this run (one line each)
+    nb.close()                                   experiments, replicas, placement groups, pollers, Ray (if ours)
+
+``nb.smoke`` is true when ``CI`` is set in the environment (the tests and ``asyncrl batch --env CI=1``
+run every notebook at smoke size). Nothing here is needed to use asyncrl from a notebook; it keeps a
+chapter's cells to the few lines that teach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import html
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+
+class ClaimFailed(AssertionError):
+    """A notebook's text says something its own run does not show (the notebook stops here)."""
+
+
+@dataclasses.dataclass
+class Claim:
+    """One claim of a chapter, checked on the run beside it.
+
+    Attributes:
+        text: the claim as the markdown states it.
+        ok: whether the run shows it.
+        evidence: the measured value(s) that decide it.
+    """
+
+    text: str
+    ok: bool
+    evidence: str = ""
+
+    def line(self, evidence: bool = True) -> str:
+        mark = "✓" if self.ok else "✗"
+        return f"{mark} {self.text}" + (f"  ({self.evidence})" if evidence and self.evidence else "")
+
+
+# ---------------------------------------------------------------------- output helpers
+def in_notebook() -> bool:
+    """True inside an IPython kernel (Jupyter, papermill, nbval)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class _Line:
+    """A one-line rich output (HTML in Jupyter, plain text elsewhere)."""
+
+    def __init__(self, text: str, color: str = "#555"):
+        self.text, self.color = text, color
+
+    def _repr_html_(self) -> str:
+        return f'<span style="font-family:monospace;color:{self.color}">{html.escape(self.text)}</span>'
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+class Progress:
+    """A status line that ticks while something slow runs (engine start, actor start).
+
+    In a notebook it is one output updated in place; elsewhere it logs the start and the end.
+
+    Args:
+        what: e.g. ``"starting vLLM engine replica_0"``.
+        tick_s: seconds between updates of the elapsed time.
+    """
+
+    def __init__(self, what: str, tick_s: float = 1.0):
+        self.what, self.tick_s = what, tick_s
+        self.t0 = time.monotonic()
+        self._handle = None
+        self._task: Optional[asyncio.Task] = None
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _show(self, text: str, color: str = "#555") -> None:
+        if self._handle is not None:
+            self._handle.update(_Line(text, color))
+
+    def __enter__(self) -> "Progress":
+        self.t0 = time.monotonic()
+        if in_notebook():
+            from IPython.display import display
+
+            self._handle = display(_Line(f"⏳ {self.what} ..."), display_id=True)
+        else:
+            logger.info("%s ...", self.what)
+        return self
+
+    async def __aenter__(self) -> "Progress":
+        self.__enter__()
+        if self._handle is not None:
+            self._task = asyncio.get_running_loop().create_task(self._tick())
+        return self
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self._show(f"⏳ {self.what} ... {self.elapsed_s:.0f} s")
+
+    def done(self, text: str) -> None:
+        """Replace the line by its final text (call inside the ``with`` block)."""
+        self._final = text
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if exc_type is None:
+            text = getattr(self, "_final", None) or f"{self.what}: done in {self.elapsed_s:.0f} s"
+            self._show(f"✓ {text}", "#237804")
+            if self._handle is None:
+                logger.info("%s", text)
+        else:
+            self._show(f"✗ {self.what}: failed after {self.elapsed_s:.0f} s ({exc_type.__name__})", "#a8071a")
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+def show(text: str, color: str = "#555") -> None:
+    """One plain line as an output (``print`` in scripts)."""
+    if in_notebook():
+        from IPython.display import display
+
+        display(_Line(text, color))
+    else:
+        print(text)  # noqa: T201 - scripts running a notebook's code want the line on stdout
+
+
+# ---------------------------------------------------------------------- Ray start
+def _quiet_ray_init(address: Optional[str], log_path: Path, num_cpus: Optional[int]) -> None:
+    """``ray.init`` with Ray's own start-up lines (token-auth notice, "Started a local Ray instance",
+    retries) written to ``log_path`` instead of the notebook's stderr; Ray's later warnings show as usual."""
+    from asyncrl.experiment import _init_ray
+
+    ray_logger = logging.getLogger("ray")
+    saved = (list(ray_logger.handlers), ray_logger.propagate)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    ray_logger.handlers, ray_logger.propagate = [handler], False
+    try:
+        _init_ray(address, num_cpus, attempts=5, log_to_driver=False)
+    finally:
+        ray_logger.handlers, ray_logger.propagate = saved
+        handler.close()
+
+
+def start_ray(ray_address: Optional[str] = None, *, snapshot_dir: Optional[str] = None,
+              name: str = "notebook", num_cpus: Optional[int] = None) -> "NotebookSession":
+    """Start a local Ray (or attach to ``ray_address``) for a notebook; returns its session.
+
+    Args:
+        ray_address: ``None`` starts a local Ray; ``"auto"`` / ``"ray://head:10001"`` attaches to a
+            cluster (which :meth:`NotebookSession.close` then leaves running).
+        snapshot_dir: where widget PNG/HTML snapshots go (``asyncrl batch`` passes one);
+            default ``runs/<name>``.
+        name: the notebook's name (default snapshot and log directory).
+        num_cpus: CPUs of a local Ray (default: all).
+
+    Returns:
+        A :class:`NotebookSession`; ``session.smoke`` tells whether ``CI`` asks for smoke sizes.
+
+    Raises:
+        Exception: Ray's own start error after 5 attempts (local) or at once (an address).
+    """
+    import ray
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    session = NotebookSession(name=name, snapshot_dir=snapshot_dir, ray_address=ray_address)
+    if ray.is_initialized():
+        show("Ray already running in this kernel: reusing it")
+        return session
+    where = "attaching to Ray at " + ray_address if ray_address else "starting a local Ray"
+    with Progress(where) as p:
+        _quiet_ray_init(ray_address, session.log_dir / "ray_start.log", num_cpus)
+        session.started_ray = ray_address is None
+        cpus = ray.cluster_resources().get("CPU", 0)
+        p.done(f"Ray {'started' if session.started_ray else 'attached'} ({cpus:g} CPUs) in {p.elapsed_s:.0f} s;"
+               f" start-up log: {session.log_dir / 'ray_start.log'}")
+    return session
+
+
+# ---------------------------------------------------------------------- the session
+@dataclasses.dataclass
+class RunResult:
+    """One experiment run from :meth:`NotebookSession.run`.
+
+    Attributes:
+        summary: the :class:`~asyncrl.experiment.Summary`.
+        history: ``metrics.csv`` as a DataFrame (one row per trainer step).
+        dashboard: the final :class:`~widgets.Dashboard` (``None`` without widgets).
+        trajectories: the rollouter's most recent trajectories (first response of each sample).
+        wall_s: seconds from the start call to the end of the final evaluation (end-to-end).
+    """
+
+    summary: Any
+    history: Any
+    dashboard: Any = None
+    trajectories: list = dataclasses.field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def partial_samples(self) -> int:
+        """Trained samples whose tokens came from more than one parameter version."""
+        if self.history is None or "rollouter/partial_count" not in self.history:
+            return 0
+        return int(self.history["rollouter/partial_count"].sum())
+
+
+class NotebookSession:
+    """Ray, engines, experiments and claims of one notebook (make it with :func:`start_ray`).
+
+    Attributes:
+        smoke: ``CI`` is set: run at smoke size.
+        snapshot_dir: widget snapshots go here.
+        log_dir: Ray's start-up log.
+        started_ray: this session started Ray (so :meth:`close` shuts it down).
+        checked: the claims checked so far.
+    """
+
+    def __init__(self, name: str = "notebook", snapshot_dir: Optional[str] = None, ray_address: Optional[str] = None):
+        self.name = name
+        self.smoke = bool(os.environ.get("CI"))
+        self.snapshot_dir = Path(snapshot_dir or os.path.join("runs", name))
+        self.log_dir = self.snapshot_dir / "logs"
+        self.ray_address = ray_address
+        self.started_ray = False
+        self.checked: list[Claim] = []
+        self._owned: list[Any] = []  # closed in reverse order
+
+    # -- things to close
+    def track(self, obj: Any) -> Any:
+        """Close ``obj`` at :meth:`close` (an Experiment, a RolloutReplica, a placement group, or anything
+        with ``shutdown()`` / ``stop()``); returns it."""
+        self._owned.append(obj)
+        return obj
+
+    async def replica(self, cfg: Any, server_id: str = "replica_0", **kwargs: Any) -> Any:
+        """Start a :class:`~asyncrl.rollout.replica.RolloutReplica` for ``cfg`` with a progress line;
+        it outlives the experiments that reuse it and is shut down by :meth:`close`.
+
+        Args:
+            cfg: the experiment config (backend and engine settings from ``actor_rollout_ref``).
+            server_id: the replica's name.
+            **kwargs: passed to ``RolloutReplica`` (``replica_rank``, ``actor_options`` ...).
+        """
+        from asyncrl.rollout.replica import RolloutReplica
+
+        backend = cfg.actor_rollout_ref.rollout.name
+        async with Progress(f"starting the {backend} engine {server_id} (about 30 s on CPU)") as p:
+            replica = self.track(RolloutReplica(cfg, server_id=server_id, **kwargs))
+            await replica.ready_async()
+            p.done(f"{server_id} ready ({backend}) in {p.elapsed_s:.0f} s")
+        return replica
+
+    async def start(self, exp: Any) -> Any:
+        """``exp.start()`` in a worker thread with a progress line (the kernel stays live); returns ``exp``."""
+        n = len(exp._external_replicas or []) or exp.config.actor_rollout_ref.rollout.num_replicas
+        what = ("starting the queue, rollouter and trainer, pushing version 0, first evaluation"
+                if exp._external_replicas else f"starting {n} engine(s), the queue, rollouter and trainer")
+        self.track(exp)
+        async with Progress(f"{exp.name}: {what}") as p:
+            await asyncio.to_thread(exp.start)
+            p.done(f"{exp.name} running (actors up in {p.elapsed_s:.0f} s)")
+        return exp
+
+    async def run(self, cfg: Any, replicas: Optional[list] = None, *, dashboard: bool = True,
+                  name: Optional[str] = None, trajectories: int = 16) -> RunResult:
+        """Start an experiment, show its live dashboard, wait for the end, stop it, save snapshots.
+
+        Args:
+            cfg: an :class:`~asyncrl.config.ExperimentConfig`.
+            replicas: running replicas to reuse (see :class:`~asyncrl.experiment.Experiment`).
+            dashboard: show the live :class:`~widgets.Dashboard` (needs ipywidgets).
+            name: snapshot sub-directory (default: the experiment name).
+            trajectories: recent trajectories to keep in the result (for an inspector).
+
+        Returns:
+            A :class:`RunResult`; the dashboard's final state reads "done".
+        """
+        import pandas as pd
+
+        from asyncrl.experiment import Experiment
+
+        t0 = time.monotonic()
+        exp = await self.start(Experiment(cfg, replicas=replicas))
+        dash = None
+        if dashboard:
+            try:
+                from widgets import Dashboard
+            except ImportError:  # the run works the same without widgets
+                logger.info("widgets not importable: no dashboard")
+            else:
+                dash = Dashboard(exp, trajectories=min(trajectories, 8) or 8)
+                dash.show()
+        recent: list = []
+        try:
+            summary = await exp.wait_async()
+            if trajectories:
+                recent = list(await exp.rollouter.trajectories.remote(trajectories))
+            if dash is not None:
+                await dash.close()
+        finally:
+            if dash is not None:
+                dash.stop()
+            exp.stop()
+        if dash is not None:
+            dash.save(self.snapshot_dir / (name or exp.name))
+        metrics = Path(summary.run_dir) / "metrics.csv"
+        history = pd.read_csv(metrics) if metrics.is_file() and metrics.stat().st_size > 1 else pd.DataFrame()
+        return RunResult(summary=summary, history=history, dashboard=dash, trajectories=recent,
+                         wall_s=time.monotonic() - t0)
+
+    # -- claims
+    def claim(self, text: str, ok: Any, evidence: Any = "") -> Claim:
+        """Check one claim of the chapter on this run: shows ``✓ text (evidence)``, or raises.
+
+        Args:
+            text: the claim, in the words of the markdown beside it.
+            ok: truthy when the run shows it.
+            evidence: the measured value(s) (shown with the claim).
+
+        Raises:
+            ClaimFailed: the run contradicts the text (the notebook, and its test, fail here).
+        """
+        c = Claim(text=text, ok=bool(ok), evidence=str(evidence))
+        self.checked.append(c)
+        if not c.ok:
+            raise ClaimFailed(f"the text says: {text!r}, but this run shows: {c.evidence or 'otherwise'}")
+        show(c.line(), "#237804")
+        return c
+
+    def claims(self) -> "_Claims":
+        """The chapter's checked claims, one line each without evidence (a stable, comparable output)."""
+        return _Claims(list(self.checked))
+
+    # -- teardown
+    def close(self) -> None:
+        """Stop live widgets, then everything tracked (newest first), then Ray if this session started it.
+
+        Idempotent; a cluster attached to with ``ray_address`` is left running.
+        """
+        import ray
+
+        try:
+            from widgets.poller import Poller
+
+            Poller.stop_all()
+        except ImportError:
+            pass
+        while self._owned:
+            obj = self._owned.pop()
+            try:
+                _close_one(obj)
+            except Exception as exc:  # keep closing the rest
+                logger.warning("closing %r: %s", obj, exc)
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False
+
+    def __enter__(self) -> "NotebookSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"NotebookSession({self.name!r}, smoke={self.smoke}, started_ray={self.started_ray}, "
+                f"claims={sum(c.ok for c in self.checked)}/{len(self.checked)})")
+
+
+class _Claims:
+    """Display of a notebook's checked claims."""
+
+    def __init__(self, claims: list[Claim]):
+        self.items = claims
+
+    def __repr__(self) -> str:
+        return "\n".join(c.line(evidence=False) for c in self.items) or "no claims checked"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<li>{html.escape(c.line(evidence=False))}</li>" for c in self.items)
+        return f"<b>Claims checked on this run</b><ul style='list-style:none;padding-left:0'>{rows}</ul>"
+
+
+def _close_one(obj: Any) -> None:
+    """Shut one tracked object down by its kind."""
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    if isinstance(obj, PlacementGroup):
+        remove_placement_group(obj)
+    elif hasattr(obj, "stop") and hasattr(obj, "wait_async"):  # an Experiment (idempotent stop)
+        obj.stop()
+    elif hasattr(obj, "shutdown"):
+        obj.shutdown()
+    elif hasattr(obj, "stop"):
+        obj.stop()

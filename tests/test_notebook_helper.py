@@ -1,0 +1,84 @@
+"""asyncrl.notebook: claims, progress lines, teardown order (no Ray, no engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pandas as pd
+import pytest
+
+from asyncrl.notebook import Claim, ClaimFailed, NotebookSession, Progress, RunResult
+
+
+def test_claim_passes_with_evidence_and_fails_with_the_text_and_the_measurement(capsys):
+    nb = NotebookSession("t")
+    c = nb.claim("mode d shows at least one partial rollout", 3, "3 partial samples")
+    assert c.ok and "✓ mode d shows at least one partial rollout  (3 partial samples)" in capsys.readouterr().out
+    with pytest.raises(ClaimFailed, match=r"the text says: 'the queue binds', but this run shows: active_tasks"):
+        nb.claim("the queue binds", False, "active_tasks")
+    assert [x.ok for x in nb.checked] == [True, False]
+
+
+def test_claims_summary_is_stable_text_without_evidence():
+    nb = NotebookSession("t")
+    nb.claim("a", True, "1.23 s")
+    nb.claim("b", True, "0.456")
+    assert repr(nb.claims()) == "✓ a\n✓ b"
+    assert "<li>✓ a</li>" in nb.claims()._repr_html_()
+
+
+def test_smoke_follows_ci(monkeypatch, tmp_path):
+    monkeypatch.setenv("CI", "1")
+    assert NotebookSession("t").smoke
+    monkeypatch.delenv("CI")
+    nb = NotebookSession("t", snapshot_dir=str(tmp_path))
+    assert not nb.smoke and nb.snapshot_dir == tmp_path and nb.log_dir == tmp_path / "logs"
+
+
+def test_progress_outside_a_notebook_logs_start_and_end(caplog):
+    caplog.set_level("INFO", logger="asyncrl.notebook")
+
+    async def main():
+        async with Progress("starting something", tick_s=0.01) as p:
+            await asyncio.sleep(0.03)
+            p.done("something ready")
+
+    asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == ["starting something ...", "something ready"]
+
+
+def test_close_shuts_tracked_things_newest_first_and_keeps_going_after_an_error():
+    closed = []
+
+    class Replica:
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def shutdown(self):
+            closed.append(self.name)
+            if self.fail:
+                raise RuntimeError("already dead")
+
+    class Exp:
+        def stop(self):
+            closed.append("exp")
+
+        async def wait_async(self):  # marks it as an Experiment
+            return None
+
+    nb = NotebookSession("t")
+    nb.track(Replica("r0"))
+    nb.track(Replica("r1", fail=True))
+    nb.track(Exp())
+    nb.close()
+    nb.close()  # idempotent
+    assert closed == ["exp", "r1", "r0"]
+
+
+def test_run_result_counts_partial_samples():
+    assert RunResult(summary=None, history=pd.DataFrame({"rollouter/partial_count": [0, 2, 1]})).partial_samples == 3
+    assert RunResult(summary=None, history=pd.DataFrame()).partial_samples == 0
+
+
+def test_claim_line():
+    assert Claim("x", False, "y").line() == "✗ x  (y)"
