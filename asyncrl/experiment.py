@@ -72,11 +72,12 @@ class Summary:
                 + self._tool_lines())
 
     def _tool_lines(self) -> str:
-        """Before/after of the evaluations' tool metrics (``eval/tool_*``), for tool-using tasks."""
+        """Before/after of the evaluations' tool metrics (``eval/tool_*``, tool-using tasks) and the
+        well-formed answer rate (``eval/format``, rules that report it)."""
         if not self.evals:
             return ""
         first, last = self.evals[0], self.evals[-1]
-        keys = sorted(k for k in last if k.startswith("eval/tool"))
+        keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")))
         return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
 
 
@@ -141,7 +142,7 @@ class Experiment:
         Raises:
             KeyError / asyncrl.data.DatasetError: unknown ``data.task`` or a bad dataset file.
         """
-        from asyncrl.data.dataset import load_rows, get_task_rows
+        from asyncrl.data.dataset import get_task_rows, load_rows, task_options
         from asyncrl.message_queue import MessageQueue
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
         from asyncrl.rollout.replica import RolloutReplica
@@ -151,8 +152,9 @@ class Experiment:
         cfg = self.config
         self.t_start = time.time()
         d = cfg.data  # data first: a bad task name or file fails before any process starts
-        train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators)
-        val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators)
+        opts = task_options(d)
+        train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators, **opts)
+        val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators, **opts)
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True

@@ -18,7 +18,12 @@ Glossary (one row per trainer step in ``metrics.csv``; seconds unless said other
 ``actor/grad_norm``, ``actor/lr``   gradient norm before clipping; learning rate
 ``sync/*``                          weight-sync phase timings (pause, transfer, resume, total)
 ``timing/*``                        trainer step phases (fetch, update, step)
-``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version)
+``reward/<key>``                    extras of a dict-valued rule reward, mean over the step's
+                                    responses (``word_problems``: ``reward/acc``, ``reward/format``)
+``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the
+                                    rule's ``acc`` when it reports one, else its score
+``eval/<key>``                      held-out means of ``agent/*`` and ``reward/*`` metrics
+                                    (``eval/format``: rate of well-formed ``#### <integer>`` answers)
 ==================================  =========================================================
 """
 

@@ -276,13 +276,15 @@ class FullyAsyncRollouter:
             return outs[0]
 
         outs = await asyncio.gather(*[one(i, r) for i, r in enumerate(rows)])
-        scores = [float(o.reward_score or 0.0) for o in outs]
+        # verl: a rule that reports "acc" (dict-valued reward) is scored by it, else by the reward itself
+        scores = [float(o.metrics.get("reward/acc", o.reward_score or 0.0)) for o in outs]
         result = {"version": version, "accuracy": sum(scores) / max(1, len(scores)), "n": len(scores),
                   "time": time.time() - self.t_start, "eval_s": time.time() - t0}
-        keys = {k for o in outs for k, v in o.metrics.items() if isinstance(v, (int, float)) and k.startswith("agent/")}
+        keys = {k for o in outs for k, v in o.metrics.items() if isinstance(v, (int, float))
+                and k.startswith(("agent/", "reward/"))}
         for k in sorted(keys):
             vals = [float(o.metrics[k]) for o in outs if k in o.metrics]
-            result["eval/" + k[len("agent/"):]] = sum(vals) / len(vals)
+            result["eval/" + k.split("/", 1)[1]] = sum(vals) / len(vals)
         self.eval_history.append(result)
         logger.info("eval v%d: accuracy %.3f on %d", version, result["accuracy"], len(scores))
         return result

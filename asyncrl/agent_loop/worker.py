@@ -93,8 +93,12 @@ class AgentLoopWorker:
             out = await loop.run(sp, request_id=request_id, **extra, **row)
             if out.reward_score is None:
                 text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
-                out.reward_score = float(self.compute_score(row.get("data_source", ""), text,
-                                                            row["reward_model"]["ground_truth"], row.get("extra_info")))
+                result = self.compute_score(row.get("data_source", ""), text, row["reward_model"]["ground_truth"],
+                                            row.get("extra_info"))
+                if isinstance(result, dict):  # verl's dict reward: "score" trains, the rest is reported
+                    out.metrics.update({f"reward/{k}": float(v) for k, v in result.items() if k != "score"})
+                    result = result["score"]
+                out.reward_score = float(result)
             out.metrics["agent/total_s"] = time.perf_counter() - t0
             return out
         finally:

@@ -13,6 +13,7 @@ Any other keys (``agent_name``, ...) pass through untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -52,7 +53,8 @@ def register_task(name: str, generator: TaskGenerator) -> None:
     TASKS.register(name, generator)
 
 
-def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = "+") -> list[dict[str, Any]]:
+def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = "+",
+                  **options: Any) -> list[dict[str, Any]]:
     """Build a built-in task split in memory.
 
     Args:
@@ -62,6 +64,7 @@ def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = 
         size: number of rows.
         seed: generator seed.
         operators: arithmetic operators for tasks that use them (``arith``); others may ignore it.
+        **options: task-specific knobs (see :func:`task_options`), passed to the generator.
 
     Returns:
         ``size`` validated rows in the verl schema.
@@ -69,8 +72,15 @@ def get_task_rows(task: str, split: str, size: int, seed: int, operators: str = 
     Raises:
         UnknownNameError: ``task`` is not registered (a ``KeyError``; the message lists the registered tasks).
     """
-    rows = TASKS[task](size, seed, split, operators)  # UnknownNameError lists the registered tasks
+    rows = TASKS[task](size, seed, split, operators, **options)  # UnknownNameError lists the registered tasks
     return [validate_row(r, f"<task {task}/{split}>", i) for i, r in enumerate(rows)]
+
+
+def task_options(data_cfg: Any) -> dict[str, Any]:
+    """Keyword arguments for the generator of ``data_cfg.task``: the task's own config section
+    ``data.<task>`` (e.g. ``data.word_problems``) as a dict, or ``{}`` when it has none."""
+    section = getattr(data_cfg, data_cfg.task, None)
+    return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
 
 
 def _to_python(x: Any) -> Any:

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from asyncrl.registry import Registry
 from asyncrl.reward import gsm8k
 
 logger = logging.getLogger(__name__)
 
-RewardFn = Callable[[str, str], float]
-"""``fn(solution_str, ground_truth) -> score``."""
+RewardFn = Callable[[str, str], Union[float, dict]]
+"""``fn(solution_str, ground_truth) -> score`` or ``{"score": float, **extras}``."""
 
 REWARD_FNS: Registry[RewardFn] = Registry("reward (data_source)")
 """data_source -> rule reward. Unknown sources fall back to the gsm8k-style scorer (logged once)."""
 for _source in ("arith", "calc_tool", "gsm8k", "openai/gsm8k"):
     REWARD_FNS.register(_source, gsm8k.compute_score)
+# task modules register their own rule on import; lazy here so every process (rollouter, agent-loop
+# workers) finds it even when it never imported the task module
+REWARD_FNS.register_lazy("word_problems", "asyncrl.data.word_problems:compute_score")
 
 _warned: set[str] = set()
 
@@ -43,7 +46,7 @@ def get_reward_fn(data_source: str) -> RewardFn:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any,
-                  extra_info: dict[str, Any] | None = None) -> float:
+                  extra_info: dict[str, Any] | None = None) -> float | dict[str, float]:
     """Score one response with the rule reward registered for ``data_source``.
 
     Args:
@@ -53,9 +56,14 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
         extra_info: the row's ``extra_info`` (unused by the built-in rules; kept for verl parity).
 
     Returns:
-        The score as a float (1.0 / 0.0 for the built-in rules).
+        The score as a float (1.0 / 0.0 for the built-in rules), or, for a rule that reports more
+        (verl's dict-valued scores), ``{"score": float, **extras}`` such as ``acc`` and ``format``
+        (the extras become ``reward/<key>`` metrics; ``acc`` is the held-out accuracy when present).
     """
-    return float(get_reward_fn(data_source)(solution_str, str(ground_truth)))
+    result = get_reward_fn(data_source)(solution_str, str(ground_truth))
+    if isinstance(result, dict):
+        return {k: float(v) for k, v in result.items()}
+    return float(result)
 
 
 __all__ = ["REWARD_FNS", "compute_score", "get_reward_fn", "register_reward"]

@@ -221,6 +221,10 @@ class FullyAsyncTrainer:
             "rollouter/processing_p99_s": float(np.percentile(proc, 99)),
             "trainer/dropped_stale": self.dropped["stale"],
         }
+        outs = [o for s in samples for o in s.outputs]
+        for k in sorted({k for o in outs for k in o.metrics if k.startswith("reward/")}):  # e.g. reward/format
+            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]
+            row[k] = float(np.mean(vals))
         row.update(upd)
         row.update(sync)
         row.update(timing)
