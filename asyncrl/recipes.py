@@ -202,9 +202,9 @@ def smollm2_word_problems_gpu(model_path: str | None = None) -> ExperimentConfig
     """:func:`smollm2_word_problems` at full batch size on two GPUs: hf rollout on GPU 0, FSDP2 trainer on
     GPU 1, NCCL weight sync after every step (``scripts/gpu/smollm2_h200.py`` runs it and reports).
 
-    16 prompts x 8 samples per update (128 sequences), responses up to 256 tokens, 100 steps capped at 8
-    minutes of training (the GPU machine's commands are limited to 10), 256 held-out problems evaluated
-    greedily every 10 versions. Target: held-out accuracy up >= 10 points within the 100 steps.
+    16 prompts x 8 samples per update (128 sequences), responses up to 256 tokens, 100 steps capped at 6
+    minutes of training (a command on the lent GPU machine may run 10 minutes, start and conversion
+    included), 200 held-out problems evaluated greedily every 10 versions. Target: held-out accuracy up >= 10 points within the 100 steps.
 
     Raises:
         asyncrl.config.ConfigError: the GPU keys are unknown (an asyncrl without the GPU placement).
@@ -213,13 +213,13 @@ def smollm2_word_problems_gpu(model_path: str | None = None) -> ExperimentConfig
 
     cfg = smollm2_word_problems(model_path)
     cfg.trainer.experiment_name = "smollm2_word_problems_gpu"
-    cfg.data.val_size = 256
+    cfg.data.val_size = 200
     ro = cfg.actor_rollout_ref.rollout
     ro.response_length, ro.max_model_len, ro.n, ro.max_num_seqs = 256, 512, 8, 256
     ac = cfg.actor_rollout_ref.actor
     ac.ppo_mini_batch_size, ac.ppo_micro_batch_size = 16, 32
     ac.optim.lr, ac.optim.lr_warmup_steps = 1e-5, 10
-    cfg.trainer.total_training_steps, cfg.trainer.total_time_s, cfg.trainer.test_freq = 100, 480.0, 10
+    cfg.trainer.total_training_steps, cfg.trainer.total_time_s, cfg.trainer.test_freq = 100, 360.0, 10
     cfg.trainer.eval_average_last = 1
     return load_config(overrides=SMOLLM2_GPU_OVERRIDES, base=cfg)
 

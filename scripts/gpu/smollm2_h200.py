@@ -120,18 +120,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("override", nargs="*", help="extra key=value config overrides (verl key names)")
     args = ap.parse_args(argv)
     args.outdir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        handlers=[logging.FileHandler(args.outdir / "smollm2_h200.log"), logging.StreamHandler()])
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers:  # run as a script: the console too
+        logging.basicConfig(level=logging.INFO, format=fmt._fmt)
+    log_file = logging.FileHandler(args.outdir / "smollm2_h200.log")
+    log_file.setFormatter(fmt)
+    for name in ("smollm2_h200", "asyncrl"):
+        logging.getLogger(name).addHandler(log_file)
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
-        result, rc = run(args), 0
-    except Exception as exc:  # the lead's batch goes on: the error is the result
-        logger.exception("smollm2_h200 failed")
-        result, rc = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}, 1
-    (args.outdir / "smollm2_h200.json").write_text(json.dumps(result, indent=2, default=str))
-    logger.info("result: %s", json.dumps({k: v for k, v in result.items() if k not in ("summary", "traceback",
-                                                                                      "learning_curve")}, default=str))
-    if "summary" in result:
-        logger.info("\n%s", result["summary"])
+        try:
+            result, rc = run(args), 0
+        except Exception as exc:  # the lead's batch goes on: the error is the result
+            logger.exception("smollm2_h200 failed")
+            result, rc = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}, 1
+        (args.outdir / "smollm2_h200.json").write_text(json.dumps(result, indent=2, default=str))
+        logger.info("result: %s", json.dumps({k: v for k, v in result.items()
+                                              if k not in ("summary", "traceback", "learning_curve")}, default=str))
+        if "summary" in result:
+            logger.info("\n%s", result["summary"])
+    finally:
+        for name in ("smollm2_h200", "asyncrl"):
+            logging.getLogger(name).removeHandler(log_file)
+        log_file.close()
     return rc
 
 
