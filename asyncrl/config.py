@@ -19,11 +19,16 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,
+                                      RewardModelConfig, validate_algorithm, validate_sampling)
+
 MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny_qwen2_arith"
 
 
 class ConfigError(ValueError):
     """A config key or value is invalid; the message names the closest valid key."""
+
+
 
 
 @dataclass
@@ -96,12 +101,21 @@ class ActorConfig:
     """PPO clip epsilon below 1."""
     clip_ratio_high: float = 0.28
     """PPO clip epsilon above 1 (DAPO clip-higher)."""
+    clip_ratio_c: Optional[float] = 3.0
+    """Dual-clip bound (> 1): for negative advantages the loss is capped at ``-A * clip_ratio_c``; null = off."""
     loss_agg_mode: str = "token-mean"
-    """``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum``."""
+    """``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-sum-norm``;
+    exact under any ``ppo_micro_batch_size`` (formulas: ``asyncrl/trainer/losses.py``)."""
+    loss_scale_factor: Optional[float] = None
+    """The constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO); null = ``rollout.response_length``."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus: ``loss -= entropy_coeff * entropy`` (of the filtered sampling distribution)."""
     use_kl_loss: bool = False
-    """Add a KL(policy || reference) penalty (low-variance k3 estimator) to the loss."""
+    """Add ``kl_loss_coef * KL(policy || reference)`` to the loss (a frozen copy of the start model)."""
     kl_loss_coef: float = 0.001
-    """Weight of the KL penalty when ``use_kl_loss``."""
+    """Weight of the KL loss when ``use_kl_loss``."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss: ``k1``/``kl``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``abs``."""
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
@@ -160,7 +174,13 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature for training rollouts."""
     top_p: float = 1.0
-    """Nucleus sampling for training rollouts."""
+    """Nucleus sampling mass in (0, 1] for training rollouts (1 = off)."""
+    top_k: int = -1
+    """Keep the k most likely tokens when sampling training rollouts (-1 or 0 = off)."""
+    min_p: float = 0.0
+    """Drop tokens below ``min_p`` x the top token's probability (0 = off). Temperature, top_k,
+    top_p and min_p are applied by the trainer too (``asyncrl/rollout/sampling.py``), so rollout
+    and trainer log-probs are of the same distribution."""
     num_replicas: int = 1
     """RolloutReplica actors (one engine each)."""
     concurrent_samples_per_replica: int = 256
@@ -180,6 +200,8 @@ class RolloutConfig:
     enforce_eager: bool = True
     """Skip graph capture / compilation (faster start on CPU)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Settings of the multi-turn ``tool_agent`` loop."""
 
 
 @dataclass
@@ -199,18 +221,30 @@ class AsyncTrainingConfig:
     """Mini-batches fetched per fit step; one optimizer update each."""
     partial_rollout: bool = True
     """On sync, abort in-flight generation and resume it afterwards (else wait for it)."""
-    use_rollout_log_probs: bool = True
-    """Bypass mode: the rollout engine's logprobs serve as old logprobs (no recompute)."""
     sync_bucket_size_mb: float = 64.0
     """ParameterSynchronizer bucket size in MiB."""
 
 
 @dataclass
-class AlgorithmConfig:
-    adv_estimator: str = "grpo"
-    """Advantage estimator: ``grpo`` | ``dr_grpo`` (no std normalisation)."""
-    norm_adv_by_std_in_grpo: bool = True
-    """Divide group-centred rewards by the group std (GRPO); False gives Dr.GRPO."""
+class CriticModelConfig:
+    path: Optional[str] = None
+    """Value-model checkpoint (a causal LM; a scalar value head is added); null = the actor's ``model.path``."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO (used when ``algorithm.adv_estimator=gae``; verl ``critic.*``)."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, lr_warmup_steps=0))
+    ppo_micro_batch_size: int = 64
+    """Sequences per forward/backward chunk."""
+    ppo_epochs: int = 1
+    """Critic passes over each mini-batch."""
+    cliprange_value: float = 0.5
+    """Clip of the value prediction around the old value in the value loss."""
+    loss_agg_mode: str = "token-mean"
+    """Aggregation of the value loss (same modes as the actor)."""
 
 
 @dataclass
@@ -225,6 +259,8 @@ class TrainerConfig:
     """The summary's "after" accuracy is the mean of this many last evaluations."""
     project_name: str = "asyncrl"
     """Run-group name used in artifact paths."""
+    critic_warmup: int = 0
+    """Trainer steps that update only the critic before the actor starts (``gae``)."""
     experiment_name: str = "arith_grpo_cpu"
     """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``."""
     default_local_dir: str = "runs"
@@ -251,6 +287,8 @@ class ExperimentConfig:
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -328,9 +366,37 @@ def load_config(
     return out
 
 
+# enum-like keys: dotted key -> valid values (a value ending in ":" is a prefix, e.g. "harbor:<name>")
+CHOICES: dict[str, tuple] = {
+    "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
+    "actor_rollout_ref.rollout.name": ("vllm", "hf"),
+    "actor_rollout_ref.rollout.agent.sandbox.agent": ("bash", "oracle", "harbor:"),
+    **ALGORITHM_CHOICES,
+}
+HINTS: dict[tuple, str] = {**ALGORITHM_HINTS}
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def check_choice(key: str, value: Any, choices: tuple) -> None:
+    """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``value`` is one of ``choices``."""
+    ok = value in choices or (isinstance(value, str) and any(
+        isinstance(c, str) and c.endswith(":") and value.startswith(c) and len(value) > len(c) for c in choices))
+    if not ok:
+        valid = ", ".join("null" if c is None else (f"{c}<name>" if c.endswith(":") else c) for c in choices)
+        hint = HINTS.get((key, value))
+        raise ConfigError(f"{key}={value!r} is not valid; valid values: {valid}" + (f" ({hint})" if hint else ""))
+
+
 def validate(cfg: ExperimentConfig) -> None:
-    """Check cross-field constraints; raises :class:`ConfigError` naming the key."""
+    """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
     at, ro, ac = cfg.async_training, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    for key, choices in CHOICES.items():
+        check_choice(key, _get(cfg, key), choices)
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
     for name, value in [
@@ -338,13 +404,18 @@ def validate(cfg: ExperimentConfig) -> None:
         ("async_training.require_batches", at.require_batches),
         ("actor_rollout_ref.rollout.n", ro.n),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", ac.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size", ac.ppo_micro_batch_size),
         ("actor_rollout_ref.rollout.response_length", ro.response_length),
         ("actor_rollout_ref.rollout.num_replicas", ro.num_replicas),
+        ("critic.ppo_micro_batch_size", cfg.critic.ppo_micro_batch_size),
     ]:
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    if ac.loss_agg_mode not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-        raise ConfigError(f"actor_rollout_ref.actor.loss_agg_mode={ac.loss_agg_mode!r} is not supported")
+    try:
+        validate_sampling(ro)
+        validate_algorithm(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -13,9 +13,20 @@ Glossary (one row per trainer step in ``metrics.csv``; seconds unless said other
 ``rollouter/partial_max_span``      largest version span of one sample in the step
 ``rollouter/processing_p50_s`` ...  per-sample generation+reward time percentiles
 ``rollouter/queue_size``            MessageQueue size when the step was logged
-``actor/pg_loss``, ``pg_clipfrac``  PPO-clip loss and clipped fraction
+``actor/pg_loss``, ``pg_clipfrac``  PPO-clip loss and clipped fraction (``pg_clipfrac_lower``: dual clip)
 ``actor/ppo_kl``, ``actor/kl_loss`` behaviour-vs-policy KL estimate; reference KL (if enabled)
+``actor/entropy``                   entropy of the filtered sampling distribution (``entropy_coeff`` > 0)
 ``actor/grad_norm``, ``actor/lr``   gradient norm before clipping; learning rate
+``actor/reward_kl_penalty[_coeff]`` KL(old || ref) in the reward and its coefficient (``use_kl_in_reward``)
+``critic/score_mean``               mean shaped score (rule reward + overlong penalty)
+``critic/advantages_*``             mean and mean absolute advantage over trained tokens
+``critic/returns_mean``             mean return (the critic's target for ``gae``)
+``critic/vf_loss``, ``vf_clipfrac`` clipped value loss and its clipped fraction (``gae``)
+``critic/grad_norm``, ``critic/lr`` the critic's optimizer (``gae``)
+``rollout_corr/*``                  rollout vs trainer log-prob mismatch and IS / rejection statistics
+                                    (decoupled mode; ``asyncrl/trainer/rollout_correction.py``)
+``trainer/dropped_stale``           prompt groups dropped for staleness so far
+``trainer/dropped_dapo_no_signal``  prompt groups dropped by DAPO's ``filter_groups`` so far
 ``sync/*``                          weight-sync phase timings (pause, transfer, resume, total)
 ``timing/*``                        trainer step phases (fetch, update, step)
 ``reward/<key>``                    extras of a dict-valued rule reward, mean over the step's

@@ -36,14 +36,15 @@ def arith_grpo_cpu() -> ExperimentConfig:
     return cfg
 
 
-def smoke_cpu(mode: str = "d") -> ExperimentConfig:
+def smoke_cpu(mode: str = "d", family: str = "grpo") -> ExperimentConfig:
     """A few-step run of mode ``a`` | ``b`` | ``c`` | ``d`` for tests and notebooks' CI switch.
 
     Modes (DESIGN.md section 4): a) trigger 1, staleness 0; b) trigger 2, staleness 0;
     c) staleness 0.5 without partial rollout; d) staleness 0.5 with partial rollout.
+    ``family``: the algorithm family of :func:`arith_family_cpu`.
     """
-    cfg = arith_grpo_cpu()
-    cfg.trainer.experiment_name = f"smoke_mode_{mode}"
+    cfg = arith_family_cpu(family)
+    cfg.trainer.experiment_name = f"smoke_mode_{mode}" + ("" if family == "grpo" else f"_{family}")
     cfg.trainer.total_training_steps = 4
     cfg.trainer.total_time_s = 0.0
     cfg.trainer.test_freq = 2
@@ -225,3 +226,48 @@ def smollm2_word_problems_gpu(model_path: str | None = None) -> ExperimentConfig
 
 
 RECIPES["smollm2_word_problems_gpu"] = smollm2_word_problems_gpu
+
+
+ALGORITHM_FAMILIES = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "ppo_gae", "dapo")
+"""Families of :func:`arith_family_cpu` (``docs/algorithms.md`` says when to use which)."""
+
+
+def arith_family_cpu(family: str = "grpo") -> ExperimentConfig:
+    """:func:`arith_grpo_cpu` with the advantage estimator and losses of one algorithm family (verl keys).
+
+    ``grpo`` (the default), ``dr_grpo`` (no std division, ``seq-mean-token-sum-norm``), ``rloo``,
+    ``reinforce_plus_plus`` (token returns whitened over the batch, KL(old || ref) in the reward),
+    ``ppo_gae`` (a critic: value head on the same checkpoint, GAE lambda 0.95, clipped value loss) and
+    ``dapo`` (dynamic sampling with ``filter_groups``, overlong reward shaping, token-mean loss,
+    clip-higher 0.28).
+
+    Raises:
+        ValueError: unknown family (the message lists them).
+    """
+    if family not in ALGORITHM_FAMILIES:
+        raise ValueError(f"unknown algorithm family {family!r}; valid: {', '.join(ALGORITHM_FAMILIES)}")
+    cfg = arith_grpo_cpu()
+    if family != "grpo":
+        cfg.trainer.experiment_name = f"arith_{family}_cpu"
+    al, ac = cfg.algorithm, cfg.actor_rollout_ref.actor
+    if family == "dr_grpo":
+        al.norm_adv_by_std_in_grpo = False
+        ac.loss_agg_mode = "seq-mean-token-sum-norm"
+    elif family == "rloo":
+        al.adv_estimator = "rloo"
+    elif family == "reinforce_plus_plus":
+        al.adv_estimator = "reinforce_plus_plus"
+        al.use_kl_in_reward, al.kl_penalty, al.kl_ctrl.kl_coef = True, "k2", 0.001
+    elif family == "ppo_gae":
+        al.adv_estimator, al.gamma, al.lam = "gae", 1.0, 0.95
+        cfg.critic.optim.lr, cfg.critic.cliprange_value = 1e-3, 0.5
+    elif family == "dapo":
+        al.filter_groups.enable, al.filter_groups.metric = True, "acc"
+        ac.loss_agg_mode, ac.clip_ratio_low, ac.clip_ratio_high = "token-mean", 0.2, 0.28
+        ob = cfg.reward_model.overlong_buffer
+        ob.enable, ob.len, ob.penalty_factor = True, 4, 1.0
+    return cfg
+
+
+for _family in ALGORITHM_FAMILIES[1:]:
+    RECIPES[f"arith_{_family}_cpu"] = (lambda f: lambda: arith_family_cpu(f))(_family)

@@ -90,7 +90,7 @@ class FullyAsyncRollouter:
         eos = self.tokenizer.eos_token_id
         ro = config.actor_rollout_ref.rollout
         self.sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
-                                 logprobs=True, stop_token_ids=[eos] if eos is not None else [])
+                                 top_k=ro.top_k, min_p=ro.min_p, logprobs=True, stop_token_ids=[eos] if eos is not None else [])
         self.greedy_sp = SamplingParams(max_tokens=ro.response_length, temperature=0.0, logprobs=False,
                                         stop_token_ids=self.sp.stop_token_ids)
 

@@ -39,3 +39,54 @@ def test_recipe_as_base_and_yaml_roundtrip(tmp_path):
     y.write_text(to_yaml(cfg))
     assert load_config(y) == cfg
     assert "async_training.partial_rollout" in valid_keys()
+
+
+# ---------------------------------------------------------------------- enum-like keys and algorithm checks
+from asyncrl.config import CHOICES  # noqa: E402
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_every_enum_key_names_its_valid_values(key):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[f"{key}=not_a_choice"])
+    msg = str(err.value)
+    assert key in msg and "valid values" in msg
+    shown = [c for c in CHOICES[key] if c is not None and not c.endswith(":")]
+    assert all(c in msg for c in shown), msg
+
+
+def test_valid_enum_values_load():
+    cfg = load_config(overrides=["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+                                 "algorithm.kl_ctrl.type=adaptive", "actor_rollout_ref.rollout.agent.sandbox.agent=harbor:terminus-2"])
+    assert cfg.algorithm.adv_estimator == "rloo" and cfg.actor_rollout_ref.rollout.agent.sandbox.agent == "harbor:terminus-2"
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["algorithm.adv_estimator=dr_grpo"], "norm_adv_by_std_in_grpo=false"),
+    (["algorithm.rollout_correction.rollout_is=token"], "bypass_mode=false"),
+    (["actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    (["actor_rollout_ref.rollout.temperature=0"], "greedy"),
+    (["actor_rollout_ref.rollout.top_k=1"], "top_k"),
+    (["actor_rollout_ref.rollout.top_p=1.5"], "top_p"),
+    (["actor_rollout_ref.rollout.min_p=1.0"], "min_p"),
+    (["actor_rollout_ref.actor.clip_ratio_c=0.5"], "clip_ratio_c"),
+    (["actor_rollout_ref.rollout.multi_turn.enable=true"], "default_agent_loop=tool_agent"),
+    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=100"], "overlong_buffer.len"),
+    (["algorithm.rollout_correction.bypass_mode=false", "algorithm.rollout_correction.rollout_rs=token",
+      "algorithm.rollout_correction.rollout_rs_threshold_lower=2"], "rollout_rs_threshold_lower"),
+])
+def test_algorithm_combinations_refused_with_the_fix(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(overrides=overrides)
+
+
+def test_multi_turn_keys_reach_the_tool_loop():
+    from asyncrl.agent_loop.tool_agent import ToolAgentLoop
+    from asyncrl.models import load_tokenizer
+
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+                                 "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1",
+                                 "actor_rollout_ref.rollout.multi_turn.enable=true",
+                                 "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
+    loop = ToolAgentLoop(None, load_tokenizer(cfg.actor_rollout_ref.model.path), cfg)
+    assert loop.mt.max_assistant_turns == 2 and loop.mt.max_parallel_calls == 1

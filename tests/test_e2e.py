@@ -17,8 +17,8 @@ from asyncrl.staleness import sample_budget
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
-def _run(mode, shared_replica, tmp_path, **changes):
-    cfg = smoke_cpu(mode)
+def _run(mode, shared_replica, tmp_path, cfg=None, **changes):
+    cfg = cfg or smoke_cpu(mode)
     cfg.trainer.default_local_dir = str(tmp_path)
     cfg.trainer.progress_bar = False
     for k, v in changes.items():

@@ -1,4 +1,5 @@
-"""FSDP2 trainer engine on 2 ranks: log-probs vs an unsharded model, a learning step, param gathering.
+"""FSDP2 trainer engine on 2 ranks: log-probs vs an unsharded model, a learning step, param gathering,
+and the full-batch gradient for every loss_agg_mode under any micro-batch split across ranks.
 
 The ``cpu`` case runs FSDP2 over gloo (CI); the ``cuda`` case (``@pytest.mark.gpu``) runs on two
 GPUs with NCCL and bf16 mixed precision. Run on a GPU box: ``pytest tests/test_gpu_trainer.py``.
@@ -29,6 +30,47 @@ def _ref_log_probs(model, input_ids, resp_index):
     return tok.gather(1, resp_index - 1)
 
 
+def _check_exact_gradients(eng, ref, rank, world, vocab, dev, cuda):
+    """4. Every loss_agg_mode: the sharded, micro-batched gradient equals one full-batch gradient."""
+    from asyncrl.config_algorithm import LOSS_AGG_MODES
+    from asyncrl.trainer.losses import agg_loss
+
+    errors = []
+    full = dict(eng.iter_params_for_sync(dtype=None))  # current weights -> the unsharded reference
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            p.copy_(full[n])
+    eng.clip_grad = 1e12
+    for group in eng.optimizer.param_groups:
+        group["lr"] = 0.0
+    lengths = [[2, 6, 4], [5, 1, 3]]  # response tokens of each rank's 3 rows (response width 6)
+    ids = [torch.randint(1, vocab, (3, 12), generator=torch.Generator().manual_seed(100 + r)).to(dev) for r in range(world)]
+    masks = [torch.tensor([[1.0] * n + [0.0] * (6 - n) for n in lengths[r]], device=dev) for r in range(world)]
+    advs = [torch.tensor([1.0, -1.0, 0.5], device=dev), torch.tensor([-0.5, 2.0, 1.0], device=dev)]
+    ri = torch.arange(6, 12, device=dev).expand(3, 6)
+    tol = 5e-2 if cuda else 1e-5
+    for mode in LOSS_AGG_MODES:
+        def loss_fn(log_probs, mb, scale, entropy, mode=mode):
+            mat = -mb["adv"][:, None] * torch.exp(log_probs - log_probs.detach())
+            return agg_loss(mat, mb["response_mask"], mode, scale, 10.0), {}
+
+        ref.zero_grad(set_to_none=True)
+        lp = _ref_log_probs(ref, torch.cat(ids), torch.cat([ri, ri]))
+        mat = -torch.cat(advs)[:, None] * torch.exp(lp - lp.detach())
+        agg_loss(mat, torch.cat(masks), mode, None, 10.0).backward()
+        want = torch.cat([p.grad.flatten() for p in ref.parameters()])
+        for micro in (1, 2, 3):
+            eng.micro_batch_size = micro
+            eng.train_step({"input_ids": ids[rank], "attention_mask": torch.ones_like(ids[rank]),
+                            "response_mask": masks[rank], "adv": advs[rank]}, loss_fn)
+            got = torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).flatten()
+                             for p in eng.model.parameters()])
+            err = float((got - want).norm() / want.norm())
+            if not err < tol:
+                errors.append(f"{mode} micro {micro}: gradient rel err {err} vs the full batch")
+    return errors
+
+
 def _worker(rank, world, port, device_type, q):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -36,6 +78,7 @@ def _worker(rank, world, port, device_type, q):
         from transformers import AutoModelForCausalLM
 
         from asyncrl.trainer.fsdp_engine import FSDPEngine, init_distributed
+        from asyncrl.trainer.losses import agg_loss
 
         init_distributed("nccl" if device_type == "cuda" else "gloo")
         cfg = _tiny_config()
@@ -77,13 +120,14 @@ def _worker(rank, world, port, device_type, q):
         # 3. a few steps of maximising the response log-likelihood lower the loss
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": rmask.to(dev)}
 
-        def loss_fn(log_probs, mb):
-            loss = -(log_probs * mb["response_mask"]).sum() / mb["response_mask"].sum()
-            return loss, {"loss": loss.item()}
+        def loss_fn(log_probs, mb, scale, entropy):
+            loss = agg_loss(-log_probs, mb["response_mask"], "token-mean", scale)
+            return loss, {"loss": float(-(log_probs * mb["response_mask"]).sum() / mb["response_mask"].sum())}
 
         losses = [eng.train_step(batch, loss_fn)["loss"] for _ in range(5)]
         if not losses[-1] < losses[0]:
             errors.append(f"loss did not drop: {losses}")
+        errors += _check_exact_gradients(eng, ref, rank, world, cfg.vocab_size, dev, cuda)
         q.put((rank, errors))
     except BaseException as e:  # pragma: no cover
         import traceback

@@ -71,6 +71,16 @@ def test_funnel_nothing_binds_when_idle_and_optional_pools_absent():
     assert not any(k in counts(m) for k in ("agent_loop_workers", "sandboxes"))
 
 
+def test_funnel_shows_the_trainers_drops_by_reason():
+    snap = copy.deepcopy(load("mq_bound"))
+    snap.setdefault("trainer", {})["dropped"] = {"stale": 2, "dapo_no_signal": 5, "other": 0}
+    m = funnel_model(snap)
+    assert m.drops == {"stale": 2, "dapo_no_signal": 5}
+    f = ConcurrencyFunnel()
+    f.update(snap)
+    assert "trainer dropped (after the queue): dapo_no_signal 5, stale 2" in f.to_html()
+
+
 def test_funnel_optional_pools_and_replica_limits():
     m = funnel_model(load("pools"))
     c = counts(m)

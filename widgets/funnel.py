@@ -68,6 +68,8 @@ class FunnelModel:
     paused: bool = False
     state: str = ""
     history: dict[str, list[int]] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+    """Prompt groups the trainer dropped after the queue, by reason (``stale``, ``dapo_no_signal``)."""
 
     def layer(self, key: str) -> Layer:
         return next(layer for layer in self.layers if layer.key == key)
@@ -127,8 +129,9 @@ def funnel_model(snapshot: dict, replica_limit: Optional[int] = None) -> FunnelM
     """Pure model of one snapshot (no history): layers, binding layer, paused flag."""
     layers = funnel_layers(snapshot, replica_limit)
     ro = snapshot.get("rollouter") or {}
+    drops = {str(k): as_int(v) for k, v in ((snapshot.get("trainer") or {}).get("dropped") or {}).items() if v}
     return FunnelModel(layers=layers, binding=binding_layer(layers), paused=bool(ro.get("paused")),
-                       state=str(snapshot.get("state", "")))
+                       state=str(snapshot.get("state", "")), drops=drops)
 
 
 class ConcurrencyFunnel(SnapshotView):
@@ -207,7 +210,9 @@ class ConcurrencyFunnel(SnapshotView):
     def _head_html(self, m: FunnelModel) -> str:
         binding = next((layer.label for layer in m.layers if layer.key == m.binding), "none")
         paused = ' &middot; <span class="warn">rollouter paused for weight sync</span>' if m.paused else ""
-        return f"binding layer: <b style='color:#cf1322'>{html.escape(binding)}</b>{paused}"
+        drops = ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(m.drops.items()))
+        dropped = f"<br>trainer dropped (after the queue): {drops}" if drops else ""
+        return f"binding layer: <b style='color:#cf1322'>{html.escape(binding)}</b>{paused}{dropped}"
 
     def _head_live(self, m: FunnelModel) -> str:
         return f"<b>{self.title}</b><br>{self._head_html(m)}"

@@ -25,7 +25,8 @@ Stopping at a call: the parser's end-of-call string (``</tool_call>``) joins ``s
 it is a single token (the embedded tokenizer, Qwen2.5/Qwen3) that id is the stop; otherwise its last
 token is the stop and a turn that stopped there without the decoded text ending in the string is
 continued. Stopping at the first call means one call per turn; set
-``MultiTurnConfig.stop_on_tool_call=False`` for models that emit parallel calls before EOS.
+``actor_rollout_ref.rollout.multi_turn.stop_on_tool_call=false`` for models that emit parallel calls
+before EOS.
 
 ``sampling_params.max_tokens`` (the rollout's ``response_length``) is the budget of the *whole*
 response, model and tool tokens together; the response is cut to it. Tool failures (unknown tool, bad
@@ -47,27 +48,10 @@ from asyncrl.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
 from asyncrl.agent_loop.proxy.rendering import ChatRenderer
 from asyncrl.agent_loop.tool_parser import ERROR_KINDS, ToolCall, get_tool_parser
 from asyncrl.agent_loop.tools.base import BaseTool, ToolError, select_tools, tool_schema_name
+from asyncrl.config_algorithm import MultiTurnConfig  # noqa: F401  (the loop's knobs; re-exported for callers)
 from asyncrl.rollout.base import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class MultiTurnConfig:
-    """Knobs of the tool agent loop (verl: ``actor_rollout_ref.rollout.multi_turn``)."""
-
-    max_assistant_turns: int = 4
-    """Model turns before the trajectory is terminated (verl ``max_assistant_turns``)."""
-    max_parallel_calls: int = 4
-    """Calls executed per turn; further calls get an error tool message."""
-    max_tool_response_length: int = 256
-    """Characters of a tool message kept (the rest is replaced by ``...``)."""
-    tool_timeout_s: float = 10.0
-    """Seconds one tool call may take before it is answered with a timeout error."""
-    format: str = "hermes"
-    """Tool-call parser name (``hermes`` | ``qwen3_coder``)."""
-    stop_on_tool_call: bool = True
-    """Add the parser's end-of-call token to the stop set (one call per turn)."""
 
 
 class AgentState(enum.Enum):

@@ -45,7 +45,10 @@ class SamplingParams:
     Attributes:
         max_tokens: generation budget in tokens for this call.
         temperature: 0 means greedy.
-        top_p: nucleus sampling.
+        top_p: nucleus sampling mass (1 = off).
+        top_k: keep the k most likely tokens (``<= 0`` = off).
+        min_p: relative probability floor (0 = off). The four distribution-changing parameters
+            are applied in vLLM's order by :mod:`asyncrl.rollout.sampling` (HF backend, trainer).
         logprobs: return the logprob of each sampled token.
         stop_token_ids: extra ids that end generation (EOS always does).
         seed: per-request seed, ``None`` for engine randomness.
@@ -56,6 +59,8 @@ class SamplingParams:
     max_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
     logprobs: bool = True
     stop_token_ids: list[int] = field(default_factory=list)
     seed: Optional[int] = None

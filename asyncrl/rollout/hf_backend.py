@@ -9,8 +9,8 @@
 Deliberately simple: one request per forward (no continuous batching), requests interleave at
 token granularity on the event loop, each forward runs in a worker thread under a lock. Same
 token-in-token-out contract as :class:`asyncrl.rollout.vllm_backend.VLLMEngine`, including
-``logprobs = log_softmax(logits / temperature)`` of the sampled token (vLLM's
-``processed_logprobs``; top-p renormalisation is not applied to the reported logprob).
+the log-prob of the sampled token under the filtered distribution it was drawn from (vLLM's
+``processed_logprobs``; the filters are :mod:`asyncrl.rollout.sampling`'s, shared with the trainer).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Sequence
 import torch
 
 from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.sampling import GREEDY_EPS, apply_sampling_filters
 from asyncrl.rollout.vllm_backend import eos_token_ids
 from asyncrl.sync.bucket import BucketAssembler, ChunkMeta
 
@@ -31,21 +32,17 @@ logger = logging.getLogger(__name__)
 def sample_token(logits: torch.Tensor, sp: SamplingParams, generator: Optional[torch.Generator]) -> tuple[int, float]:
     """Pick the next id from ``(vocab,)`` float logits; returns ``(id, logprob)``.
 
-    Greedy when ``temperature == 0`` (logprob of the raw distribution); otherwise nucleus
-    sampling from ``softmax(logits / temperature)``.
+    Greedy when ``temperature == 0`` (logprob of the raw distribution); otherwise samples from
+    the distribution of :func:`asyncrl.rollout.sampling.apply_sampling_filters` (temperature,
+    min-p, top-k, top-p in vLLM's order) and reports the log-prob under that same filtered
+    distribution (vLLM's ``processed_logprobs``), which is what the trainer recomputes.
     """
-    logits = logits.float()
-    if sp.temperature <= 0:
-        logp = torch.log_softmax(logits, -1)
-        tok = int(torch.argmax(logits))
-        return tok, float(logp[tok])
-    logp = torch.log_softmax(logits / sp.temperature, -1)
-    probs = logp.exp()
-    if sp.top_p < 1.0:
-        sorted_p, idx = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < sp.top_p
-        probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
-    tok = int(torch.multinomial(probs, 1, generator=generator))
+    filtered = apply_sampling_filters(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p)
+    logp = torch.log_softmax(filtered, -1)
+    if sp.temperature < GREEDY_EPS:
+        tok = int(torch.argmax(filtered))
+    else:
+        tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
     return tok, float(logp[tok])
 
 

@@ -168,7 +168,8 @@ class VLLMEngine(InferenceEngine):
         from vllm.sampling_params import RequestOutputKind
 
         return VSamplingParams(
-            max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, seed=sp.seed,
+            max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=max(0, sp.top_k),
+            min_p=sp.min_p, seed=sp.seed,
             logprobs=0 if sp.logprobs else None, detokenize=False,
             stop_token_ids=list(dict.fromkeys([*([] if sp.ignore_eos else self.eos_token_ids), *sp.stop_token_ids])),
             ignore_eos=sp.ignore_eos,

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from asyncrl.agent_loop.base import AgentLoopOutput
+from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_log_probs
+from asyncrl.trainer.losses import LossScale
 
 logger = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.Tensor, "Batch", LossScale, Optional[torch.Tensor]], tuple[torch.Tensor, dict]]
+"""``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)``, see :meth:`TrainEngine.update`."""
 
 
 @dataclass
@@ -49,6 +53,11 @@ class Batch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """``(batch,)`` int64 response tokens (model and tool tokens) of each row."""
+        return (self.resp_index > 0).sum(-1)
 
     def select(self, idx: Sequence[int]) -> "Batch":
         i = torch.as_tensor(list(idx), dtype=torch.long)
@@ -82,18 +91,33 @@ def collate(outputs: Sequence[AgentLoopOutput], group_ids: Sequence, pad_id: int
     return Batch(input_ids, attn, resp_index, mask, lps, rewards, list(group_ids), versions)
 
 
-def response_log_probs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """Logprob of each response token under ``model``: ``(batch, resp_len)`` float32 (0 on pad)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = F.log_softmax(logits[:, :-1], dim=-1)  # position t predicts token t+1
-    targets = batch.input_ids[:, 1:]
-    tok_lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (batch, seq-1)
-    pred_pos = (batch.resp_index - 1).clamp(min=0)
-    out = tok_lp.gather(1, pred_pos)
-    valid = (batch.resp_index > 0).float()
-    return out * valid
+def response_log_probs(model: torch.nn.Module, batch: Batch, sampling: Optional[SamplingFilters] = None,
+                       with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-prob (and entropy) of each response token under ``model`` and the rollout's filters.
+
+    Args:
+        model: a causal LM.
+        batch: see :class:`Batch`.
+        sampling: the rollout's temperature / top-k / top-p / min-p (:mod:`asyncrl.rollout.sampling`),
+            so the result is a log-prob of the distribution the rollout sampled from.
+        with_entropy: also return the entropy of that distribution at each response position.
+
+    Returns:
+        ``(log_probs, entropy)``, each ``(batch, resp_len)`` float32, 0 on pad; ``entropy`` is
+        ``None`` unless requested. A token outside the filtered support gets ``-inf``.
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    pred_pos = (batch.resp_index - 1).clamp(min=0)  # position t predicts token t+1
+    rows = torch.arange(len(batch)).unsqueeze(-1)
+    sel = logits[rows, pred_pos]  # (batch, resp_len, vocab)
+    targets = batch.input_ids.gather(1, batch.resp_index)
+    valid = batch.resp_index > 0
+    lp = token_log_probs(sel, targets, sampling)
+    lp = torch.where(valid, lp, torch.zeros_like(lp))
+    ent = None
+    if with_entropy:
+        ent = filtered_entropy(sel, sampling) * valid
+    return lp, ent
 
 
 class TrainEngine:
@@ -106,23 +130,23 @@ class TrainEngine:
         dtype: ``float32`` | ``bfloat16``.
         micro_batch_size: sequences per forward/backward chunk.
         with_reference: keep a frozen copy for the KL penalty.
-        temperature: rollout sampling temperature; logits are divided by it so the recomputed
-            logprobs match the sampling distribution (vLLM ``processed_logprobs``).
+        sampling: the rollout's sampling filters; every log-prob is computed under them so it is
+            of the distribution the rollout sampled from (vLLM ``processed_logprobs``).
     """
+
+    metric_prefix = "actor"
 
     def __init__(self, model_path: str, lr: float, warmup: int, total_updates: int, weight_decay: float = 0.0,
                  betas: tuple = (0.9, 0.999), clip_grad: float = 1.0, dtype: str = "float32",
                  micro_batch_size: int = 64, with_reference: bool = False, seed: int = 0,
-                 temperature: float = 1.0):
-        from transformers import AutoModelForCausalLM
-
+                 sampling: Optional[SamplingFilters] = None):
         torch.manual_seed(seed)
         self.dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
+        self.model = self._load(model_path)
         self.model.train()
         self.ref_model = None
         if with_reference:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).eval()
+            self.ref_model = self._load(model_path).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
@@ -136,33 +160,62 @@ class TrainEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.sampling = sampling
         self.updates = 0
+
+    def _load(self, model_path: str) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
+
+    def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """What ``loss_fn`` receives: ``(log_probs, entropy)`` of the micro-batch (the critic: values)."""
+        return response_log_probs(self.model, mb, self.sampling, with_entropy)
+
+    def _chunks(self, batch: Batch) -> Iterator[Batch]:
+        for i in range(0, len(batch), self.micro_batch_size):
+            yield batch.select(range(i, min(len(batch), i + self.micro_batch_size)))
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        """``(batch, resp_len)`` log-probs under the current weights (recomputed old log-probs)."""
+        self.model.eval()
+        try:
+            return torch.cat([response_log_probs(self.model, mb, self.sampling)[0] for mb in self._chunks(batch)])
+        finally:
+            self.model.train()
 
     @torch.no_grad()
     def compute_ref_log_probs(self, batch: Batch) -> torch.Tensor:
-        """``(batch, resp_len)`` logprobs under the frozen reference model."""
-        assert self.ref_model is not None, "reference model not loaded (use_kl_loss is off)"
-        return torch.cat([response_log_probs(self.ref_model, batch.select(range(i, min(len(batch), i + self.micro_batch_size))),
-                                             self.temperature)
-                          for i in range(0, len(batch), self.micro_batch_size)])
+        """``(batch, resp_len)`` log-probs under the frozen reference model."""
+        if self.ref_model is None:
+            raise RuntimeError("reference model not loaded (TrainEngine(with_reference=True))")
+        return torch.cat([response_log_probs(self.ref_model, mb, self.sampling)[0] for mb in self._chunks(batch)])
 
-    def update(self, batch: Batch, loss_fn: Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict]]) -> dict:
-        """One optimizer step on ``batch``; ``loss_fn(log_probs, micro_batch) -> (loss, metrics)``.
+    def update(self, batch: Batch, loss_fn: LossFn, with_entropy: bool = False) -> dict:
+        """One optimizer step on ``batch`` (one mini-batch), micro-batched.
 
-        Micro-batches are weighted by their share of mask-1 tokens so the result equals a
-        full-batch token-mean loss. Returns averaged metrics plus ``actor/grad_norm`` and ``actor/lr``.
+        Args:
+            batch: the mini-batch.
+            loss_fn: ``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)`` where
+                ``scale`` is the mini-batch's :class:`~asyncrl.trainer.losses.LossScale` and ``loss``
+                this micro-batch's share of the mini-batch loss (``agg_loss(..., scale=scale)``),
+                so the gradients add up to the full-batch gradient for any micro-batch size.
+            with_entropy: pass the per-token entropy (else ``None``).
+
+        Returns:
+            ``loss_fn``'s metrics averaged with token weights, plus ``actor/grad_norm`` and ``actor/lr``
+            (``critic/...`` for the critic).
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(batch.response_mask.sum().clamp(min=1.0))
+        scale = LossScale.of(batch.response_mask)
         agg: dict[str, float] = {}
-        for i in range(0, len(batch), self.micro_batch_size):
-            mb = batch.select(range(i, min(len(batch), i + self.micro_batch_size)))
-            weight = float(mb.response_mask.sum()) / total_tokens
-            log_probs = response_log_probs(self.model, mb, self.temperature)
-            loss, metrics = loss_fn(log_probs, mb)
-            (loss * weight).backward()
+        for mb in self._chunks(batch):
+            weight = float(mb.response_mask.sum()) / max(scale.tokens, 1.0)
+            out, entropy = self._forward(mb, with_entropy)
+            loss, metrics = loss_fn(out, mb, scale, entropy)
+            loss.backward()
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + float(v) * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
@@ -170,10 +223,10 @@ class TrainEngine:
             self.optimizer.step()
         else:
             logger.warning("non-finite grad norm %s; update skipped", grad_norm)
-        agg["actor/lr"] = self.scheduler.get_last_lr()[0]
+        agg[f"{self.metric_prefix}/lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.updates += 1
-        agg["actor/grad_norm"] = float(grad_norm)
+        agg[f"{self.metric_prefix}/grad_norm"] = float(grad_norm)
         return agg
 
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:

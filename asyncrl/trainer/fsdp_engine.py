@@ -26,11 +26,14 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+
+from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_log_probs
+from asyncrl.trainer.losses import LossScale
 
 logger = logging.getLogger(__name__)
 
-LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, dict]]
+LossFn = Callable[[torch.Tensor, Any, LossScale, Optional[torch.Tensor]], tuple[torch.Tensor, dict]]
+"""``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)``, as the CPU engine's."""
 
 
 def init_distributed(backend: Optional[str] = None) -> tuple[int, int, torch.device]:
@@ -156,8 +159,10 @@ class FSDPEngine:
         return resp_index, max(0, min(int(facts[0]), seq - 1)), bool(facts[1]), bool(facts[2])
 
     def _log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: torch.Tensor,
-                   first: int, verl: bool, full_mask: bool, temperature: float) -> torch.Tensor:
-        """``(b, resp_len)`` fp32 logprob of ``input_ids[resp_index]`` (0 where ``resp_index`` is 0)."""
+                   first: int, verl: bool, full_mask: bool, sampling: Optional[SamplingFilters],
+                   with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``(b, resp_len)`` fp32 logprob of ``input_ids[resp_index]`` under the rollout's sampling
+        filters (0 where ``resp_index`` is 0), and the filtered entropy when asked."""
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         seq = input_ids.shape[1]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -172,17 +177,22 @@ class FSDPEngine:
             pred = (resp_index - 1 - first).clamp(min=0, max=logits.shape[1] - 1)
             sel = logits[torch.arange(b, device=self.device)[:, None], pred]
         targets = input_ids.gather(1, resp_index)
-        return self._token_log_probs(sel, targets, temperature) * (resp_index > 0)
+        valid = resp_index > 0
+        lp = self._token_log_probs(sel, targets, sampling)
+        ent = filtered_entropy(sel, sampling) * valid if with_entropy else None
+        return torch.where(valid, lp, torch.zeros_like(lp)), ent
 
     @staticmethod
-    def _token_log_probs_eager(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``log_softmax(logits / T)[targets]`` in fp32: ``(b, r, V)``, ``(b, r)`` -> ``(b, r)``."""
-        logits = logits.float() / temperature
-        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    def _token_log_probs_eager(logits: torch.Tensor, targets: torch.Tensor,
+                               sampling: Optional[SamplingFilters]) -> torch.Tensor:
+        """Filtered ``log_softmax(logits)[targets]`` in fp32 (:func:`asyncrl.rollout.sampling.token_log_probs`):
+        ``(b, r, V)``, ``(b, r)`` -> ``(b, r)``."""
+        return token_log_probs(logits, targets, sampling)
 
     @torch.no_grad()
     def compute_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
-                          resp_index: Optional[torch.Tensor] = None, temperature: float = 1.0) -> torch.Tensor:
+                          resp_index: Optional[torch.Tensor] = None,
+                          sampling: Optional[SamplingFilters] = None) -> torch.Tensor:
         """Logprobs of the response tokens under the current weights.
 
         Args:
@@ -192,35 +202,41 @@ class FSDPEngine:
             response_mask: ``(batch, resp_len)``; only its shape is used here.
             resp_index: optional ``(batch, resp_len)`` int64 column of each response token
                 (layout of :func:`asyncrl.trainer.engine.collate`; 0 marks padding).
-            temperature: logits are divided by it (the rollout's sampling temperature).
+            sampling: the rollout's temperature / top-k / top-p / min-p (:mod:`asyncrl.rollout.sampling`).
 
         Returns:
             ``(batch, resp_len)`` float32 on ``input_ids``' device.
         """
         ri, first, verl, full = self._plan(input_ids, attention_mask, resp_index, response_mask.shape[1])
         m = self.micro_batch_size
-        out = [self._log_probs(input_ids[i:i + m], attention_mask[i:i + m], ri[i:i + m], first, verl, full, temperature)
+        out = [self._log_probs(input_ids[i:i + m], attention_mask[i:i + m], ri[i:i + m], first, verl, full, sampling)[0]
                for i in range(0, input_ids.shape[0], m)]
         return torch.cat(out).to(input_ids.device)
 
     # ------------------------------------------------------------------ update
-    def train_step(self, batch: Any, loss_fn: LossFn, temperature: float = 1.0) -> dict[str, float]:
+    def train_step(self, batch: Any, loss_fn: LossFn, sampling: Optional[SamplingFilters] = None,
+                   with_entropy: bool = False) -> dict[str, float]:
         """One optimizer step over this rank's ``batch``.
 
         Args:
             batch: a :class:`asyncrl.trainer.engine.Batch` or a dict with ``input_ids``,
                 ``attention_mask``, ``response_mask`` (+ optional ``resp_index``) and any extra
                 per-row tensors ``loss_fn`` reads.
-            loss_fn: ``loss_fn(log_probs (mb, resp_len) fp32, micro_batch) -> (loss, metrics)``;
-                ``loss`` is a token-mean over the micro-batch's mask-1 tokens.
+            loss_fn: ``loss_fn(log_probs (mb, resp_len) fp32, micro_batch, scale, entropy) -> (loss,
+                metrics)``; ``scale`` is the :class:`~asyncrl.trainer.losses.LossScale` of the whole
+                step over all ranks and ``loss`` this micro-batch's share of the global loss
+                (``agg_loss(..., scale=scale)``).
+            sampling: the rollout's sampling filters (log-probs of the sampled distribution).
+            with_entropy: pass the per-token entropy to ``loss_fn`` (else ``None``).
 
         Returns:
             Token-weighted means of ``loss_fn``'s metrics, plus ``actor/grad_norm``,
             ``actor/lr``, ``perf/tokens`` (this rank, padded) and ``perf/step_s``.
 
-        Micro-batches are weighted by their share of mask-1 tokens over *all ranks*, so the
-        reduce-scatter mean equals a global token-mean loss. The loop itself never syncs with
-        the GPU (weights and metrics stay tensors), so the host can queue work ahead.
+        The step-wide normalisers are all-reduced once (:meth:`LossScale.of`), each micro-batch loss
+        is already its share of the global loss, and it is scaled by the world size because the
+        reduce-scatter averages over ranks: the gradient equals the full-batch gradient for any
+        split over micro-batches and ranks, for every ``loss_agg_mode``.
         """
         t0 = time.perf_counter()
         self.model.train()
@@ -228,17 +244,22 @@ class FSDPEngine:
         ids, attn, rmask = _get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask")
         ri, first, verl, full = self._plan(ids, attn, _get(batch, "resp_index"), rmask.shape[1])
         rmask = rmask.to(self.device, torch.float32)
-        total = rmask.sum().reshape(1)
-        dist.all_reduce(total)
-        scale = self.world_size / total.clamp(min=1.0)
+
+        def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(t)
+            return t
+
+        scale = LossScale.of(rmask, all_reduce)
+        local_tokens = rmask.sum().clamp(min=1.0)
         agg: dict[str, torch.Tensor] = {}
         n, m = _len(batch), self.micro_batch_size
         for i in range(0, n, m):
             mb = _rows(batch, i, min(n, i + m))
-            log_probs = self._log_probs(ids[i:i + m], attn[i:i + m], ri[i:i + m], first, verl, full, temperature)
-            loss, metrics = loss_fn(log_probs, mb)
-            weight = rmask[i:i + m].sum() * scale
-            (loss * weight).backward()
+            log_probs, entropy = self._log_probs(ids[i:i + m], attn[i:i + m], ri[i:i + m], first, verl, full,
+                                                 sampling, with_entropy)
+            loss, metrics = loss_fn(log_probs, mb, scale, entropy)
+            (loss * self.world_size).backward()
+            weight = rmask[i:i + m].sum() / local_tokens
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().float() * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
@@ -248,7 +269,7 @@ class FSDPEngine:
         else:
             logger.warning("non-finite grad norm %s; update skipped", grad_norm)
         self.updates += 1
-        out = {k: float(v) / self.world_size for k, v in agg.items()}
+        out = {k: float(v) for k, v in agg.items()}  # this rank's token-weighted means
         out.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.optimizer.param_groups[0]["lr"],
                     "perf/tokens": float(ids.numel()), "perf/step_s": time.perf_counter() - t0})
         return out

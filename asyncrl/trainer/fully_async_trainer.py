@@ -1,18 +1,22 @@
-"""FullyAsyncTrainer: pulls prompt groups from the MessageQueue, runs GRPO/PPO updates, syncs weights.
+"""FullyAsyncTrainer: pulls prompt groups from the MessageQueue, runs PPO-family updates, syncs weights.
 
 ::
 
     fit():  loop fit_step() until trainer.total_training_steps (or total_time_s) is reached
     fit_step():
-        fetch      MessageQueue.get_samples(required_samples)   (waits while empty; drops stale)
-        reward     scores were computed by the rollouter's reward step; gather them
-        old logp   bypass mode: the rollout engine's logprobs; ref logp only with use_kl_loss
-        advantage  GRPO over each prompt group
-        update     require_batches mini-batches x ppo_epochs optimizer steps
+        fetch      MessageQueue.get_samples(required_samples)   (waits while empty; drops stale groups
+                   and, with DAPO's filter_groups, groups without reward variance, and fetches more)
+        reward     rule scores from the rollouter's reward step (+ DAPO overlong shaping)
+        old logp   bypass: the rollout engine's log-probs; decoupled: recomputed by the trainer,
+                   then rollout correction (IS weights / rejection) against the rollout's
+        ref logp   frozen start model (use_kl_loss / use_kl_in_reward); values from the critic (gae)
+        advantage  token rewards (- beta * KL when use_kl_in_reward) -> algorithm.adv_estimator
+        update     critic, then actor: require_batches mini-batches x ppo_epochs optimizer steps
         sync       every trigger_parameter_sync_step steps: ParameterSynchronizer -> param_version += 1
 
 Heavy tensor work runs in a worker thread so status snapshots stay responsive. Semantics from the
-verl fully-async design (seed ``003`` chapter 6, ``FullyAsyncTrainer``).
+verl fully-async design (seed ``003`` chapter 6, ``FullyAsyncTrainer``); the maths is in
+``advantages.py``, ``losses.py``, ``rewards.py``, ``rollout_correction.py``, ``update.py``.
 """
 
 from __future__ import annotations
@@ -27,12 +31,16 @@ import numpy as np
 import torch
 
 from asyncrl.config import ExperimentConfig
+from asyncrl.rollout.sampling import SamplingFilters
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget
 from asyncrl.sync.base import get_engine_cls
 from asyncrl.sync.synchronizer import ParameterSynchronizer
-from asyncrl.trainer.algorithms import agg_loss, grpo_advantages, kl_k3, ppo_clip_loss
+from asyncrl.trainer.advantages import compute_advantages
 from asyncrl.trainer.engine import Batch, TrainEngine, collate
+from asyncrl.trainer.rewards import has_signal, make_kl_controller, shaped_scores, token_level_rewards
+from asyncrl.trainer.rollout_correction import rollout_correction
+from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +60,22 @@ class FullyAsyncTrainer:
         self.cfg = config
         self.budget = sample_budget(config)
         self.mq, self.rollouter = message_queue, rollouter
-        actor, at = config.actor_rollout_ref.actor, config.async_training
-        updates_per_step = at.require_batches * actor.ppo_epochs
+        actor, at, al = config.actor_rollout_ref.actor, config.async_training, config.algorithm
         self.engine = TrainEngine(
-            config.actor_rollout_ref.model.path, lr=actor.optim.lr, warmup=actor.optim.lr_warmup_steps,
-            total_updates=actor.optim.total_updates or config.trainer.total_training_steps * updates_per_step,
-            weight_decay=actor.optim.weight_decay, betas=actor.optim.betas, clip_grad=actor.optim.clip_grad,
+            config.actor_rollout_ref.model.path, **self._optim_kwargs(actor.optim, actor.ppo_epochs),
             dtype=config.actor_rollout_ref.model.dtype, micro_batch_size=actor.ppo_micro_batch_size,
-            with_reference=actor.use_kl_loss, seed=config.trainer.seed,
-            temperature=config.actor_rollout_ref.rollout.temperature)
+            with_reference=actor.use_kl_loss or al.use_kl_in_reward, seed=config.trainer.seed,
+            sampling=SamplingFilters.from_rollout_config(config.actor_rollout_ref.rollout))
+        self.critic = None
+        if al.adv_estimator == "gae":
+            from asyncrl.trainer.critic import CriticEngine
+
+            cr = config.critic
+            self.critic = CriticEngine(cr.model.path or config.actor_rollout_ref.model.path,
+                                       **self._optim_kwargs(cr.optim, cr.ppo_epochs),
+                                       dtype=config.actor_rollout_ref.model.dtype,
+                                       micro_batch_size=cr.ppo_micro_batch_size, seed=config.trainer.seed)
+        self.kl_ctrl = make_kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None
         engine_cls = get_engine_cls("cpu")
         self.synchronizer = ParameterSynchronizer(
             rollouter, engine_cls(list(replicas.values()), bucket_bytes=int(at.sync_bucket_size_mb * 2**20)))
@@ -70,7 +85,7 @@ class FullyAsyncTrainer:
         self.idle_s = 0.0
         self.history: list[dict] = []
         self.trained = 0
-        self.dropped: collections.Counter = collections.Counter()
+        self.dropped: collections.Counter = collections.Counter()  # stale, dapo_no_signal
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
         self.trained_token_versions: list[tuple[int, int, int]] = []  # (trainer version, min, max) per sample
         self.done = False
@@ -101,42 +116,71 @@ class FullyAsyncTrainer:
 
     async def fit_step(self) -> bool:
         """One trainer step, readable top to bottom. Returns False when the queue was shut down."""
+        cfg, al = self.cfg, self.cfg.algorithm
         t0 = time.time()
-        # 1. fetch `required_samples` prompt groups (stale ones dropped and replaced)
+        # 1. fetch `required_samples` prompt groups (stale and, with filter_groups, no-signal ones replaced)
         samples = await self._fetch_batch(self.budget.required_samples)
         if samples is None:
             return False
         t_fetched = time.time()
-        outputs = [o for s in samples for o in s.outputs]
-        group_ids = [s.uid for s in samples for _ in s.outputs]
-        batch = collate(outputs, group_ids)
-        # 2. reward: computed by the rollouter's streaming reward step, carried in the batch
-        rewards = batch.rewards
-        # 3. old logprobs = rollout logprobs (bypass mode); reference logprobs for the KL penalty
-        old_log_probs = batch.rollout_log_probs
+        batch = collate([o for s in samples for o in s.outputs], [s.uid for s in samples for _ in s.outputs])
+        metrics: dict[str, float] = {}
+        # 2. reward: the rollouter's rule scores, plus the overlong penalty (DAPO) when enabled
+        scores = shaped_scores(batch.rewards, batch.response_lengths, cfg)
+        # 3. old log-probs: the rollout's (bypass) or recomputed + rollout correction (decoupled)
+        if al.rollout_correction.bypass_mode:
+            old_log_probs = batch.rollout_log_probs
+        else:
+            old_log_probs = await asyncio.to_thread(self.engine.compute_log_probs, batch)
+            is_weights, keep, corr = rollout_correction(old_log_probs, batch.rollout_log_probs,
+                                                        batch.response_mask, al.rollout_correction)
+            batch.response_mask = batch.response_mask * keep  # rejected tokens leave the loss
+            if is_weights is not None:
+                batch.extras["is_weights"] = is_weights
+            metrics.update(corr)
+        # 4. reference log-probs (KL loss / KL in the reward) and values (critic, gae)
         ref_log_probs = (await asyncio.to_thread(self.engine.compute_ref_log_probs, batch)
-                         if self.cfg.actor_rollout_ref.actor.use_kl_loss else None)
-        # 4. advantages
-        advantages = grpo_advantages(rewards, group_ids, norm_by_std=self.cfg.algorithm.norm_adv_by_std_in_grpo
-                                     and self.cfg.algorithm.adv_estimator == "grpo")
-        # 5. update: require_batches mini-batches (whole prompt groups), ppo_epochs passes
-        update_metrics = await asyncio.to_thread(self._update_policy, batch, old_log_probs, ref_log_probs, advantages)
+                         if self.engine.ref_model is not None else None)
+        values = await asyncio.to_thread(self.critic.compute_values, batch) if self.critic else None
+        # 5. advantages from token-level rewards (minus beta * KL(old || ref) with use_kl_in_reward)
+        token_rewards, kl_metrics = token_level_rewards(scores, batch.response_mask, old_log_probs, ref_log_probs,
+                                                        self.kl_ctrl, al.kl_penalty)
+        advantages, returns = compute_advantages(al.adv_estimator, token_rewards, batch.response_mask,
+                                                 batch.group_ids, al, values)
+        batch.extras.update(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
+        if ref_log_probs is not None:
+            batch.extras["ref_log_probs"] = ref_log_probs
+        if values is not None:
+            batch.extras["values"] = values
+        metrics.update(kl_metrics)
+        metrics.update(self._advantage_metrics(batch, scores, advantages, returns))
+        # 6. update the critic, then the actor: require_batches mini-batches x ppo_epochs
+        metrics.update(await asyncio.to_thread(self._update, batch))
         self.global_steps += 1
         lags = self._record_versions(samples, batch)  # versions at training time, before the sync
         t_updated = time.time()
-        # 6. sync weights every trigger_parameter_sync_step steps
+        # 7. sync weights every trigger_parameter_sync_step steps
         sync_metrics: dict[str, float] = {}
-        if self.global_steps % self.cfg.async_training.trigger_parameter_sync_step == 0:
+        if self.global_steps % cfg.async_training.trigger_parameter_sync_step == 0:
             sync_metrics = await self._sync_weights()
-        self._log_step(samples, batch, lags, update_metrics, sync_metrics,
+        self._log_step(samples, batch, lags, metrics, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
                         "timing/step_s": time.time() - t0})
         return True
 
     # ------------------------------------------------------------------ steps
+    def _optim_kwargs(self, optim: Any, epochs: int) -> dict:
+        """Engine optimizer arguments; the linear decay spans the run's updates unless ``total_updates`` is set."""
+        per_step = self.cfg.async_training.require_batches * epochs
+        return dict(lr=optim.lr, warmup=optim.lr_warmup_steps, weight_decay=optim.weight_decay, betas=optim.betas,
+                    total_updates=optim.total_updates or self.cfg.trainer.total_training_steps * per_step,
+                    clip_grad=optim.clip_grad)
+
     async def _fetch_batch(self, n: int) -> Optional[list[RolloutSample]]:
-        bound = self.budget.staleness_bound
+        """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train."""
+        bound, fg = self.budget.staleness_bound, self.cfg.algorithm.filter_groups
         got: list[RolloutSample] = []
+        filtered = 0
         while len(got) < n:
             t = time.time()
             new = await self.mq.get_samples_async(n - len(got))
@@ -146,43 +190,47 @@ class FullyAsyncTrainer:
             for s in new:
                 s.timings["dequeued"] = time.time()
                 lag = self.param_version - (s.min_global_steps if s.min_global_steps is not None else self.param_version)
-                if lag > bound:
-                    self.dropped["stale"] += 1
-                    await self.mq.actor.record_drop.remote("stale_at_trainer")
-                    await self.rollouter.release_budget.remote()
-                else:
+                reason = ("stale" if lag > bound else
+                          "dapo_no_signal" if fg.enable and not has_signal(self._filter_values(s)) else None)
+                if reason is None:
                     got.append(s)
+                    continue
+                self.dropped[reason] += 1
+                await self.mq.actor.record_drop.remote("stale_at_trainer" if reason == "stale" else reason)
+                await self.rollouter.release_budget.remote()
+                filtered += reason == "dapo_no_signal"
+            if fg.enable and fg.max_num_gen_batches > 0 and filtered >= fg.max_num_gen_batches * n:
+                raise RuntimeError(
+                    f"algorithm.filter_groups dropped {filtered} prompt groups without reward variance in one step "
+                    f"(limit max_num_gen_batches={fg.max_num_gen_batches} x {n}): the data is too easy or too hard "
+                    "for the model; raise the limit (0 = unlimited) or change the data")
         return got
 
-    def _update_policy(self, batch: Batch, old_log_probs: torch.Tensor, ref_log_probs: Optional[torch.Tensor],
-                       advantages: torch.Tensor) -> dict:
-        """``require_batches`` mini-batches of whole prompt groups, ``ppo_epochs`` passes; averaged metrics."""
-        actor = self.cfg.actor_rollout_ref.actor
-        batch.extras["old_log_probs"], batch.extras["advantages"] = old_log_probs, advantages
-        if ref_log_probs is not None:
-            batch.extras["ref_log_probs"] = ref_log_probs
+    def _filter_values(self, s: RolloutSample) -> list[float]:
+        """DAPO's ``filter_groups.metric`` of each response of a group (``acc``: rule reward; else shaped)."""
+        if self.cfg.algorithm.filter_groups.metric == "acc":
+            return s.rewards
+        lengths = torch.tensor([len(o.response_ids) for o in s.outputs])
+        return shaped_scores(torch.tensor(s.rewards), lengths, self.cfg).tolist()
 
-        def loss_fn(log_probs: torch.Tensor, mb: Batch) -> tuple[torch.Tensor, dict]:
-            loss, m = ppo_clip_loss(log_probs, mb.extras["old_log_probs"], mb.extras["advantages"], mb.response_mask,
-                                    actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode)
-            if "ref_log_probs" in mb.extras:
-                kl = agg_loss(kl_k3(log_probs, mb.extras["ref_log_probs"]), mb.response_mask, actor.loss_agg_mode)
-                loss = loss + actor.kl_loss_coef * kl
-                m["actor/kl_loss"] = float(kl.detach())
-            m["actor/pg_loss"] = float(loss.detach())
-            return loss, m
+    def _update(self, batch: Batch) -> dict:
+        """Critic first (values of this step's returns), then the actor (after ``trainer.critic_warmup``)."""
+        cfg, actor, at = self.cfg, self.cfg.actor_rollout_ref.actor, self.cfg.async_training
+        metrics: dict = {}
+        if self.critic is not None:
+            metrics.update(run_updates(self.critic, batch, critic_loss_fn(cfg), at.require_batches, cfg.critic.ppo_epochs))
+        if self.global_steps >= cfg.trainer.critic_warmup:
+            metrics.update(run_updates(self.engine, batch, actor_loss_fn(cfg), at.require_batches, actor.ppo_epochs,
+                                       with_entropy=bool(actor.entropy_coeff)))
+        return metrics
 
-        groups = list(dict.fromkeys(batch.group_ids))
-        per_mb = max(1, -(-len(groups) // self.cfg.async_training.require_batches))
-        rows_of = collections.defaultdict(list)
-        for i, g in enumerate(batch.group_ids):
-            rows_of[g].append(i)
-        metrics = []
-        for _ in range(actor.ppo_epochs):
-            for start in range(0, len(groups), per_mb):
-                idx = [i for g in groups[start:start + per_mb] for i in rows_of[g]]
-                metrics.append(self.engine.update(batch.select(idx), loss_fn))
-        return {k: float(np.mean([m[k] for m in metrics if k in m])) for k in metrics[0]} if metrics else {}
+    @staticmethod
+    def _advantage_metrics(batch: Batch, scores: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor) -> dict:
+        m = batch.response_mask > 0
+        adv = advantages[m]
+        return {"critic/score_mean": float(scores.mean()), "critic/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
+                "critic/advantages_abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
+                "critic/returns_mean": float(returns[m].mean()) if adv.numel() else 0.0}
 
     async def _sync_weights(self) -> dict:
         version = self.param_version + 1
@@ -220,6 +268,7 @@ class FullyAsyncTrainer:
             "rollouter/processing_p90_s": float(np.percentile(proc, 90)),
             "rollouter/processing_p99_s": float(np.percentile(proc, 99)),
             "trainer/dropped_stale": self.dropped["stale"],
+            "trainer/dropped_dapo_no_signal": self.dropped["dapo_no_signal"],
         }
         outs = [o for s in samples for o in s.outputs]
         for k in sorted({k for o in outs for k in o.metrics if k.startswith("reward/")}):  # e.g. reward/format
