@@ -98,11 +98,13 @@ def make_batch(cfg, rows, seq, prompt, device, seed):
             "advantages": torch.randn(rows, 1, generator=g).expand(rows, resp).contiguous().to(device)}
 
 
-def ppo_loss(log_probs, mb):
+def ppo_loss(log_probs, mb, scale, entropy):
+    from asyncrl.trainer.losses import agg_loss
+
     ratio = torch.exp(log_probs - mb["old_log_probs"]).clamp(max=10.0)
     adv = mb["advantages"]
     pg = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
-    loss = (pg * mb["response_mask"]).sum() / mb["response_mask"].sum()
+    loss = agg_loss(pg, mb["response_mask"], "token-mean", scale)
     return loss, {"actor/pg_loss": loss.detach()}
 
 
