@@ -160,3 +160,30 @@ def test_engine_gradient_same_for_every_micro_batch_split_and_padding(engine64, 
     padded = _pad(batch, 5)
     g = _grad(engine64, padded, mode, 3)
     assert float((g - ref).norm() / ref.norm()) < 1e-6, (mode, "padding")
+
+
+def test_filtered_log_probs_keep_the_loss_finite(engine64):
+    """Under top-p a tool token (mask 0) or a rare sampled token is outside the kept set on both sides
+    (old and current, current and reference): the loss and gradient must stay finite (no inf - inf)."""
+    from asyncrl.rollout.sampling import LOGP_FLOOR, SamplingFilters
+
+    batch = _batch()
+    engine64.sampling = SamplingFilters(1.0, -1, 0.3, 0.0)
+    try:
+        old = engine64.compute_log_probs(batch)
+        assert (old <= LOGP_FLOOR).any()  # random tokens: many are outside a 0.3 nucleus
+        batch.extras.update(old_log_probs=old, advantages=torch.tensor(ADV, dtype=torch.float64), ref_log_probs=old)
+        from types import SimpleNamespace
+
+        from asyncrl.trainer.update import actor_loss_fn
+
+        cfg = SimpleNamespace(actor_rollout_ref=SimpleNamespace(
+            actor=SimpleNamespace(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean",
+                                  loss_scale_factor=None, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1,
+                                  kl_loss_type="low_var_kl"),
+            rollout=SimpleNamespace(response_length=24)))
+        m = engine64.update(batch, actor_loss_fn(cfg), with_entropy=True)
+        assert all(math.isfinite(v) for v in m.values()), {k: v for k, v in m.items() if not math.isfinite(v)}
+        assert all(torch.isfinite(p.grad).all() for p in engine64.model.parameters() if p.grad is not None)
+    finally:
+        engine64.sampling = None

@@ -67,7 +67,9 @@ def test_rollout_correction_by_hand():
 
 
 def test_rollout_correction_counts_tokens_outside_the_trainers_support():
-    old = torch.tensor([[-float("inf"), -1.0]])
+    from asyncrl.rollout.sampling import LOGP_FLOOR
+
+    old = torch.tensor([[LOGP_FLOOR, -1.0]])
     w, keep, m = rollout_correction(old, torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2),
                                     _rc(rollout_is="token", rollout_rs="token"))
     assert m["rollout_corr/out_of_support"] == 1.0

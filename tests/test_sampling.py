@@ -10,7 +10,8 @@ import torch
 
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.hf_backend import sample_token
-from asyncrl.rollout.sampling import SamplingFilters, apply_sampling_filters, filtered_entropy, token_log_probs
+from asyncrl.rollout.sampling import (LOGP_FLOOR, SamplingFilters, apply_sampling_filters, filtered_entropy,
+                                      token_log_probs)
 
 X = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 INF = -math.inf
@@ -54,7 +55,9 @@ def test_log_probs_gradient_only_through_kept_tokens():
     logits = X.clone().repeat(2, 1).requires_grad_()
     lp = token_log_probs(logits, torch.tensor([1, 3]), SamplingFilters(1.0, -1, 0.7, 0.0))
     assert lp[0].item() == pytest.approx(math.log(0.2071 / (0.5630 + 0.2071)), abs=1e-4)
-    assert lp[1].item() == INF  # token 3 is outside the nucleus
+    assert lp[1].item() == LOGP_FLOOR  # token 3 is outside the nucleus: a finite floor, not -inf
+    both = token_log_probs(logits.detach(), torch.tensor([3, 3]), SamplingFilters(1.0, -1, 0.7, 0.0))
+    assert float(both[0] - both[1]) == 0.0  # two such log-probs differ by 0, not NaN
     lp[0].backward()
     assert torch.all(logits.grad[0, 2:] == 0) and logits.grad[0, 1] > 0 and torch.all(logits.grad[1] == 0)
     ent = filtered_entropy(X, SamplingFilters(1.0, 2, 1.0, 0.0))
@@ -109,7 +112,7 @@ def test_vllm_rollout_log_probs_equal_trainer_log_probs(shared_replica, model_di
     trainer_lp = engine.compute_log_probs(batch)
     m = batch.response_mask > 0
     diff = (trainer_lp - batch.rollout_log_probs)[m].abs()
-    assert torch.isfinite(trainer_lp[m]).all(), "a sampled token is outside the trainer's filtered support"
+    assert (trainer_lp[m] > LOGP_FLOOR).all(), "a sampled token is outside the trainer's filtered support"
     assert diff.max() < 2e-3, (diff.max(), temperature, top_k, top_p, min_p)
     if top_p < 1.0 or top_k > 0 or min_p > 0:
         # the filters matter: without them the trainer's log-probs are lower (mass of the dropped tail)

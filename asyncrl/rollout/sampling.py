@@ -23,8 +23,9 @@ checked against vllm 0.32 in ``tests/test_sampling.py``), in vLLM's order:
 Ties at a top-p boundary are broken by sort order (vLLM does the same, so a tie that straddles the
 boundary may keep a different member on another device); logits that differ by kernel rounding
 can also put a token on the other side of a boundary, which is why a sampled token can, rarely,
-get ``-inf`` under the trainer's recomputation. Callers clamp log-ratios (see
-``asyncrl.trainer.losses``) and count such tokens (``rollout_corr/out_of_support``).
+fall outside the trainer's kept set. :func:`token_log_probs` then returns :data:`LOGP_FLOOR` (finite,
+so the difference of two such log-probs is 0, not NaN; its gradient is 0), and decoupled rollout
+correction counts such tokens (``rollout_corr/out_of_support``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import torch
 
 GREEDY_EPS = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``)."""
+LOGP_FLOOR = -1e4
+"""Log-prob reported for a token outside the filtered distribution's support (instead of ``-inf``)."""
 
 
 def apply_sampling_filters(logits: torch.Tensor, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
@@ -133,10 +136,12 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor,
         sampling: the rollout's filters; ``None`` = plain ``log_softmax`` (temperature 1).
 
     Returns:
-        ``(...)`` float32; ``-inf`` for a target outside the kept set.
+        ``(...)`` float32; :data:`LOGP_FLOOR` for a target outside the kept set (e.g. a tool token that
+        the model would never have sampled: only mask-1 tokens are trained).
     """
     x = sampling.apply(logits) if sampling is not None else logits.float()
-    return x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+    lp = x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+    return lp.clamp(min=LOGP_FLOOR)
 
 
 def filtered_entropy(logits: torch.Tensor, sampling: Optional[SamplingFilters] = None) -> torch.Tensor:
@@ -144,4 +149,5 @@ def filtered_entropy(logits: torch.Tensor, sampling: Optional[SamplingFilters] =
     x = sampling.apply(logits) if sampling is not None else logits.float()
     logp = torch.log_softmax(x, dim=-1)
     p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    # mask before multiplying: where(p > 0, p * logp, 0) would back-propagate 0 * -inf = NaN
+    return -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)

@@ -104,7 +104,8 @@ def response_log_probs(model: torch.nn.Module, batch: Batch, sampling: Optional[
 
     Returns:
         ``(log_probs, entropy)``, each ``(batch, resp_len)`` float32, 0 on pad; ``entropy`` is
-        ``None`` unless requested. A token outside the filtered support gets ``-inf``.
+        ``None`` unless requested. A token outside the filtered support gets
+        :data:`~asyncrl.rollout.sampling.LOGP_FLOOR`.
     """
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     pred_pos = (batch.resp_index - 1).clamp(min=0)  # position t predicts token t+1

@@ -39,6 +39,8 @@ from typing import Any, Optional
 
 import torch
 
+from asyncrl.rollout.sampling import LOGP_FLOOR
+
 SAFETY_BOUND = 20.0
 
 
@@ -60,7 +62,7 @@ def mismatch_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tenso
         "rollout_corr/ratio_max": float(ratio[on].max()) if on.any() else 1.0,
         "rollout_corr/ratio_min": float(ratio[on].min()) if on.any() else 1.0,
         "rollout_corr/abs_log_ratio_max": float(lr.abs().max()) if on.any() else 0.0,
-        "rollout_corr/out_of_support": float((torch.isneginf(old_log_probs) & on).sum()),
+        "rollout_corr/out_of_support": float(((old_log_probs <= LOGP_FLOOR) & on).sum()),
     }
 
 
