@@ -366,11 +366,40 @@ def load_config(
     return out
 
 
-# enum-like keys: dotted key -> valid values (a value ending in ":" is a prefix, e.g. "harbor:<name>")
-CHOICES: dict[str, tuple] = {
+@dataclass(frozen=True)
+class RegistryChoice:
+    """Valid values are the names of a registry (:mod:`asyncrl.registry`), looked up at validation time."""
+
+    module: str
+    attr: str
+
+    def names(self) -> tuple:
+        import importlib
+
+        return tuple(getattr(importlib.import_module(self.module), self.attr).names())
+
+    def check(self, value: Any) -> Optional[str]:
+        """None when ``value`` is registered (discovery included), else the registry's error message."""
+        import importlib
+
+        from asyncrl.registry import UnknownNameError
+
+        try:
+            getattr(importlib.import_module(self.module), self.attr).check(value)
+        except UnknownNameError as exc:
+            return str(exc)
+        return None
+
+
+# enum-like keys: dotted key -> valid values (a value ending in ":" is a prefix, e.g. "harbor:<name>"),
+# or the registry whose names are the valid values
+CHOICES: dict[str, Any] = {
+    "data.task": RegistryChoice("asyncrl.data.dataset", "TASKS"),
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
-    "actor_rollout_ref.rollout.name": ("vllm", "hf"),
+    "actor_rollout_ref.rollout.name": RegistryChoice("asyncrl.rollout.replica", "BACKENDS"),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": RegistryChoice("asyncrl.agent_loop.base", "AGENT_LOOPS"),
     "actor_rollout_ref.rollout.agent.sandbox.agent": ("bash", "oracle", "harbor:"),
+    "actor_rollout_ref.rollout.multi_turn.format": RegistryChoice("asyncrl.agent_loop.tool_parser", "TOOL_PARSERS"),
     **ALGORITHM_CHOICES,
 }
 HINTS: dict[tuple, str] = {**ALGORITHM_HINTS}
@@ -382,8 +411,14 @@ def _get(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def check_choice(key: str, value: Any, choices: tuple) -> None:
-    """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``value`` is one of ``choices``."""
+def check_choice(key: str, value: Any, choices: Any) -> None:
+    """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``value`` is one of ``choices``
+    (a tuple, or a :class:`RegistryChoice`)."""
+    if isinstance(choices, RegistryChoice):
+        err = choices.check(value)
+        if err:
+            raise ConfigError(f"{key}={value!r} is not valid: {err}")
+        return
     ok = value in choices or (isinstance(value, str) and any(
         isinstance(c, str) and c.endswith(":") and value.startswith(c) and len(value) > len(c) for c in choices))
     if not ok:
