@@ -70,7 +70,7 @@ def test_every_notebook_is_tested_and_stripped():
     names = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     tested = {"00_quickstart.ipynb", "01_four_modes.ipynb", "02_concurrency_funnel.ipynb",
               "03_token_in_token_out.ipynb", "04_sandboxed_agents.ipynb", "05_ray_cluster.ipynb",
-              "08_real_model.ipynb"}
+              "07_algorithms.ipynb", "08_real_model.ipynb"}
     assert set(names) == tested, f"add a test for {set(names) - tested}"
     for name in names:
         nb = json.loads((NOTEBOOKS / name).read_text())
@@ -198,6 +198,19 @@ def test_05_ray_cluster(tmp_path):
     result, nb = _run("05_ray_cluster.ipynb", tmp_path)
     assert "2 steps" in _text(_cell(nb, "from asyncrl.experiment import Experiment"), "stream")
     assert "rollout" in _text(_cell(nb, "from ray.util.placement_group import placement_group,"))
+
+
+@heavy
+def test_07_algorithms(tmp_path):
+    """Four families side by side and rollout correction at staleness 0 vs 2; the chapter's claims hold."""
+    result, nb = _run("07_algorithms.ipynb", tmp_path)
+    table = _text(_cell(nb, "rows = {}"))
+    for family in ("grpo", "rloo", "ppo_gae", "dapo"):
+        assert re.search(rf"^{family}\s", table, re.M), table
+    claims = "".join(_text(c) for c in nb.cells if c.cell_type == "code" and "nb.claims()" in c.source)
+    assert "✗" not in claims and claims.count("✓") >= 10, claims
+    for png in ("families.png", "rollout_correction.png"):
+        assert (result.run_dir / "snapshots" / png).is_file() or any(p.name == png for p in result.figures), png
 
 
 @heavy
