@@ -90,6 +90,8 @@ class FSDPEngine:
             keeps them to backward (ZeRO-2 style: fewer all-gathers, more memory).
         fused_optimizer: fused AdamW kernel instead of foreach (CUDA only).
         seed: init seed (must match across ranks).
+        sampling: the rollout's sampling filters (:mod:`asyncrl.rollout.sampling`); every log-prob is
+            of that filtered distribution unless a call passes its own.
 
     Raises:
         ImportError: torch without ``torch.distributed.fsdp.fully_shard`` (needs torch >= 2.6).
@@ -99,7 +101,7 @@ class FSDPEngine:
                  clip_grad: float = 1.0, micro_batch_size: int = 1, activation_checkpointing: bool = False,
                  param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
                  compile: bool = False, reshard_after_forward: bool = True, fused_optimizer: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, sampling: Optional[SamplingFilters] = None):
         try:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -128,6 +130,7 @@ class FSDPEngine:
                                            **({"fused": True} if fused_optimizer else {"foreach": True}))
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
+        self.sampling = sampling
         self.updates = 0
 
     def _build(self, model: Any) -> torch.nn.Module:
@@ -202,12 +205,14 @@ class FSDPEngine:
             response_mask: ``(batch, resp_len)``; only its shape is used here.
             resp_index: optional ``(batch, resp_len)`` int64 column of each response token
                 (layout of :func:`asyncrl.trainer.engine.collate`; 0 marks padding).
-            sampling: the rollout's temperature / top-k / top-p / min-p (:mod:`asyncrl.rollout.sampling`).
+            sampling: the rollout's temperature / top-k / top-p / min-p (:mod:`asyncrl.rollout.sampling`);
+                default the engine's.
 
         Returns:
             ``(batch, resp_len)`` float32 on ``input_ids``' device.
         """
         ri, first, verl, full = self._plan(input_ids, attention_mask, resp_index, response_mask.shape[1])
+        sampling = sampling or self.sampling
         m = self.micro_batch_size
         out = [self._log_probs(input_ids[i:i + m], attention_mask[i:i + m], ri[i:i + m], first, verl, full, sampling)[0]
                for i in range(0, input_ids.shape[0], m)]
@@ -226,7 +231,8 @@ class FSDPEngine:
                 metrics)``; ``scale`` is the :class:`~asyncrl.trainer.losses.LossScale` of the whole
                 step over all ranks and ``loss`` this micro-batch's share of the global loss
                 (``agg_loss(..., scale=scale)``).
-            sampling: the rollout's sampling filters (log-probs of the sampled distribution).
+            sampling: the rollout's sampling filters (log-probs of the sampled distribution); default
+                the engine's.
             with_entropy: pass the per-token entropy to ``loss_fn`` (else ``None``).
 
         Returns:
@@ -239,6 +245,7 @@ class FSDPEngine:
         split over micro-batches and ranks, for every ``loss_agg_mode``.
         """
         t0 = time.perf_counter()
+        sampling = sampling or self.sampling
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         ids, attn, rmask = _get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask")
