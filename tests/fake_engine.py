@@ -98,7 +98,12 @@ class FakeEngine:
         if len(ids) > sampling_params.max_tokens:
             ids, stop = ids[: sampling_params.max_tokens], "length"
         logprobs = [-0.01 * (1 + (i * 7 + len(prompt_ids)) % 13) for i in range(len(ids))]
-        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=stop, param_version=self.param_version)
+        top = None
+        if sampling_params.top_logprobs:  # the sampled id first, then made-up runners-up
+            top = [[(t, lp)] + [((t + j) % 200, lp - j) for j in range(1, sampling_params.top_logprobs)]
+                   for t, lp in zip(ids, logprobs)]
+        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=stop, param_version=self.param_version,
+                           top_logprobs=top)
 
 
 def embedded_tokenizer() -> Optional[object]:

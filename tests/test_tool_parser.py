@@ -94,8 +94,6 @@ def test_qwen3_coder_parses_and_types_parameters_by_schema():
 @pytest.mark.parametrize("body, kind", [
     ("<tool_call>\n<parameter=expr>\n1\n</parameter>\n</tool_call>", "malformed"),  # no <function=>
     ("<tool_call>\n<function=calc>\n<parameter=expr>\n1\n</function>\n</tool_call>", "malformed"),
-    ("<tool_call>\n<function=calc>\n<parameter=digits>\nmany\n</parameter>\n</function>\n</tool_call>",
-     "malformed"),  # integer parameter that is not an integer
     (coder_call("shell", {"cmd": "ls"}), "unknown_function"),
     ("<tool_call>\n<function=calc>\n<parameter=expr>\n1", "truncated"),
     ("<think>" + coder_call("calc", {"expr": "1"}) + "</think>", "inside_think"),
@@ -103,3 +101,75 @@ def test_qwen3_coder_parses_and_types_parameters_by_schema():
 def test_qwen3_coder_malformed_cases(body, kind):
     r = get_tool_parser("qwen3_coder").parse(body, [CALC])
     assert r.calls == [] and [e.kind for e in r.errors] == [kind] and r.content == body
+
+
+# ------------------------------------------------------------------ one argument normaliser (issue 13.1)
+NOW = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
+    "include_files": {"type": "boolean"}, "limit": {"type": "integer"}, "score": {"type": "number"},
+    "tags": {"type": "array"}, "filters": {"type": "object"}, "cursor": {"type": ["string", "null"]},
+    "depth": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "query": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("arguments", ["null", '""', '"  "', "{}", '"{}"'])
+def test_hermes_empty_arguments_are_one_call_with_no_arguments(arguments):
+    r = get_tool_parser("hermes").parse('<tool_call>\n{"name": "now", "arguments": %s}\n</tool_call>' % arguments,
+                                        [NOW])
+    assert r.errors == [] and [(c.name, c.arguments) for c in r.calls] == [("now", {})]
+
+
+def test_hermes_missing_arguments_is_a_call_with_no_arguments():
+    r = get_tool_parser("hermes").parse('<tool_call>\n{"name": "now"}\n</tool_call>', [NOW])
+    assert [(c.name, c.arguments) for c in r.calls] == [("now", {})]
+
+
+def test_qwen3_coder_empty_function_is_a_call_with_no_arguments():
+    r = get_tool_parser("qwen3_coder").parse("<tool_call>\n<function=now>\n</function>\n</tool_call>", [NOW])
+    assert [(c.name, c.arguments) for c in r.calls] == [("now", {})]
+
+
+CODER_TEXT = {"include_files": "True", "limit": "3", "score": "2.5", "tags": '["a", "b"]', "filters": "{'x': 1}",
+              "cursor": "null", "depth": "null", "query": "True"}
+TYPED = {"include_files": True, "limit": 3, "score": 2.5, "tags": ["a", "b"], "filters": {"x": 1}, "cursor": None,
+         "depth": None, "query": "True"}
+
+
+def test_qwen3_coder_coerces_every_type_by_schema():
+    r = get_tool_parser("qwen3_coder").parse(coder_call("search", CODER_TEXT), [SEARCH])
+    assert r.errors == [] and r.calls[0].arguments == TYPED
+    assert isinstance(r.calls[0].arguments["limit"], int)
+
+
+def test_hermes_coerces_the_same_way():
+    """Both parsers and the proxy share one coercer: the same text values give the same arguments."""
+    r = get_tool_parser("hermes").parse(hermes_call("search", CODER_TEXT), [SEARCH])
+    assert r.errors == [] and r.calls[0].arguments == TYPED
+    typed = get_tool_parser("hermes").parse(hermes_call("search", TYPED), [SEARCH])
+    assert typed.calls[0].arguments == TYPED  # already-typed JSON values pass through
+
+
+@pytest.mark.parametrize("text, value", [("True", True), ("false", False), ("TRUE", True), (" true ", True)])
+def test_booleans_in_any_case(text, value):
+    r = get_tool_parser("qwen3_coder").parse(coder_call("search", {"include_files": text}), [SEARCH])
+    assert r.calls[0].arguments == {"include_files": value}
+
+
+def test_a_value_that_does_not_convert_is_kept_and_the_call_still_runs():
+    """Nothing dropped for a value's type (as vLLM's parsers): the tool answers with its own error."""
+    for name in ("qwen3_coder", "hermes"):
+        body = (coder_call("calc", {"digits": "many"}) if name == "qwen3_coder"
+                else hermes_call("calc", {"digits": "many"}))
+        r = get_tool_parser(name).parse(body, [CALC])
+        assert r.errors == [] and r.calls[0].arguments == {"digits": "many"}
+
+
+def test_proxy_history_normalisation_agrees_with_the_parsers():
+    from asyncrl.agent_loop.proxy import normalize_message
+
+    for raw, want in [(None, {}), ("", {}), ("{}", {}), ('{"include_files": "True", "limit": "3"}',
+                                                        {"include_files": True, "limit": 3})]:
+        msg = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "search", "arguments": raw}}]}
+        assert normalize_message(msg, [SEARCH])["tool_calls"][0]["function"]["arguments"] == want
+    bad = {"role": "assistant", "tool_calls": [{"function": {"name": "search", "arguments": "{not json"}}]}
+    assert normalize_message(bad, [SEARCH])["tool_calls"][0]["function"]["arguments"] == "{not json"

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
+from asyncrl.agent_loop.tool_args import normalize_arguments, parameter_schemas
 from asyncrl.registry import Registry
 
 ToolSpec = Union[str, dict]
@@ -184,19 +185,6 @@ class ToolParser(abc.ABC):
         return ToolParseResult(calls, "".join(content), errors)
 
 
-def _coerce(value: str, schema: Optional[dict]) -> Any:
-    """Convert a qwen3_coder parameter's raw text using its JSON-schema type (string if unknown)."""
-    typ = (schema or {}).get("type", "string")
-    if typ == "string":
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        if typ in ("integer", "number", "boolean", "object", "array"):
-            raise ValueError(f"parameter value {value!r} is not a valid {typ}") from None
-        return value
-
-
 class HermesToolParser(ToolParser):
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (Qwen2.5 / Qwen3 / Hermes)."""
 
@@ -209,22 +197,17 @@ class HermesToolParser(ToolParser):
             raise ValueError(f"invalid JSON: {e.msg} at char {e.pos}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise ValueError('expected an object with a string "name"')
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                raise ValueError("arguments is a string that is not JSON") from None
-        if not isinstance(args, dict):
-            raise ValueError('"arguments" must be an object')
-        return obj["name"], args
+        name = obj["name"]
+        # "arguments": null / "" / "{...}" / {...}, values coerced by the tool's schema
+        return name, normalize_arguments(obj.get("arguments"), parameter_schemas(tools, name))
 
 
 class Qwen3CoderToolParser(ToolParser):
     """``<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`` (Qwen3-Coder).
 
     Parameter values are raw text (one leading and trailing newline stripped); they are converted with
-    the tool's JSON-schema type when ``tools`` carry schemas, else kept as strings.
+    the tool's JSON-schema type when ``tools`` carry schemas, else kept as strings
+    (:func:`asyncrl.agent_loop.tool_args.coerce_value`).
     """
 
     name = "qwen3_coder"
@@ -236,21 +219,16 @@ class Qwen3CoderToolParser(ToolParser):
         if not m:
             raise ValueError("expected <function=NAME>...</function>")
         name, inner = m.group(1).strip(), m.group(2)
-        props: dict = {}
-        for t in tools or []:
-            fn = (t.get("function") or t) if isinstance(t, dict) else {}
-            if fn.get("name") == name:
-                props = (fn.get("parameters") or {}).get("properties") or {}
-        args: dict[str, Any] = {}
+        raw: dict[str, Any] = {}
         for p in self._PARAM.finditer(inner):
             value = p.group(2)
             value = value[1:] if value.startswith("\n") else value
             value = value[:-1] if value.endswith("\n") else value
-            args[p.group(1).strip()] = _coerce(value, props.get(p.group(1).strip()))
+            raw[p.group(1).strip()] = value
         leftover = self._PARAM.sub("", inner).strip()
         if leftover:
             raise ValueError(f"unexpected text inside <function>: {leftover[:40]!r}")
-        return name, args
+        return name, normalize_arguments(raw, parameter_schemas(tools, name))
 
 
 TOOL_PARSERS: Registry[type] = Registry("tool parser")

@@ -28,6 +28,9 @@ class TokenOutput:
         routed_experts: MoE routing per token when the engine reports it, else ``None``.
         num_preempted: times the engine preempted this request (KV-cache pressure).
         param_version: weight version of the engine when the request finished.
+        top_logprobs: when ``SamplingParams.top_logprobs > 0``: per generated token, the engine's
+            ``[(token_id, logprob), ...]`` most likely alternatives, best first (same distribution as
+            ``log_probs``); else ``None``.
     """
 
     token_ids: list[int]
@@ -36,6 +39,7 @@ class TokenOutput:
     routed_experts: Optional[list[Any]] = None
     num_preempted: int = 0
     param_version: int = 0
+    top_logprobs: Optional[list[list[tuple[int, float]]]] = None
 
 
 @dataclass
@@ -54,6 +58,12 @@ class SamplingParams:
         seed: per-request seed, ``None`` for engine randomness.
         ignore_eos: keep generating past EOS (benchmarks, abort tests); ``stop_token_ids``
             still stop. vLLM's ``ignore_eos``.
+        stop: strings that end generation once the generated text contains one (checked on the
+            detokenized output, see :mod:`asyncrl.rollout.stop`); the ids kept end with the token that
+            completes it.
+        top_logprobs: also report this many most likely alternatives per token (0 = off).
+        presence_penalty / frequency_penalty / repetition_penalty: vLLM's penalties (0 / 0 / 1 =
+            off); an engine that cannot apply one raises :class:`UnsupportedSamplingParam`.
     """
 
     max_tokens: int = 32
@@ -65,6 +75,22 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: Optional[int] = None
     ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+
+class UnsupportedSamplingParam(ValueError):
+    """The engine cannot honour a sampling parameter; ``param`` names it (the proxy answers 400)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(param, message)  # both in args: the error pickles across Ray
+        self.param, self.message = param, message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class InferenceEngine(abc.ABC):

@@ -135,6 +135,8 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             result.param_version = out.param_version
             result.num_preempted += out.num_preempted
             result.server_ids.append(server_id)
+            if out.top_logprobs is not None:
+                result.top_logprobs = (result.top_logprobs or []) + list(out.top_logprobs)[:len(new)]
             if out.routed_experts is not None:  # appended, never overwritten
                 result.routed_experts = (result.routed_experts or []) + list(out.routed_experts)
             if out.stop_reason != "aborted":

@@ -21,8 +21,9 @@ from typing import Any, Literal, Optional, Sequence
 
 import torch
 
-from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput, UnsupportedSamplingParam
 from asyncrl.rollout.sampling import GREEDY_EPS, apply_sampling_filters
+from asyncrl.rollout.stop import StopStrings
 from asyncrl.rollout.vllm_backend import eos_token_ids
 from asyncrl.sync.bucket import BucketAssembler, ChunkMeta
 
@@ -44,6 +45,21 @@ def sample_token(logits: torch.Tensor, sp: SamplingParams, generator: Optional[t
     else:
         tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
     return tok, float(logp[tok])
+
+
+def top_logprobs(logits: torch.Tensor, sp: SamplingParams, k: int) -> list[tuple[int, float]]:
+    """The ``k`` most likely ids of the distribution :func:`sample_token` reports logprobs of (ids the
+    filters removed are left out, as vLLM reports them at ``-inf``)."""
+    logp = torch.log_softmax(apply_sampling_filters(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p), -1)
+    vals, idx = torch.topk(logp, min(k, logp.numel()))
+    return [(int(i), float(v)) for i, v in zip(idx, vals) if float(v) > -1e3]
+
+
+def _refuse_penalties(sp: SamplingParams) -> None:
+    for name, off in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        if getattr(sp, name) != off:
+            raise UnsupportedSamplingParam(name, f"{name} is not supported by the hf rollout backend "
+                                                 f"(use actor_rollout_ref.rollout.name=vllm)")
 
 
 class HFEngine(InferenceEngine):
@@ -68,6 +84,7 @@ class HFEngine(InferenceEngine):
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
         self.model: Any = None
+        self._tok: Any = None
         self._lock = asyncio.Lock()
         self._admit = asyncio.Event()  # cleared by pause(): new requests wait
         self._admit.set()
@@ -119,10 +136,14 @@ class HFEngine(InferenceEngine):
         if request_id in self._inflight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         sp = sampling_params
+        _refuse_penalties(sp)
         gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else self._generator
         stops = (set() if sp.ignore_eos else set(self.eos_token_ids)) | set(sp.stop_token_ids)
         ids: list[int] = []
         lps: list[float] = []
+        top: list[list[tuple[int, float]]] = []
+        k_top = sp.top_logprobs if sp.logprobs else 0
+        stop_strings = StopStrings(self._tokenizer(), sp.stop) if sp.stop else None
         stop = "length"
         self._inflight.add(request_id)
         try:
@@ -138,7 +159,9 @@ class HFEngine(InferenceEngine):
                 tok, lp = sample_token(logits, sp, gen)
                 ids.append(tok)
                 lps.append(lp)
-                if tok in stops:
+                if k_top > 0:
+                    top.append(top_logprobs(logits, sp, k_top))
+                if tok in stops or (stop_strings and stop_strings.first_stop(ids, len(ids) - 1)):
                     stop = "completed"
                     break
                 nxt = torch.tensor([[tok]], dtype=torch.long)
@@ -153,7 +176,15 @@ class HFEngine(InferenceEngine):
             async with self._drained:
                 self._drained.notify_all()
         return TokenOutput(token_ids=ids, log_probs=lps if sp.logprobs else None, stop_reason=stop,  # type: ignore[arg-type]
-                           param_version=self.param_version)
+                           param_version=self.param_version, top_logprobs=top if k_top > 0 else None)
+
+    def _tokenizer(self) -> Any:
+        """The model's tokenizer (for stop strings), loaded on first use."""
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tok
 
     async def abort_all_requests(self) -> int:
         ids = list(self._inflight)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.stop import StopStrings
 from asyncrl.rollout.vllm_worker_ext import metas_to_wire
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class VLLMEngine(InferenceEngine):
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
         self._engine: Any = None
+        self._tok: Any = None
         self._inflight: set[str] = set()
 
     @classmethod
@@ -170,7 +172,9 @@ class VLLMEngine(InferenceEngine):
         return VSamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=max(0, sp.top_k),
             min_p=sp.min_p, seed=sp.seed,
-            logprobs=0 if sp.logprobs else None, detokenize=False,
+            logprobs=max(0, sp.top_logprobs) if sp.logprobs else None, detokenize=False,
+            presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
+            repetition_penalty=sp.repetition_penalty,
             stop_token_ids=list(dict.fromkeys([*([] if sp.ignore_eos else self.eos_token_ids), *sp.stop_token_ids])),
             ignore_eos=sp.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
@@ -198,6 +202,9 @@ class VLLMEngine(InferenceEngine):
             raise ValueError(f"request_id {request_id!r} is already in flight")
         ids: list[int] = []
         lps: list[float] = []
+        top: list[list[tuple[int, float]]] = []
+        k_top = sampling_params.top_logprobs if sampling_params.logprobs else 0
+        stops = StopStrings(self._tokenizer(), sampling_params.stop) if sampling_params.stop else None
         finish: Optional[str] = None
         preempted = 0
         self._inflight.add(request_id)
@@ -205,12 +212,22 @@ class VLLMEngine(InferenceEngine):
             stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._vllm_params(sampling_params), request_id)
             async for out in stream:
                 comp = out.outputs[0]
+                checked = len(ids)
                 ids.extend(comp.token_ids)
                 if sampling_params.logprobs and comp.logprobs:
                     lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
+                    if k_top > 0:  # the dict holds the sampled id and the top-k (rank 1..k)
+                        top.extend(sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank <= k_top),
+                                          key=lambda x: -x[1]) for step in comp.logprobs)
                 finish = comp.finish_reason or finish
                 # vLLM 0.32 does not report per-request preemptions; read it if a later one does.
                 preempted = max(preempted, getattr(out, "num_preemptions", 0) or 0)
+                keep = stops.first_stop(ids, checked) if stops and not comp.finish_reason else None
+                if keep is not None:  # a stop string is complete: end the request here
+                    del ids[keep:], lps[keep:], top[keep:]
+                    finish = "stop"
+                    await stream.aclose()  # vLLM aborts a request whose generator is closed
+                    break
         except asyncio.CancelledError:
             await engine.abort(request_id)
             raise
@@ -218,7 +235,16 @@ class VLLMEngine(InferenceEngine):
             self._inflight.discard(request_id)
         stop = {"stop": "completed", "length": "length"}.get(finish or "abort", "aborted")
         return TokenOutput(token_ids=ids, log_probs=lps if sampling_params.logprobs else None, stop_reason=stop,
-                           num_preempted=preempted, param_version=self.param_version)
+                           num_preempted=preempted, param_version=self.param_version,
+                           top_logprobs=top if k_top > 0 else None)
+
+    def _tokenizer(self) -> Any:
+        """The model's tokenizer, loaded on the first request with stop strings (vLLM runs without one)."""
+        if self._tok is None:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tok
 
     @property
     def num_weight_workers(self) -> int:

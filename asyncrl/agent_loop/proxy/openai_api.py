@@ -1,21 +1,27 @@
-"""OpenAI chat-completions wire format for the trajectory proxy: request validation, responses,
+"""OpenAI chat-completions wire format for the trajectory proxy: request parsing, responses,
 streaming chunks and errors (``{"error": {"message", "type", "param", "code"}}``).
 
-Only what agents use is accepted: ``messages``, ``tools`` / ``tool_choice`` (``tool_choice`` is not
-enforced: the model decides), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``,
-``seed``, ``stream`` / ``stream_options.include_usage``, ``logprobs``. Token ids come back when the
-request sets ``return_token_ids: true`` (vLLM's extra-body name): ``prompt_token_ids`` at the top
-level and ``token_ids`` on the choice.
+The request is validated by :mod:`.schema` (which parameters are honoured, which refused); this module
+turns it into a :class:`ChatRequest` with normalised messages. Token ids come back when the request
+sets ``return_token_ids: true`` (vLLM's extra-body name): ``prompt_token_ids`` at the top level and
+``token_ids`` on the choice. ``logprobs`` entries carry the token's own UTF-8 ``bytes`` (a byte-level
+BPE piece of a multi-byte character gives its bytes, not those of U+FFFD) and, with ``top_logprobs``,
+the engine's top alternatives.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from asyncrl.agent_loop.proxy.rendering import RenderError, normalize_message, normalize_tools
+from asyncrl.agent_loop.proxy.rendering import normalize_message
+from asyncrl.agent_loop.proxy.schema import RequestError, validate_request
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+"""Request parameters that shape the sampling distribution (applied only under ``honor_request_sampling``)."""
 
 
 class APIError(Exception):
@@ -32,62 +38,53 @@ class APIError(Exception):
 
 @dataclass
 class ChatRequest:
-    """A validated request. ``messages`` are normalised (see :func:`normalize_message`)."""
+    """A validated request. ``messages`` are normalised (see :func:`normalize_message`).
+
+    Attributes:
+        sampling: the distribution parameters the request set (subset of :data:`SAMPLING_KEYS`).
+        stop: stop strings (the completion ends before the first one; it is not included).
+        stop_token_ids: ids that end generation besides EOS (not included in the content).
+        top_logprobs: alternatives per token in ``logprobs`` (0: none).
+        parse_tool_calls: ``False`` for ``tool_choice="none"`` (the text is returned as content).
+    """
 
     messages: list[dict]
     tools: Optional[list]
     max_tokens: Optional[int]
-    temperature: Optional[float]
-    top_p: Optional[float]
-    seed: Optional[int]
     stream: bool
     include_usage: bool
     logprobs: bool
     return_token_ids: bool
     model: str
-
-
-def _number(body: dict, key: str, kind: type, lo: float, hi: float) -> Any:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-        raise APIError(400, f"{key} must be a {kind.__name__}", param=key)
-    if not lo <= v <= hi:
-        raise APIError(400, f"{key}={v} is out of range [{lo}, {hi}]", param=key)
-    return kind(v)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: int = 0
+    parse_tool_calls: bool = True
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate a decoded JSON body.
+    """Validate a decoded JSON body (see :mod:`.schema`) and normalise its messages.
 
     Raises:
-        APIError: 400 for a missing / empty ``messages``, an unknown role, bad content, bad numbers,
-            or ``n > 1``.
+        APIError: 400 naming the field (``param``) for any body that does not fit the schema.
     """
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise APIError(400, "'messages' is required and must be a non-empty list", param="messages")
     try:
-        messages = [normalize_message(m) for m in msgs]
-        tools = normalize_tools(body.get("tools"))
-    except RenderError as e:
-        raise APIError(400, str(e), param="messages") from None
-    if (body.get("n") or 1) != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
-    max_tokens = _number(body, "max_completion_tokens", int, 1, 1 << 30)
-    if max_tokens is None:
-        max_tokens = _number(body, "max_tokens", int, 1, 1 << 30)
-    opts = body.get("stream_options") or {}
+        req = validate_request(body)
+    except RequestError as e:
+        raise APIError(400, e.message, param=e.param) from None
+    if req.top_logprobs and req.logprobs is not True:
+        raise APIError(400, "'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    tools = list(body["tools"]) if req.tools else None  # the agent's own dicts: the template renders them
+    messages = [normalize_message(m, tools) for m in body["messages"]]
     return ChatRequest(
-        messages=messages, tools=tools, max_tokens=max_tokens,
-        temperature=_number(body, "temperature", float, 0.0, 2.0),
-        top_p=_number(body, "top_p", float, 0.0, 1.0), seed=_number(body, "seed", int, -(1 << 63), 1 << 63),
-        stream=bool(body.get("stream")), include_usage=bool(isinstance(opts, dict) and opts.get("include_usage")),
-        logprobs=bool(body.get("logprobs")), return_token_ids=bool(body.get("return_token_ids")),
-        model=str(body.get("model") or ""))
+        messages=messages, tools=tools,
+        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
+        stream=bool(req.stream), include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        logprobs=bool(req.logprobs), return_token_ids=bool(req.return_token_ids),
+        model=req.model or "", sampling={k: getattr(req, k) for k in SAMPLING_KEYS if getattr(req, k) is not None},
+        stop=list(req.stop or []), stop_token_ids=list(req.stop_token_ids or []),
+        top_logprobs=req.top_logprobs or 0, parse_tool_calls=req.tool_choice != "none")
 
 
 @dataclass
@@ -100,8 +97,8 @@ class Completion:
     finish_reason: str
     prompt_ids: list[int]
     token_ids: list[int]
-    logprobs: Optional[list[float]]
-    token_strs: list[str]
+    logprobs_content: Optional[list[dict]] = None
+    """``choices[0].logprobs.content`` (see :func:`.logprobs.logprobs_content`) when asked for."""
     id: str = ""
     created: int = 0
 
@@ -122,9 +119,7 @@ class Completion:
     def _logprobs(self, req: ChatRequest) -> Optional[dict]:
         if not req.logprobs:
             return None
-        lps = self.logprobs or [0.0] * len(self.token_ids)
-        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                            for t, lp in zip(self.token_strs, lps)]}
+        return {"content": list(self.logprobs_content or [])}
 
     def body(self, req: ChatRequest) -> dict:
         """The non-streaming ``chat.completion`` object."""

@@ -19,9 +19,10 @@ for which the anchor render is not a prefix fails loudly at construction.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
+
+from asyncrl.agent_loop.tool_args import normalize_arguments, parameter_schemas
 
 ROLES = ("system", "user", "assistant", "tool")
 _ANCHOR = [{"role": "user", "content": "A"}]
@@ -46,13 +47,19 @@ def _text_content(content: Any) -> str:
     raise RenderError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
 
 
-def normalize_message(msg: Any) -> dict[str, Any]:
+def normalize_message(msg: Any, tools: Optional[Sequence[dict]] = None) -> dict[str, Any]:
     """The canonical form of one OpenAI message: what the template sees and what prefixes compare.
 
     Fields the template never reads (tool-call ids, ``refusal``, ``audio``...) are dropped, tool-call
-    arguments are parsed from their JSON string, and ``developer`` becomes ``system``. So an agent
-    that echoes our assistant message back in any serialisation (``None`` vs ``""`` content, dict
-    vs string arguments, extra fields) still matches the session snapshot.
+    arguments go through the one normaliser the tool parsers use
+    (:func:`asyncrl.agent_loop.tool_args.normalize_arguments`: ``null`` / ``""`` -> ``{}``, JSON
+    strings parsed, values coerced by the tool's schema), and ``developer`` becomes ``system``. So an
+    agent that echoes our assistant message back in any serialisation (``None`` vs ``""`` content,
+    dict vs string arguments, extra fields) still matches the session snapshot.
+
+    Args:
+        msg: one message (a dict; shape already validated by :mod:`.schema` in the proxy).
+        tools: the request's tools, whose parameter schemas type the arguments.
 
     Raises:
         RenderError: not a dict, unknown role, or unsupported content.
@@ -67,13 +74,14 @@ def normalize_message(msg: Any) -> dict[str, Any]:
     if role == "assistant":
         calls = []
         for tc in msg.get("tool_calls") or []:
-            fn = (tc or {}).get("function") or tc or {}
-            args = fn.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args) if args.strip() else {}
-                except json.JSONDecodeError:
-                    pass  # kept verbatim; templates that accept strings render it as-is
+            fn = (tc.get("function") or tc) if isinstance(tc, dict) else None
+            if not isinstance(fn, dict):
+                raise RenderError(f"tool call {tc!r:.60} has no 'function' object")
+            args = fn.get("arguments")
+            try:
+                args = normalize_arguments(args, parameter_schemas(tools, fn.get("name")))
+            except ValueError:
+                pass  # not JSON: kept verbatim; templates that accept strings render it as-is
             calls.append({"type": "function", "function": {"name": fn.get("name"), "arguments": args}})
         if calls:
             out["tool_calls"] = calls
@@ -84,15 +92,6 @@ def normalize_message(msg: Any) -> dict[str, Any]:
             if isinstance(msg.get(k), str):
                 out[k] = msg[k]
     return out
-
-
-def normalize_tools(tools: Any) -> Optional[list[dict]]:
-    """``None`` / ``[]`` mean no tools; otherwise a list of OpenAI tool dicts (validated shallowly)."""
-    if not tools:
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise RenderError("tools must be a list of objects")
-    return tools
 
 
 @dataclass

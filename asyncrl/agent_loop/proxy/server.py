@@ -40,7 +40,9 @@ from asyncrl.agent_loop.proxy.openai_api import APIError, ChatRequest, Completio
 from asyncrl.agent_loop.proxy.rendering import ChatRenderer, RenderError
 from asyncrl.agent_loop.proxy.session import ProxySession, ProxyTrajectory
 from asyncrl.agent_loop.tool_parser import ToolParser, get_tool_parser
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.agent_loop.proxy.logprobs import TokenBytes, logprobs_content
+from asyncrl.rollout.base import SamplingParams, UnsupportedSamplingParam
+from asyncrl.rollout.stop import StopStrings, truncate_output
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +71,11 @@ class TrajectoryProxy:
         max_consecutive_no_tool: default for sessions (``None``: never end a session for this).
         max_request_bytes: larger bodies get a 413.
         chat_template_kwargs: extra template variables (e.g. ``{"enable_thinking": False}``).
-        honor_request_sampling: use the request's ``temperature`` / ``top_p`` / ``seed``; off by
-            default because RL owns the sampling distribution, not the agent.
+        honor_request_sampling: use the request's sampling-distribution parameters (``temperature``,
+            ``top_p``, ``top_k``, ``min_p``, ``seed``, penalties); off by default because RL owns the
+            sampling distribution, not the agent: the values are then overridden by
+            ``sampling_params`` and counted in ``agent/proxy/sampling_overridden/<name>``. Stop
+            strings / ids, ``max_tokens`` and ``logprobs`` / ``top_logprobs`` are always honoured.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class TrajectoryProxy:
         self.engine, self.tokenizer = engine, tokenizer
         self.tool_parser = get_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
         self.renderer = ChatRenderer(tokenizer, chat_template_kwargs)
+        self.token_bytes = TokenBytes(tokenizer)
         self.host, self.port = host, port
         self.public_host = public_host or (socket.gethostbyname(socket.gethostname())
                                            if host in ("0.0.0.0", "::", "") else host)
@@ -214,8 +220,8 @@ class TrajectoryProxy:
             except web.HTTPRequestEntityTooLarge:
                 raise APIError(413, f"request body exceeds {self.max_request_bytes} bytes",
                                code="request_too_large") from None
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise APIError(400, f"invalid JSON body: {e}") from None
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too deep
+                raise APIError(400, f"invalid JSON body: {str(e)[:200]}") from None
             req = parse_chat_request(body)
             async with session.lock:
                 completion = await self._complete(session, req)
@@ -223,6 +229,9 @@ class TrajectoryProxy:
             if e.status >= 500:
                 logger.warning("proxy request failed: %s", e.message)
             return _json(e.body(), e.status)
+        except Exception as e:  # a bug, never the body's fault: still an OpenAI-style JSON answer
+            logger.exception("proxy request failed unexpectedly")
+            return _json(APIError(500, f"internal error: {type(e).__name__}", "server_error").body(), 500)
         if not req.stream:
             return _json(completion.body(req))
         return await self._stream(request, completion, req)
@@ -241,11 +250,18 @@ class TrajectoryProxy:
         cap = sp.max_tokens if req.max_tokens is None else min(req.max_tokens, sp.max_tokens)
         if room is not None:
             cap = min(cap, room)
-        changes: dict[str, Any] = {"max_tokens": cap, "logprobs": True,
-                                   "stop_token_ids": list(sp.stop_token_ids)}
+        changes: dict[str, Any] = {
+            "max_tokens": cap, "logprobs": True, "top_logprobs": req.top_logprobs, "stop": list(req.stop),
+            "stop_token_ids": list(dict.fromkeys([*sp.stop_token_ids, *req.stop_token_ids]))}
         if self.honor_request_sampling:
-            changes.update({k: v for k, v in (("temperature", req.temperature), ("top_p", req.top_p),
-                                              ("seed", req.seed)) if v is not None})
+            known = {f.name for f in dataclasses.fields(SamplingParams)}
+            for key, value in req.sampling.items():
+                if key not in known:
+                    raise APIError(400, f"'{key}' is not supported by this engine", param=key)
+                changes[key] = value
+        else:  # RL owns the distribution: the request's value is overridden, and counted
+            for key in req.sampling:
+                session.metrics[f"agent/proxy/sampling_overridden/{key}"] += 1
         return dataclasses.replace(sp, **changes)
 
     async def _complete(self, session: ProxySession, req: ChatRequest) -> Completion:
@@ -268,20 +284,21 @@ class TrajectoryProxy:
             out = await self.engine.generate(session.request_id, list(context), sp)
         except asyncio.CancelledError:
             raise
+        except UnsupportedSamplingParam as e:  # the engine cannot honour a parameter: the request's fault
+            raise APIError(400, str(e), param=e.param) from None
         except Exception as e:  # the engine's failure is not the agent's fault; session untouched
             logger.exception("engine.generate failed for session %s", session.request_id)
             session.metrics["agent/proxy/engine_errors"] += 1
             session.last_engine_error = e  # the worker decides: drop (e.g. GenerationAborted) or keep
             raise APIError(502, f"generation failed: {type(e).__name__}: {e}", "server_error", "engine_error") from None
         session.metrics["agent/proxy/generate_seconds"] += time.perf_counter() - t0
-        ids = list(out.token_ids)
-        if out.log_probs is not None and len(out.log_probs) != len(ids):
-            raise APIError(502, f"engine returned {len(out.log_probs)} logprobs for {len(ids)} tokens",
+        if out.log_probs is not None and len(out.log_probs) != len(out.token_ids):
+            raise APIError(502, f"engine returned {len(out.log_probs)} logprobs for {len(out.token_ids)} tokens",
                            "server_error", "engine_error")
-        text_ids = ids[:-1] if ids and ids[-1] == self.renderer.eos_token_id else ids
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        out, text, stopped = self._apply_stops(out, req)
+        ids = list(out.token_ids)
         calls, content = [], text
-        if self.tool_parser is not None and req.tools:  # as vLLM: calls are parsed only when tools are offered
+        if self.tool_parser is not None and req.tools and req.parse_tool_calls:  # as vLLM: only when tools are offered
             parsed = self.tool_parser.parse(text, req.tools)
             calls, content = [c.to_openai() for c in parsed.calls], parsed.content
             for k, v in parsed.metrics().items():
@@ -295,9 +312,32 @@ class TrajectoryProxy:
                        version if version is not None else getattr(out, "param_version", None))
         if getattr(out, "min_global_steps", None) is not None:
             session.versions.append(out.min_global_steps)
-        finish = "tool_calls" if calls else ("length" if out.stop_reason == "length" else "stop")
+        finish = "tool_calls" if calls else ("length" if out.stop_reason == "length" and not stopped else "stop")
         return Completion(model=req.model or self.model_name, content=content or (None if calls else ""),
                           tool_calls=calls, finish_reason=finish, prompt_ids=list(context), token_ids=ids,
-                          logprobs=list(out.log_probs) if out.log_probs is not None else None,
-                          token_strs=[self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
-                          if req.logprobs else [])
+                          logprobs_content=logprobs_content(self.tokenizer, self.token_bytes, ids, out.log_probs,
+                                                            out.top_logprobs, req.top_logprobs)
+                          if req.logprobs else None)
+
+    def _apply_stops(self, out: Any, req: ChatRequest) -> tuple[Any, str, bool]:
+        """Cut a generation at the request's first stop string; decode the answer text.
+
+        The engine stops at stop strings itself; the cut here makes the recorded ids and the content
+        agree for any engine. EOS and the request's ``stop_token_ids`` end the text, not part of it.
+
+        Returns:
+            ``(output with per-token lists cut, content text, whether a stop string or token ended it)``.
+        """
+        stops = StopStrings(self.tokenizer, req.stop) if req.stop else None
+        keep = stops.first_stop(out.token_ids) if stops else None
+        at_id = next((k + 1 for k, i in enumerate(out.token_ids) if i in req.stop_token_ids), None)
+        keep = min((k for k in (keep, at_id) if k is not None), default=None)
+        if keep is not None:
+            out = truncate_output(out, keep)
+        ids = list(out.token_ids)
+        stop_ids = {self.renderer.eos_token_id, *req.stop_token_ids}
+        text_ids = ids[:-1] if ids and ids[-1] in stop_ids else ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        if stops:
+            text, _ = stops.cut_text(text)
+        return out, text, keep is not None or (len(text_ids) < len(ids))
