@@ -11,15 +11,8 @@ import time
 from typing import Any
 
 from asyncrl.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
+from asyncrl.agent_loop.chat_encoding import render_prompt_ids
 from asyncrl.rollout.base import SamplingParams
-
-
-def render_prompt_ids(tokenizer: Any, messages: list[dict], tools: list | None = None) -> list[int]:
-    """Chat-template render of ``messages`` with the generation prompt, as ``list[int]`` ids."""
-    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers>=5 may return a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
 
 
 @register("single_turn_agent")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from asyncrl.agent_loop.chat_encoding import ChatEncoder
 from asyncrl.agent_loop.tool_args import normalize_arguments, parameter_schemas
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -125,6 +126,7 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any, chat_template_kwargs: Optional[dict] = None):
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
+        self.chat = ChatEncoder(tokenizer, self.kwargs)  # content is tokenized as plain text
         self.eos_token_id: int = tokenizer.eos_token_id
         self.eos_text: str = tokenizer.eos_token
         if self.eos_token_id is None or not self.eos_text:
@@ -144,20 +146,27 @@ class ChatRenderer:
     def text(self, messages: Sequence[dict], tools: Optional[list] = None,
              add_generation_prompt: bool = False) -> str:
         """The template's text render (``tokenize=False``)."""
+        return self.text_spans(messages, tools, add_generation_prompt, spans=False)[0]
+
+    def text_spans(self, messages: Sequence[dict], tools: Optional[list] = None, add_generation_prompt: bool = False,
+                   spans: bool = True) -> tuple[str, list[tuple[int, int]]]:
+        """The text render and the spans of untrusted content holding control-token text
+        (see :class:`~asyncrl.agent_loop.chat_encoding.ChatEncoder`)."""
         try:
-            return self.tokenizer.apply_chat_template(
-                list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
-                tokenize=False, **self.kwargs)
+            if spans:
+                return self.chat.render_with_spans(messages, tools, add_generation_prompt)
+            return self.chat.render(messages, tools, add_generation_prompt), []
         except Exception as e:  # jinja errors: undefined fields, raise_exception(...) in templates
             raise RenderError(f"chat template failed: {e}") from e
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def encode(self, text: str, spans: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Ids of ``text``; added tokens inside ``spans`` (content) are tokenized as plain text."""
+        return self.chat.encode(text, spans)
 
     def render_ids(self, messages: Sequence[dict], tools: Optional[list] = None,
                    add_generation_prompt: bool = False) -> list[int]:
         """One-shot render to ids (the reference for the token-in-token-out invariant)."""
-        return self.encode(self.text(messages, tools, add_generation_prompt))
+        return self.encode(*self.text_spans(messages, tools, add_generation_prompt))
 
     def prompt_ids(self, messages: Sequence[dict], tools: Optional[list]) -> list[int]:
         """The prompt segment: ``messages`` (no assistant among them) + generation prompt."""
@@ -165,10 +174,11 @@ class ChatRenderer:
 
     def observation_ids(self, messages: Sequence[dict]) -> list[int]:
         """Consecutive non-assistant messages following an assistant turn, + generation prompt."""
-        full = self.text(_ANCHOR + list(messages), add_generation_prompt=True)
+        full, spans = self.text_spans(_ANCHOR + list(messages), add_generation_prompt=True)
         if not full.startswith(self._anchor_plain):
             raise RenderError("chat template is not prefix-stable for these messages")
-        return self.encode(full[len(self._anchor_plain):])
+        cut = len(self._anchor_plain)
+        return self.encode(full[cut:], [(max(a - cut, 0), b - cut) for a, b in spans if b > cut])
 
     def _assistant_text(self, message: dict) -> str:
         full = self.text(_ANCHOR + [message])
