@@ -64,7 +64,11 @@ def _train(args: argparse.Namespace) -> int:
         except (KeyError, ValueError) as exc:  # DatasetError is a ValueError; bad task knobs too
             print(f"config error: data.task: {exc}", file=sys.stderr)
             return 2
-    summary = Experiment(cfg).run()
+    try:
+        summary = Experiment(cfg).run()
+    except ConfigError as exc:  # start-time checks (e.g. GPUs asked for vs the Ray cluster's)
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     print(summary)
     print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
     return 0

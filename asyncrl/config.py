@@ -90,7 +90,25 @@ class OptimConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """Settings of ``actor_rollout_ref.actor.strategy=fsdp2`` (verl ``actor.fsdp_config``)."""
+
+    reshard_after_forward: bool = True
+    """Free gathered layer parameters after forward (ZeRO-3); False keeps them to backward (fewer
+    all-gathers, more memory)."""
+    use_torch_compile: bool = False
+    """``torch.compile`` each decoder layer's forward and the log-prob head (GPU; slow first step)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer in backward (activation memory for long sequences)."""
+
+
+@dataclass
 class ActorConfig:
+    strategy: str = "cpu"
+    """Train engine: ``cpu`` (one process, :class:`asyncrl.trainer.engine.TrainEngine`, the default) or
+    ``fsdp2`` (one Ray actor per trainer GPU, FSDP2 data parallel; needs ``trainer.n_gpus_per_node``)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings (``strategy=fsdp2`` only)."""
     ppo_mini_batch_size: int = 16
     """Prompt groups per optimizer update (each group has rollout.n responses)."""
     ppo_micro_batch_size: int = 64
@@ -164,6 +182,23 @@ class AgentConfig:
 
 
 @dataclass
+class CheckpointEngineConfig:
+    """Weight sync from the trainer to the replicas (verl ``rollout.checkpoint_engine``)."""
+
+    backend: str = "cpu"
+    """Transport: ``cpu`` (= ``gloo``: torch gloo broadcast, the CPU default), ``cpu_rpc`` (Ray object
+    store + engine RPC) or ``nccl`` (bucketed NCCL broadcast from trainer rank 0's GPU into the
+    replicas' GPUs; needs ``strategy=fsdp2`` and rollout GPUs)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra settings of the backend. ``nccl``: ``metadata_channel`` (``zmq`` | ``store``),
+    ``rebuild_group_each_sync``, ``timeout_s``, ``backend`` (``gloo`` runs the nccl engine's code
+    over gloo on CPU: tests only)."""
+    verify_each_sync: bool = False
+    """After every sync compare the SHA-256 of each tensor sent with the replicas' own tensors and fail
+    on a difference (slow: tests and acceptance runs; hf backend: every tensor, vLLM: unfused names)."""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"
     """Inference backend: ``vllm`` | ``hf`` (transformers)."""
@@ -199,6 +234,11 @@ class RolloutConfig:
     """vLLM CPU KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation (faster start on CPU)."""
+    load_format: str = "auto"
+    """Replica weights at start: ``auto`` (read the checkpoint) or ``dummy`` (random init from its
+    config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
+    """Weight-sync transport (trainer -> replicas)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Settings of the multi-turn ``tool_agent`` loop."""
@@ -209,6 +249,9 @@ class ActorRolloutRefConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hybrid_engine: bool = False
+    """Colocated: the trainer's GPUs also hold the rollout replicas (fractional GPUs) and the phases
+    alternate, generate -> train -> sync (verl's colocated baseline). False: separate resources."""
 
 
 @dataclass
@@ -271,6 +314,22 @@ class TrainerConfig:
     """torch intra-op threads in the trainer actor."""
     progress_bar: bool = True
     """Show a tqdm progress bar while training."""
+    nnodes: int = 1
+    """Nodes of trainer GPUs (verl fully-async resource split)."""
+    n_gpus_per_node: int = 0
+    """Trainer GPUs per node; 0 = the CPU trainer. With ``device=cpu``: gloo processes per node."""
+    device: str = "cuda"
+    """Device of ``strategy=fsdp2``: ``cuda``, or ``cpu`` (FSDP2 over gloo: tests, debugging)."""
+
+
+@dataclass
+class RolloutResourceConfig:
+    """Rollout side of the fully-async resource split (verl's top-level ``rollout:`` section)."""
+
+    nnodes: int = 1
+    """Nodes of rollout GPUs."""
+    n_gpus_per_node: int = 0
+    """Rollout GPUs per node, one replica each; 0 = replicas on CPU (``rollout.num_replicas``)."""
 
 
 @dataclass
@@ -290,6 +349,7 @@ class ExperimentConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutResourceConfig = field(default_factory=RolloutResourceConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
@@ -400,9 +460,15 @@ CHOICES: dict[str, Any] = {
     "actor_rollout_ref.rollout.agent.default_agent_loop": RegistryChoice("asyncrl.agent_loop.base", "AGENT_LOOPS"),
     "actor_rollout_ref.rollout.agent.sandbox.agent": ("bash", "oracle", "harbor:"),
     "actor_rollout_ref.rollout.multi_turn.format": RegistryChoice("asyncrl.agent_loop.tool_parser", "TOOL_PARSERS"),
+    "actor_rollout_ref.actor.strategy": ("cpu", "fsdp2"),
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": RegistryChoice("asyncrl.sync.base", "CHECKPOINT_ENGINES"),
+    "actor_rollout_ref.rollout.load_format": ("auto", "dummy"),
+    "trainer.device": ("cuda", "cpu"),
     **ALGORITHM_CHOICES,
 }
-HINTS: dict[tuple, str] = {**ALGORITHM_HINTS}
+HINTS: dict[tuple, str] = {**ALGORITHM_HINTS,
+                           ("actor_rollout_ref.actor.strategy", "fsdp"): "FSDP here is fsdp2 (torch fully_shard)",
+                           ("actor_rollout_ref.actor.strategy", "megatron"): "not available; use fsdp2"}
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -451,6 +517,9 @@ def validate(cfg: ExperimentConfig) -> None:
         validate_algorithm(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    from asyncrl.placement import validate_resources  # GPU keys: strategy, sync backend, resource split
+
+    validate_resources(cfg)
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:
