@@ -123,7 +123,7 @@ def test_hf_engine_loads_buckets(hf_engine):
     params = dict(hf_engine.model.named_parameters())
     assert all(torch.equal(params[n], t) for n, t in new)
     out = asyncio.run(hf_engine.generate("v", [1], SamplingParams(max_tokens=1)))
-    assert out.param_version == 3
+    assert out.response_versions == [3] * len(out.token_ids)
 
 
 # --------------------------------------------------------------------------- RolloutReplica (Ray, hf backend)

@@ -12,9 +12,8 @@ import socket
 import pytest
 import torch
 
-from asyncrl.rollout.vllm_worker_ext import (gloo_broadcast, make_gloo_group, metas_from_wire,
-                                             metas_to_wire)
-from asyncrl.sync.bucket import BucketAssembler, iter_buckets, plan_buckets
+from asyncrl.sync.bucket import BucketAssembler, iter_buckets, metas_from_wire, metas_to_wire, plan_buckets
+from asyncrl.sync.gloo import gloo_broadcast, make_gloo_group
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:

@@ -169,7 +169,7 @@ def test_sync_perturbed_weights_matches_transformers(shared_replica, model_dir, 
         after = _greedy_all(shared_replica, f"after-{transport}")
         assert after == [hf_greedy(hf, p, 16, eos) for p in PROMPTS]
         assert after != before
-        assert shared_replica.generate("v", PROMPTS[0], SamplingParams(max_tokens=1)).param_version == 7
+        assert shared_replica.generate("v", PROMPTS[0], SamplingParams(max_tokens=1)).response_versions == [7]
         sums = ray.get(shared_replica.actor.param_checksums.remote())
         ref = {n: float(t.float().double().sum()) for n, t in sent}
         for name in ("model.embed_tokens.weight", "model.norm.weight"):  # unfused names: exact

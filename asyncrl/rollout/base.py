@@ -1,16 +1,14 @@
-"""Inference-engine contract shared by every rollout backend.
+"""Data types of the inference-engine contract: :class:`TokenOutput` and :class:`SamplingParams`.
 
-Small on purpose (AReaL-lite style): an engine generates token ids from token ids, can abort,
-pause and resume, and loads weights pushed by the ParameterSynchronizer. Backends live in their
-own modules and are looked up lazily (see :mod:`asyncrl.rollout.replica`), so ``import asyncrl``
-works without vLLM.
+The engine protocol itself is :class:`asyncrl.api.InferenceEngine`. Backends live in their own
+modules and are looked up lazily (see :mod:`asyncrl.rollout.replica`), so ``import asyncrl`` works
+without vLLM.
 """
 
 from __future__ import annotations
 
-import abc
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal, Optional
 
 StopReason = Literal["completed", "length", "aborted"]
 
@@ -27,10 +25,13 @@ class TokenOutput:
             ``aborted`` (interrupted by abort / pause(mode="abort"); resumable).
         routed_experts: MoE routing per token when the engine reports it, else ``None``.
         num_preempted: times the engine preempted this request (KV-cache pressure).
-        param_version: weight version of the engine when the request finished.
         top_logprobs: when ``SamplingParams.top_logprobs > 0``: per generated token, the engine's
             ``[(token_id, logprob), ...]`` most likely alternatives, best first (same distribution as
             ``log_probs``); else ``None``.
+        response_versions: ``(n_generated,)`` parameter version of the weights that produced each
+            token (the engine's ``param_version`` at that step), same length as ``token_ids``. The
+            one per-token version record: agent loops copy it into
+            :attr:`asyncrl.agent_loop.base.AgentLoopOutput.response_versions`.
     """
 
     token_ids: list[int]
@@ -38,8 +39,13 @@ class TokenOutput:
     stop_reason: StopReason = "completed"
     routed_experts: Optional[list[Any]] = None
     num_preempted: int = 0
-    param_version: int = 0
     top_logprobs: Optional[list[list[tuple[int, float]]]] = None
+    response_versions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.response_versions) != len(self.token_ids):
+            raise ValueError(f"TokenOutput has {len(self.token_ids)} tokens but {len(self.response_versions)} "
+                             "response_versions (the engine must report one version per token)")
 
 
 @dataclass
@@ -91,35 +97,3 @@ class UnsupportedSamplingParam(ValueError):
 
     def __str__(self) -> str:
         return self.message
-
-
-class InferenceEngine(abc.ABC):
-    """What a RolloutReplica needs from a backend. All methods are coroutines."""
-
-    @abc.abstractmethod
-    async def start(self) -> None:
-        """Load the model and get ready to serve."""
-
-    @abc.abstractmethod
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
-        """Generate from ``prompt_ids``; an abort returns the tokens so far with ``stop_reason="aborted"``."""
-
-    @abc.abstractmethod
-    async def abort_all_requests(self) -> int:
-        """Abort every in-flight request; returns how many were aborted."""
-
-    @abc.abstractmethod
-    async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
-        """Stop admitting work. ``abort``: abort in-flight; ``wait``: drain them; ``keep``: freeze them."""
-
-    @abc.abstractmethod
-    async def resume(self) -> None:
-        """Undo :meth:`pause`."""
-
-    @abc.abstractmethod
-    async def load_weight_buckets(self, buckets: list, version: int) -> None:
-        """Load weights delivered as ``(bucket uint8 tensor, list[ChunkMeta])`` pairs (see :mod:`asyncrl.sync.bucket`)."""
-
-    @abc.abstractmethod
-    async def shutdown(self) -> None:
-        """Release processes, memory and ports."""

@@ -4,7 +4,7 @@
 
     generate(req) ──► prefill (KV cache) ──► loop: [wait while paused] ─► sample ─► decode step
                                                  ▲ abort flag checked between tokens
-    load_weight_buckets ──► BucketAssembler ──► param.copy_ under the model lock
+    weights (cpu_rpc | gloo | nccl) ──► ModelWeightReceiver ──► param.copy_ under the model lock
 
 Deliberately simple: one request per forward (no continuous batching), requests interleave at
 token granularity on the event loop, each forward runs in a worker thread under a lock. Same
@@ -21,11 +21,13 @@ from typing import Any, Literal, Optional, Sequence
 
 import torch
 
-from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput, UnsupportedSamplingParam
+from asyncrl.api import InferenceEngine
+from asyncrl.rollout.base import SamplingParams, TokenOutput, UnsupportedSamplingParam
 from asyncrl.rollout.sampling import GREEDY_EPS, apply_sampling_filters
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.rollout.vllm_backend import eos_token_ids
-from asyncrl.sync.bucket import BucketAssembler, ChunkMeta
+from asyncrl.sync.bucket import ChunkMeta
+from asyncrl.sync.receiver import ModelWeightReceiver, model_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +74,14 @@ class HFEngine(InferenceEngine):
         seed: base seed; requests without their own seed draw from one engine generator.
         torch_threads: intra-op threads for this process (``None`` leaves torch's default).
         max_num_seqs: accepted for config symmetry with vLLM; unused (no batching).
+        load_format: ``auto`` reads the checkpoint; ``dummy`` random-inits from its config.json
+            (vLLM's name; the first weight sync delivers the weights).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 torch_threads: Optional[int] = None, max_num_seqs: int = 0, **_: Any):
+                 torch_threads: Optional[int] = None, max_num_seqs: int = 0, load_format: str = "auto", **_: Any):
         self.model_path = str(model_path)
+        self.load_format = load_format
         self.dtype = getattr(torch, dtype)
         self.device = torch.device(device)
         self.seed = seed
@@ -95,21 +100,26 @@ class HFEngine(InferenceEngine):
         self._active: set[str] = set()  # admitted
         self._drained = asyncio.Condition()
         self._generator = torch.Generator().manual_seed(seed)
-        self._assembler: Optional[BucketAssembler] = None
-        self._loaded = 0
-        self._gloo: Any = None
+        self._weights = ModelWeightReceiver(lambda: model_tensors(self.model), self._lock)
 
     async def start(self) -> None:
         import transformers
 
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        self.model = await asyncio.to_thread(
-            lambda: transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval())
+        def load() -> Any:
+            if self.load_format == "dummy":  # weights come with the first sync
+                cfg = transformers.AutoConfig.from_pretrained(self.model_path)
+                with torch.device(self.device):
+                    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=self.dtype).eval()
+            return transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+
+        self.model = await asyncio.to_thread(load)
         logger.info("HF engine ready: %s", self.model_path)
 
     async def shutdown(self) -> None:
         await self.abort_all_requests()
+        await self._weights.close()
         self.model = None
 
     @property
@@ -120,14 +130,17 @@ class HFEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ generation
 
-    async def _forward(self, ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any]:
+    async def _forward(self, ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any, int]:
+        """One forward under the lock; returns ``(last logits, cache, param_version of the weights used)``."""
         def step() -> tuple[torch.Tensor, Any]:
             with torch.no_grad():
                 out = self.model(input_ids=ids.to(self.device), past_key_values=past, use_cache=True)
             return out.logits[0, -1].float().cpu(), out.past_key_values
 
-        async with self._lock:
-            return await asyncio.to_thread(step)
+        async with self._lock:  # weight loads hold it too: the version read here is the one used
+            version = self.param_version
+            logits, cache = await asyncio.to_thread(step)
+            return logits, cache, version
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
         """See :meth:`InferenceEngine.generate`; abort is honoured between tokens."""
@@ -144,6 +157,7 @@ class HFEngine(InferenceEngine):
         top: list[list[tuple[int, float]]] = []
         k_top = sp.top_logprobs if sp.logprobs else 0
         stop_strings = StopStrings(self._tokenizer(), sp.stop) if sp.stop else None
+        versions: list[int] = []
         stop = "length"
         self._inflight.add(request_id)
         try:
@@ -155,10 +169,11 @@ class HFEngine(InferenceEngine):
                 if request_id in self._aborted:
                     stop = "aborted"
                     break
-                logits, past = await self._forward(nxt, past)
+                logits, past, version = await self._forward(nxt, past)
                 tok, lp = sample_token(logits, sp, gen)
                 ids.append(tok)
                 lps.append(lp)
+                versions.append(version)
                 if k_top > 0:
                     top.append(top_logprobs(logits, sp, k_top))
                 if tok in stops or (stop_strings and stop_strings.first_stop(ids, len(ids) - 1)):
@@ -176,7 +191,7 @@ class HFEngine(InferenceEngine):
             async with self._drained:
                 self._drained.notify_all()
         return TokenOutput(token_ids=ids, log_probs=lps if sp.logprobs else None, stop_reason=stop,  # type: ignore[arg-type]
-                           param_version=self.param_version, top_logprobs=top if k_top > 0 else None)
+                           response_versions=versions, top_logprobs=top if k_top > 0 else None)
 
     def _tokenizer(self) -> Any:
         """The model's tokenizer (for stop strings), loaded on first use."""
@@ -209,57 +224,43 @@ class HFEngine(InferenceEngine):
     # ------------------------------------------------------------------ weights
 
     async def begin_weight_update(self) -> None:
-        self._assembler = BucketAssembler("cpu")
-        self._loaded = 0
-
-    def _copy_in(self, done: list[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
-        with torch.no_grad():
-            for name, tensor in done:
-                if name not in params:
-                    raise KeyError(f"unknown parameter {name!r} in weight update")
-                params[name].copy_(tensor)
-        self._loaded += len(done)
+        await self._weights.begin()
 
     async def load_bucket(self, bucket: Any, metas: Sequence[ChunkMeta]) -> None:
-        if not isinstance(bucket, torch.Tensor):
-            bucket = torch.from_numpy(bucket.copy() if not bucket.flags.writeable else bucket)
-        assert self._assembler is not None, "begin_weight_update() first"
-        done = self._assembler.feed(bucket, list(metas))
-        if done:
-            async with self._lock:
-                self._copy_in(done)
+        await self._weights.load_bucket(bucket, metas)
 
     async def finish_weight_update(self, version: int) -> int:
-        assert self._assembler is not None, "begin_weight_update() first"
-        if self._assembler.pending:
-            raise RuntimeError(f"weight update incomplete, missing chunks of {self._assembler.pending[:5]}")
-        self._assembler = None
+        loaded = await self._weights.finish()
         self.param_version = int(version)
-        return self._loaded
+        return loaded
 
     async def load_weight_buckets(self, buckets: list, version: int) -> None:
+        """Load ``[(bucket, metas), ...]`` (all of one sync) as ``version``."""
         await self.begin_weight_update()
         for bucket, metas in buckets:
             await self.load_bucket(bucket, metas)
         await self.finish_weight_update(version)
 
     async def gloo_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
-        from asyncrl.rollout.vllm_worker_ext import make_gloo_group
-
-        self._gloo = await asyncio.to_thread(make_gloo_group, host, port, base_rank, world_size, timeout_s)
-        return [base_rank]
+        return await self._weights.gloo_init(host, port, base_rank, world_size, timeout_s)
 
     async def gloo_receive(self, plan: Sequence[Sequence[ChunkMeta]], version: int) -> int:
-        from asyncrl.rollout.vllm_worker_ext import gloo_broadcast
+        loaded = await self._weights.gloo_receive(plan)
+        self.param_version = int(version)
+        return loaded
 
-        await self.begin_weight_update()
-        for metas in plan:
-            buf = torch.empty(max(m.bucket_offset + m.nbytes for m in metas), dtype=torch.uint8)
-            await asyncio.to_thread(gloo_broadcast, self._gloo, buf, 0)
-            await self.load_bucket(buf, metas)
-        return await self.finish_weight_update(version)
+    async def nccl_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
+        return await self._weights.nccl_init(host, port, base_rank, world_size, timeout_s,
+                                             device=str(self.device) if self.device.index is not None else None)
+
+    async def nccl_receive(self, version: int) -> int:
+        loaded = await self._weights.nccl_receive()
+        self.param_version = int(version)
+        return loaded
 
     async def param_checksums(self) -> dict[str, float]:
         return {n: float(p.detach().double().sum()) for n, p in self.model.named_parameters()}
+
+    async def param_digests(self) -> dict[str, str]:
+        """``{name: sha256 of the raw bytes}`` of the live tensors (bit-exact sync checks)."""
+        return self._weights.digests()

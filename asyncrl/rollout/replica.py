@@ -4,7 +4,8 @@
 
     Rollouter / AgentLoopWorker ──generate_async──► RolloutReplica ──► _ReplicaActor (Ray, async)
     ParameterSynchronizer ─update_weights(refs)──┘                       │ owns one InferenceEngine
-                          ─init_weight_group / receive_weights_broadcast ┘ (vllm | hf)
+                          ─init_weight_group / receive_weights_broadcast ┤ (vllm | hf)
+                          ─init_nccl_receiver / receive_weights_nccl ────┘
 
 Semantics follow verl's fully-async design: the rollouter pauses the replicas (``pause("abort")``
 for partial rollout, ``pause("wait")`` otherwise), the synchronizer pushes weights, the rollouter
@@ -23,8 +24,9 @@ import os
 import time
 from typing import Any, Literal, Optional, Sequence
 
+from asyncrl.api import InferenceEngine
 from asyncrl.registry import Registry
-from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.base import SamplingParams, TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +57,23 @@ def get_backend_cls(name: str) -> type[InferenceEngine]:
     return BACKENDS[name]
 
 
-def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Optional[int] = None) -> dict[str, Any]:
-    """Engine constructor kwargs from an :class:`asyncrl.config.ExperimentConfig`."""
+def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Optional[int] = None,
+                              on_gpu: bool = False) -> dict[str, Any]:
+    """Engine constructor kwargs from an :class:`asyncrl.config.ExperimentConfig`.
+
+    ``on_gpu``: the replica's actor holds a GPU (Ray sets ``CUDA_VISIBLE_DEVICES``); the hf backend
+    then runs on ``cuda`` (vLLM picks its platform itself).
+    """
     arr = cfg.actor_rollout_ref
     kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
                               max_num_seqs=arr.rollout.max_num_seqs)
+    if arr.rollout.name == "hf" and on_gpu:
+        kw["device"] = "cuda"
+    if arr.rollout.name == "hf" and arr.rollout.load_format != "auto":
+        kw["load_format"] = arr.rollout.load_format
     if arr.rollout.name == "vllm":
-        kw.update(engine_kwargs={"enable_prefix_caching": arr.rollout.enable_prefix_caching},
+        extra = {} if arr.rollout.load_format == "auto" else {"load_format": arr.rollout.load_format}
+        kw.update(engine_kwargs={"enable_prefix_caching": arr.rollout.enable_prefix_caching, **extra},
                   max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, enforce_eager=arr.rollout.enforce_eager)
     return kw
@@ -97,8 +109,8 @@ class _ReplicaActor:
     async def abort_all_requests(self) -> int:
         return await self.engine.abort_all_requests()
 
-    async def pause(self, mode: str = "abort") -> None:
-        await self.engine.pause(mode)  # type: ignore[arg-type]
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        await self.engine.pause(mode)
 
     async def resume(self) -> None:
         await self.engine.resume()
@@ -109,41 +121,52 @@ class _ReplicaActor:
 
         t0 = time.perf_counter()
         engine = self.engine
-        await engine.begin_weight_update()  # type: ignore[attr-defined]
+        await engine.begin_weight_update()
         for item in buckets:
             # numpy buckets from the object store are zero-copy, read-only views
             bucket, metas = (await item) if isinstance(item, ray.ObjectRef) else item
-            await engine.load_bucket(bucket, metas)  # type: ignore[attr-defined]
-        loaded = await engine.finish_weight_update(version)  # type: ignore[attr-defined]
+            await engine.load_bucket(bucket, metas)
+        return self._loaded(await engine.finish_weight_update(version), t0)
+
+    def _loaded(self, n: int, t0: float) -> int:
         self._stats["weight_updates"] += 1
         self._stats["last_sync_s"] = time.perf_counter() - t0
-        return loaded
+        return n
 
     async def init_weight_group(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> list[int]:
-        return await self.engine.gloo_init(host, port, base_rank, world_size, timeout_s)  # type: ignore[attr-defined]
+        """Join the trainer's gloo weight group (``cpu`` / ``gloo`` checkpoint engine)."""
+        return await self.engine.gloo_init(host, port, base_rank, world_size, timeout_s)
 
     async def receive_weights_broadcast(self, plan: list, version: int) -> int:
         t0 = time.perf_counter()
-        loaded = await self.engine.gloo_receive(plan, version)  # type: ignore[attr-defined]
-        self._stats["weight_updates"] += 1
-        self._stats["last_sync_s"] = time.perf_counter() - t0
-        return loaded
+        return self._loaded(await self.engine.gloo_receive(plan, version), t0)
+
+    async def init_nccl_receiver(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float) -> list[int]:
+        """Create the engine's NCCL receivers (``nccl`` checkpoint engine)."""
+        return await self.engine.nccl_init(host, port, base_rank, world_size, timeout_s)
+
+    async def receive_weights_nccl(self, version: int) -> int:
+        t0 = time.perf_counter()
+        return self._loaded(await self.engine.nccl_receive(version), t0)
 
     def num_weight_workers(self) -> int:
-        return int(getattr(self.engine, "num_weight_workers", 1))
+        return int(self.engine.num_weight_workers)
 
     def param_version(self) -> int:
-        return int(getattr(self.engine, "param_version", 0))
+        return int(self.engine.param_version)
 
     def num_inflight(self) -> int:
-        return int(getattr(self.engine, "num_inflight", 0))
+        return int(self.engine.num_inflight)
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "replica_rank": self.replica_rank, "param_version": self.param_version(),
                 "num_inflight": self.num_inflight(), **self._stats}
 
     async def param_checksums(self) -> dict[str, float]:
-        return await self.engine.param_checksums()  # type: ignore[attr-defined]
+        return await self.engine.param_checksums()
+
+    async def param_digests(self) -> dict[str, str]:
+        return await self.engine.param_digests()
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()
@@ -184,7 +207,8 @@ class RolloutReplica:
             backend, kwargs = config_or_backend, dict(engine_kwargs or {})
         else:
             backend = config_or_backend.actor_rollout_ref.rollout.name
-            kwargs = {**engine_kwargs_from_config(config_or_backend, replica_rank), **(engine_kwargs or {})}
+            on_gpu = bool((actor_options or {}).get("num_gpus"))
+            kwargs = {**engine_kwargs_from_config(config_or_backend, replica_rank, on_gpu=on_gpu), **(engine_kwargs or {})}
         get_backend_cls(backend)  # fail fast in the caller's process
         if "model_path" in kwargs and os.path.exists(kwargs["model_path"]):
             kwargs["model_path"] = os.path.abspath(kwargs["model_path"])  # the actor's cwd differs

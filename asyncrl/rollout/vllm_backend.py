@@ -26,9 +26,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
-from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.api import InferenceEngine
+from asyncrl.rollout.base import SamplingParams, TokenOutput
 from asyncrl.rollout.stop import StopStrings
-from asyncrl.rollout.vllm_worker_ext import metas_to_wire
+from asyncrl.sync.bucket import metas_to_wire
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +194,8 @@ class VLLMEngine(InferenceEngine):
 
         Returns:
             :class:`TokenOutput` with ``log_probs`` aligned to ``token_ids`` (``None`` if not
-            requested) and ``param_version`` = the engine's version when the request finished.
+            requested) and ``response_versions``: the engine's version when each token's delta arrived
+            (a sync happens only while generation is paused, so a delta never spans two versions).
         """
         from vllm.inputs import TokensPrompt
 
@@ -205,6 +207,7 @@ class VLLMEngine(InferenceEngine):
         top: list[list[tuple[int, float]]] = []
         k_top = sampling_params.top_logprobs if sampling_params.logprobs else 0
         stops = StopStrings(self._tokenizer(), sampling_params.stop) if sampling_params.stop else None
+        versions: list[int] = []
         finish: Optional[str] = None
         preempted = 0
         self._inflight.add(request_id)
@@ -214,6 +217,7 @@ class VLLMEngine(InferenceEngine):
                 comp = out.outputs[0]
                 checked = len(ids)
                 ids.extend(comp.token_ids)
+                versions.extend([self.param_version] * len(comp.token_ids))
                 if sampling_params.logprobs and comp.logprobs:
                     lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
                     if k_top > 0:  # the dict holds the sampled id and the top-k (rank 1..k)
@@ -224,7 +228,7 @@ class VLLMEngine(InferenceEngine):
                 preempted = max(preempted, getattr(out, "num_preemptions", 0) or 0)
                 keep = stops.first_stop(ids, checked) if stops and not comp.finish_reason else None
                 if keep is not None:  # a stop string is complete: end the request here
-                    del ids[keep:], lps[keep:], top[keep:]
+                    del ids[keep:], lps[keep:], top[keep:], versions[keep:]
                     finish = "stop"
                     await stream.aclose()  # vLLM aborts a request whose generator is closed
                     break
@@ -235,7 +239,7 @@ class VLLMEngine(InferenceEngine):
             self._inflight.discard(request_id)
         stop = {"stop": "completed", "length": "length"}.get(finish or "abort", "aborted")
         return TokenOutput(token_ids=ids, log_probs=lps if sampling_params.logprobs else None, stop_reason=stop,
-                           num_preempted=preempted, param_version=self.param_version,
+                           num_preempted=preempted, response_versions=versions,
                            top_logprobs=top if k_top > 0 else None)
 
     def _tokenizer(self) -> Any:
@@ -335,6 +339,20 @@ class VLLMEngine(InferenceEngine):
         await self._set_version(version)
         return loaded
 
+    async def nccl_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
+        """Every worker creates its NCCL receiver (GPU path; the group forms on the first receive)."""
+        return await self._require().collective_rpc("asyncrl_nccl_init", args=(host, port, base_rank, world_size, timeout_s))
+
+    async def nccl_receive(self, version: int) -> int:
+        """Every worker receives one NCCL sync into vLLM's own tensors (layerwise reload)."""
+        loaded = (await self._require().collective_rpc("asyncrl_nccl_receive"))[0]
+        await self._set_version(version)
+        return loaded
+
     async def param_checksums(self) -> dict[str, float]:
         """Worker 0's ``{param name: sum}`` (tests / debugging)."""
         return (await self._require().collective_rpc("asyncrl_param_checksums"))[0]
+
+    async def param_digests(self) -> dict[str, str]:
+        """Worker 0's ``{param name: sha256}`` of vLLM's own (possibly fused / repacked) tensors."""
+        return (await self._require().collective_rpc("asyncrl_param_digests"))[0]

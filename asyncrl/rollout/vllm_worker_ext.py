@@ -7,6 +7,10 @@ these methods with ``AsyncLLM.collective_rpc("asyncrl_...")``. Two transports en
 - gloo (``asyncrl_gloo_init`` / ``asyncrl_gloo_receive``): the worker joins a torch gloo group
   with the trainer (rank 0) and receives the buckets by broadcast; only the small bucket layout
   travels by RPC.
+- NCCL (``asyncrl_nccl_init`` / ``asyncrl_nccl_receive``, GPU): the worker joins the trainer's
+  NCCL group (:class:`asyncrl.sync.nccl_engine.NCCLWeightReceiver`) and loads each bucket's views
+  straight from GPU memory through ``load_weights`` into vLLM's own tensors. Written against
+  vLLM's public hooks only; tested where vLLM and CUDA exist.
 
 Why not a plain ``model.load_weights``: on CPU vLLM repacks every linear weight for oneDNN in
 ``process_weights_after_loading`` and *drops* the original ``weight`` tensor (it becomes
@@ -19,62 +23,17 @@ deliver *every* tensor of the checkpoint (layers only re-process once all their 
 from __future__ import annotations
 
 import logging
-import socket
-from datetime import timedelta
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
-from asyncrl.sync.bucket import BucketAssembler, ChunkMeta
-
-logger = logging.getLogger(__name__)
+from asyncrl.sync.bucket import BucketAssembler, ChunkMeta, metas_from_wire
+from asyncrl.sync.gloo import gloo_broadcast, make_gloo_group
 
 # A meta as it travels through vLLM's msgpack RPC: ChunkMeta fields in order, shape as a list.
 WireMeta = Sequence[Any]
 
-
-def metas_to_wire(metas: Sequence[ChunkMeta]) -> list[list[Any]]:
-    """ChunkMeta -> msgpack-friendly lists (vLLM's RPC refuses arbitrary classes)."""
-    return [[m.name, m.dtype, list(m.shape), m.tensor_nbytes, m.tensor_offset, m.bucket_offset, m.nbytes] for m in metas]
-
-
-def metas_from_wire(wire: Sequence[WireMeta]) -> list[ChunkMeta]:
-    """Inverse of :func:`metas_to_wire`."""
-    return [ChunkMeta(str(w[0]), str(w[1]), tuple(int(s) for s in w[2]), int(w[3]), int(w[4]), int(w[5]), int(w[6])) for w in wire]
-
-
-def local_address_towards(host: str, port: int) -> str:
-    """The local interface address that routes to ``host`` (loopback stays loopback)."""
-    if host in ("127.0.0.1", "localhost", "::1"):
-        return host
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent
-        s.connect((host, port))
-        return s.getsockname()[0]
-
-
-def make_gloo_group(host: str, port: int, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroup:
-    """A stand-alone gloo group (no global ``init_process_group``; vLLM owns the default group).
-
-    Rank 0 (the trainer) hosts the TCPStore at ``host:port``; every rank binds its gloo device to
-    its own interface towards ``host``. Use :func:`gloo_broadcast`: the
-    ``dist.broadcast(group=...)`` helpers map global ranks and do not apply to this group.
-    """
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    device_host = host if rank == 0 else local_address_towards(host, port)
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=device_host)]
-    return dist.ProcessGroupGloo(dist.PrefixStore("asyncrl_weights", store), rank, world_size, opts)
-
-
-def gloo_broadcast(group: dist.ProcessGroup, tensor: torch.Tensor, root: int = 0) -> None:
-    """Blocking in-place broadcast of one CPU tensor from ``root``."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = root
-    group.broadcast([tensor], opts).wait()
-
+logger = logging.getLogger(__name__)
 
 class AsyncRLWorkerExtension:
     """Mixed into vLLM's worker (``self`` is the worker: ``model_runner``, ``vllm_config``, ``rank``)."""
@@ -182,8 +141,38 @@ class AsyncRLWorkerExtension:
         """Drop the gloo group (its TCPStore belongs to the trainer)."""
         self._asyncrl_group = None
 
+    # ------------------------------------------------------------------ NCCL transport (GPU)
+
+    def asyncrl_nccl_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> int:
+        """Create this worker's NCCL receiver as rank ``base_rank + self.rank``; returns that rank."""
+        from asyncrl.sync.nccl_engine import NCCLWeightReceiver
+
+        rank = base_rank + int(self.rank)  # type: ignore[attr-defined]
+        self._asyncrl_nccl = NCCLWeightReceiver(host, port, rank, world_size, timeout_s=timeout_s)
+        return rank
+
+    def asyncrl_nccl_receive(self) -> int:
+        """Receive one sync (begin..finish included); returns the tensors loaded."""
+        from vllm.config import set_current_vllm_config
+
+        self.asyncrl_begin_update()
+
+        def load(weights: list[tuple[str, torch.Tensor]]) -> None:
+            with set_current_vllm_config(self.vllm_config), torch.no_grad():  # type: ignore[attr-defined]
+                self._asyncrl_model().load_weights(weights)
+            self._asyncrl_loaded += len(weights)
+
+        self._asyncrl_nccl.receive_weights(load)
+        return self.asyncrl_finish_update()
+
     # ------------------------------------------------------------------ inspection (tests)
 
     def asyncrl_param_checksums(self) -> dict[str, float]:
         """``{name: float64 sum}`` of the live parameters (oneDNN-packed linears are skipped: empty)."""
         return {n: float(p.detach().double().sum()) for n, p in self._asyncrl_model().named_parameters() if p.numel()}
+
+    def asyncrl_param_digests(self) -> dict[str, str]:
+        """``{name: sha256}`` of the live parameters (vLLM's names: fused qkv / gate_up on GPU)."""
+        from asyncrl.sync.receiver import tensor_digest
+
+        return {n: tensor_digest(p) for n, p in self._asyncrl_model().named_parameters() if p.numel()}

@@ -145,3 +145,15 @@ class BucketAssembler:
     def pending(self) -> list[str]:
         """Names of tensors with chunks received but not complete (non-empty means a lost bucket)."""
         return list(self._partial)
+
+
+def metas_to_wire(metas: Iterable[ChunkMeta]) -> list[list]:
+    """ChunkMeta -> msgpack-friendly lists (vLLM's RPC refuses arbitrary classes)."""
+    return [[m.name, m.dtype, list(m.shape), m.tensor_nbytes, m.tensor_offset, m.bucket_offset, m.nbytes] for m in metas]
+
+
+def metas_from_wire(wire: Iterable) -> list[ChunkMeta]:
+    """Inverse of :func:`metas_to_wire`; :class:`ChunkMeta` objects pass through unchanged."""
+    return [w if isinstance(w, ChunkMeta) else
+            ChunkMeta(str(w[0]), str(w[1]), tuple(int(s) for s in w[2]), int(w[3]), int(w[4]), int(w[5]), int(w[6]))
+            for w in wire]

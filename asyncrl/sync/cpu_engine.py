@@ -122,7 +122,7 @@ class GlooCheckpointEngine(CheckpointEngine):
             return
         import ray
 
-        from asyncrl.rollout.vllm_worker_ext import make_gloo_group
+        from asyncrl.sync.gloo import make_gloo_group
 
         host = self.host or (ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1")
         port = self.port or _free_port()
@@ -143,7 +143,7 @@ class GlooCheckpointEngine(CheckpointEngine):
             ``sync/init_s`` (group formation, first call only), ``sync/broadcast_s`` (time the
             trainer spent sending), ``sync/total_s`` (until every replica loaded) and ``sync/bytes``.
         """
-        from asyncrl.rollout.vllm_worker_ext import gloo_broadcast
+        from asyncrl.sync.gloo import gloo_broadcast
 
         t0 = time.perf_counter()
         await self._ensure_group()
