@@ -299,7 +299,7 @@ class FullyAsyncRollouter:
         return {"uid": sample.uid, "index": sample.index, "reward": o.reward_score, "num_turns": o.num_turns,
                 "prompt_ids": list(o.prompt_ids), "response_ids": list(o.response_ids),
                 "response_mask": list(o.response_mask), "response_logprobs": list(o.response_logprobs),
-                "response_param_versions": list(o.extra_fields.get("response_param_versions") or []),
+                "response_versions": list(o.response_versions),
                 "prompt_tokens": [self.tokenizer.decode([t]) for t in o.prompt_ids],
                 "response_tokens": [self.tokenizer.decode([t]) for t in o.response_ids],
                 "min_global_steps": o.extra_fields.get("min_global_steps"),

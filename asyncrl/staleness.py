@@ -60,3 +60,17 @@ def sample_budget(cfg: ExperimentConfig) -> SampleBudget:
         max_concurrent_samples=max_concurrent_samples(ro.num_replicas, ro.concurrent_samples_per_replica, max_req),
         staleness_bound=staleness_bound(at.staleness_threshold, at.partial_rollout),
     )
+
+
+def token_lags(trainer_version: int, response_versions, response_mask):
+    """``trainer_version - version`` of every model token (mask > 0): the trained tokens' staleness.
+
+    Args:
+        trainer_version: the parameter version being trained (before this step's sync).
+        response_versions: ``(batch, resp_len)`` int64 per-token versions (``Batch.response_versions``).
+        response_mask: ``(batch, resp_len)``; only mask-1 tokens count.
+
+    Returns:
+        ``(n_model_tokens,)`` int64 lags; invariant 2 (mode a) wants all 0, invariant 3 all <= the bound.
+    """
+    return trainer_version - response_versions[response_mask > 0]

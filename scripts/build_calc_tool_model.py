@@ -169,7 +169,8 @@ class BatchedHFServer:
                 if t in stops:
                     new, stop = new[:j + 1], "completed"
                     break
-            outs.append(TokenOutput(token_ids=new, log_probs=None, stop_reason=stop))
+            outs.append(TokenOutput(token_ids=new, log_probs=None, stop_reason=stop,
+                                    response_versions=[0] * len(new)))  # fixed weights: version 0
         return outs
 
 

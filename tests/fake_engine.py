@@ -102,8 +102,12 @@ class FakeEngine:
         if sampling_params.top_logprobs:  # the sampled id first, then made-up runners-up
             top = [[(t, lp)] + [((t + j) % 200, lp - j) for j in range(1, sampling_params.top_logprobs)]
                    for t, lp in zip(ids, logprobs)]
-        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=stop, param_version=self.param_version,
-                           top_logprobs=top)
+        return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason=stop, top_logprobs=top,
+                           response_versions=[self.param_version] * len(ids))
+
+    async def engine_version(self, request_id: str) -> int:
+        """The client API's version query (what the replica serving ``request_id`` holds)."""
+        return self.param_version
 
 
 def embedded_tokenizer() -> Optional[object]:

@@ -27,6 +27,11 @@ class FakeAbortingReplica:
         self.calls: list[tuple[str, int, int]] = []  # (request_id, prompt_len, max_tokens)
         self.first_prompt_len: dict[str, int] = {}
 
+    @property
+    def param_version(self) -> int:
+        """The version it serves now (what ``RolloutReplica.param_version`` reports)."""
+        return self.version
+
     async def generate(self, request_id, prompt_ids, sp):
         self.calls.append((request_id, len(prompt_ids), sp.max_tokens))
         start = self.first_prompt_len.setdefault(request_id, len(prompt_ids))
@@ -36,13 +41,13 @@ class FakeAbortingReplica:
             pos = done_before + i
             if pos + 1 == self.natural_len:
                 out.append(EOS)
-                return TokenOutput(out, [-0.5] * len(out), "completed", param_version=self.version)
+                return TokenOutput(out, [-0.5] * len(out), "completed", response_versions=[self.version] * len(out))
             out.append(10 + pos % 50)
             if self.abort_every and len(out) == self.abort_every and i + 1 < sp.max_tokens:
                 v = self.version
                 self.version += 1  # an abort models a weight sync
-                return TokenOutput(out, [-0.5] * len(out), "aborted", param_version=v)
-        return TokenOutput(out, [-0.5] * len(out), "length", param_version=self.version)
+                return TokenOutput(out, [-0.5] * len(out), "aborted", response_versions=[v] * len(out))
+        return TokenOutput(out, [-0.5] * len(out), "length", response_versions=[self.version] * len(out))
 
 
 class FakePool:

@@ -61,7 +61,7 @@ class FakeToolEngine:
         self._rest = self._rest[len(ids):]
         self._expect = prompt + ids
         return TokenOutput(token_ids=ids, log_probs=[-0.25 - 0.01 * i for i in range(len(ids))],
-                           stop_reason=stop, param_version=self.version(k))
+                           stop_reason=stop, response_versions=[self.version(k)] * len(ids))
 
 
 class ConcurrencyProbeTool(BaseTool):

@@ -27,7 +27,7 @@ def test_resume_total_never_exceeds_response_length():
     # each resubmission asked only for the remaining budget and carried prompt + generated
     assert [c[2] for c in replica.calls] == [8192, 6192, 4192, 2192, 192]
     assert [c[1] for c in replica.calls] == [3, 2003, 4003, 6003, 8003]
-    assert len(out.log_probs) == len(out.token_ids) == len(out.token_param_versions)
+    assert len(out.log_probs) == len(out.token_ids) == len(out.response_versions)
 
 
 def test_resumed_output_equals_uninterrupted():
@@ -38,9 +38,9 @@ def test_resumed_output_equals_uninterrupted():
     assert resumed.token_ids == uninterrupted.token_ids
     assert len(resumed.token_ids) == 37 and resumed.token_ids[-1] == EOS
     assert resumed.stop_reason == uninterrupted.stop_reason == "completed"
-    # versions spanned are recorded: 7 aborts -> versions 0..7
-    assert resumed.min_global_steps == 0 and resumed.max_global_steps == 7
-    assert uninterrupted.min_global_steps == uninterrupted.max_global_steps == 0
+    # the engine's version of every token survives the resumes: 7 aborts -> versions 0..7, 5 tokens each
+    assert resumed.response_versions == [k // 5 for k in range(37)]
+    assert uninterrupted.response_versions == [0] * 37
 
 
 def test_no_partial_rollout_does_not_resubmit():

@@ -37,7 +37,7 @@ class FakeGatedReplica:
 
     async def generate(self, request_id, prompt_ids, sp):
         await self.gate.wait()
-        return TokenOutput([52, 258], [-0.1, -0.2], "completed", param_version=0)
+        return TokenOutput([52, 258], [-0.1, -0.2], "completed", response_versions=[0, 0])
 
 
 class FakePool:

@@ -236,7 +236,7 @@ def test_length_budget_covers_model_and_tool_tokens(tok):
 
 def test_param_versions_per_token(tok):
     out, _, _ = run(tok, [CALL, ANSWER], version=lambda k: 3 + k)
-    versions = out.extra_fields["response_param_versions"]
+    versions = out.response_versions
     assert len(versions) == len(out.response_ids)
     first = out.response_mask.index(0)
     second = out.response_mask.index(1, first)

@@ -3,7 +3,7 @@
 ::
 
     rollouter.trajectories(n) -> [{prompt_ids, response_ids, response_mask, response_logprobs,
-                                   response_param_versions, prompt_tokens, response_tokens,
+                                   response_versions, prompt_tokens, response_tokens,
                                    reward, num_turns, min_global_steps, max_global_steps, uid}]
         --> trajectory_model(traj) --> token spans: class "tok m1" (model-generated, trained on)
                                                     class "tok m0" (tool / observation / template)
@@ -75,7 +75,7 @@ def check_lengths(traj: dict) -> tuple[dict[str, int], list[str]]:
     Also compares decoded tokens and per-token versions when present. Returns ``(lengths, warnings)``.
     """
     lengths = {k: len(traj.get(k) or []) for k in ("response_ids", "response_mask", "response_logprobs")}
-    for opt in ("response_tokens", "response_param_versions"):
+    for opt in ("response_tokens", "response_versions"):
         if traj.get(opt):
             lengths[opt] = len(traj[opt])
     warnings = []
@@ -107,7 +107,7 @@ def trajectory_model(traj: dict, turn_marker: str = TURN_MARKER) -> TrajectoryMo
     r_ids = list(traj.get("response_ids") or [])
     mask = list(traj.get("response_mask") or [])
     lps = list(traj.get("response_logprobs") or [])
-    vers = list(traj.get("response_param_versions") or [])
+    vers = list(traj.get("response_versions") or [])
     prompt = [Token(i, s, as_int(t), None, turn_start=turn_marker in s)
               for i, (t, s) in enumerate(zip(p_ids, _texts(traj.get("prompt_tokens"), p_ids)))]
     response, turn_starts, prev, last_v = [], [], 0, None

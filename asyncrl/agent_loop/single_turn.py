@@ -26,18 +26,13 @@ class SingleTurnAgentLoop(AgentLoopBase):
         out = await self.server_manager.generate(sample["request_id"], prompt_ids, sampling_params)
         gen_s = time.perf_counter() - t0
         n = len(out.token_ids)
-        versions = getattr(out, "token_param_versions", None) or [out.param_version] * n
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=list(out.token_ids),
             response_mask=[1] * n,
             response_logprobs=list(out.log_probs) if out.log_probs is not None else [0.0] * n,
+            response_versions=list(out.response_versions),
             num_turns=2,
             metrics={"agent/generate_s": gen_s, "agent/num_aborts": getattr(out, "num_aborts", 0)},
-            extra_fields={
-                "min_global_steps": min(versions) if versions else out.param_version,
-                "max_global_steps": max(versions) if versions else out.param_version,
-                "response_param_versions": versions,
-                "stop_reason": out.stop_reason,
-            },
+            extra_fields={"stop_reason": out.stop_reason},
         )

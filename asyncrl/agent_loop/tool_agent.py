@@ -44,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from asyncrl.agent_loop.base import AgentLoopBase, AgentLoopOutput, register
+from asyncrl.agent_loop.base import AgentLoopBase, AgentLoopOutput, fill_versions, register
 from asyncrl.agent_loop.proxy.rendering import ChatRenderer
 from asyncrl.agent_loop.tool_parser import ERROR_KINDS, ToolCall, get_tool_parser
 from asyncrl.agent_loop.tools.base import BaseTool, ToolError, select_tools, tool_schema_name
@@ -80,7 +80,8 @@ class AgentData:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    versions: list[Optional[int]] = field(default_factory=list)
+    """Engine version per response token; ``None`` on mask-0 tokens (filled in :meth:`ToolAgentLoop._output`)."""
     assistant_turns: int = 0
     pending_calls: list[ToolCall] = field(default_factory=list)
     turn_open: bool = False
@@ -89,18 +90,16 @@ class AgentData:
     """The last model turn ended with EOS (so only the template tail after it is missing)."""
     stop_reason: str = "completed"
     terminate_reason: str = ""
-    param_version: int = 0
     metrics: Counter = field(default_factory=Counter)
 
     def add(self, ids: list[int], mask: int, logprobs: Optional[list[float]] = None,
             versions: Optional[list[int]] = None) -> None:
-        """Append ids with one mask value; mask-0 tokens get logprob 0.0 and the preceding version."""
+        """Append ids with one mask value; mask-0 tokens get logprob 0.0 and no version of their own."""
         n = len(ids)
         self.response_ids += ids
         self.response_mask += [mask] * n
         self.response_logprobs += list(logprobs) if mask and logprobs is not None else [0.0] * n
-        last = self.versions[-1] if self.versions else self.param_version
-        self.versions += list(versions) if versions is not None else [last] * n
+        self.versions += list(versions) if versions is not None else [None] * n
 
 
 TOOL_ERROR_KINDS = ("unknown_tool", "too_many_calls", "tool_error", "timeout", "exception")
@@ -158,8 +157,8 @@ class ToolAgentLoop(AgentLoopBase):
                 and ``request_id`` (reused for every turn, so routing stays sticky).
 
         Returns:
-            The trajectory; ``extra_fields`` has ``min_global_steps``, ``max_global_steps``,
-            ``response_param_versions``, ``messages``, ``terminate_reason``, ``stop_reason``.
+            The trajectory (``response_versions`` per token); ``extra_fields`` has ``min_global_steps``,
+            ``max_global_steps`` (derived), ``messages``, ``terminate_reason``, ``stop_reason``.
 
         Raises:
             KeyError: ``extra_info.tool_selection`` names a tool that is not offered.
@@ -279,8 +278,7 @@ class ToolAgentLoop(AgentLoopBase):
             new = list(out.token_ids)
             ids += new
             lps += list(out.log_probs) if out.log_probs is not None else [0.0] * len(new)
-            versions += list(getattr(out, "token_param_versions", None) or [out.param_version] * len(new))
-            data.param_version = out.param_version
+            versions += list(out.response_versions)
             data.metrics["agent/num_aborts"] += getattr(out, "num_aborts", 0)
             false_stop = (self.mt.stop_on_tool_call and not self.end_is_one_token and out.stop_reason == "completed"
                           and new and new[-1] == self.end_stop_id and new[-1] != self.renderer.eos_token_id
@@ -327,7 +325,6 @@ class ToolAgentLoop(AgentLoopBase):
         """Close the last turn, cut to the budget, and package the trajectory."""
         self._close_turn(data)  # a final EOS turn gets its "\n"; a turn stopped at a call its EOS too
         n = min(len(data.response_ids), budget)
-        model_versions = [v for v, m in zip(data.versions[:n], data.response_mask[:n]) if m]
         metrics = {f"agent/tool_parse_errors/{k}": 0 for k in ERROR_KINDS}
         metrics.update({f"agent/tool_errors/{k}": 0 for k in TOOL_ERROR_KINDS})
         metrics.update(data.metrics)
@@ -343,12 +340,10 @@ class ToolAgentLoop(AgentLoopBase):
             response_ids=data.response_ids[:n],
             response_mask=data.response_mask[:n],
             response_logprobs=data.response_logprobs[:n],
+            response_versions=fill_versions(data.versions[:n]),
             num_turns=sum(1 for m in data.messages if m["role"] != "system"),
             metrics=metrics,
             extra_fields={
-                "min_global_steps": min(model_versions, default=data.param_version),
-                "max_global_steps": max(model_versions, default=data.param_version),
-                "response_param_versions": data.versions[:n],
                 "messages": data.messages,
                 "terminate_reason": data.terminate_reason,
                 "stop_reason": data.stop_reason,

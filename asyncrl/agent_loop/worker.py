@@ -91,6 +91,8 @@ class AgentLoopWorker:
         try:
             t0 = time.perf_counter()
             out = await loop.run(sp, request_id=request_id, **extra, **row)
+            if not out.has_version:  # no token the engine produced: the version its replica serves now
+                out.set_version_span(fallback=await self.client.engine_version(request_id))
             if out.reward_score is None:
                 text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
                 result = self.compute_score(row.get("data_source", ""), text, row["reward_model"]["ground_truth"],

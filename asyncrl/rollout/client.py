@@ -9,11 +9,12 @@
                stop_reason == "aborted"?  -> partial_rollout: resubmit after the replica resumes
                                              otherwise: raise GenerationAborted (sample is dropped)
         returns one TokenOutput whose tokens may span several parameter versions
+        (response_versions: the engine's version of each token, carried across resumes)
 
 Semantics from the verl fully-async design: a weight sync aborts in-flight requests; the client
 resumes from prompt + generated tokens with the remaining budget, never past ``response_length``,
-and records the versions it spanned (``min_global_steps`` / ``max_global_steps``). The abort is
-invisible to the agent loop.
+and keeps the per-token versions the engine reported (``TokenOutput.response_versions``). The abort
+is invisible to the agent loop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from asyncrl.rollout.base import SamplingParams, TokenOutput
 
@@ -41,25 +42,15 @@ class ServerPool(Protocol):
 
 @dataclass
 class ResumableOutput(TokenOutput):
-    """A TokenOutput assembled from one or more engine calls.
+    """A TokenOutput assembled from one or more engine calls (``response_versions`` spans them all).
 
     Attributes:
-        token_param_versions: ``(n_generated,)`` parameter version that produced each token.
         num_aborts: how many times the request was aborted and resumed.
         server_ids: replica that served each engine call (sticky routing keeps them equal).
     """
 
-    token_param_versions: list[int] = field(default_factory=list)
     num_aborts: int = 0
     server_ids: list[Any] = field(default_factory=list)
-
-    @property
-    def min_global_steps(self) -> Optional[int]:
-        return min(self.token_param_versions) if self.token_param_versions else None
-
-    @property
-    def max_global_steps(self) -> Optional[int]:
-        return max(self.token_param_versions) if self.token_param_versions else None
 
 
 async def _call_replica(handle: Any, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
@@ -68,6 +59,14 @@ async def _call_replica(handle: Any, request_id: str, prompt_ids: list[int], sp:
     if hasattr(handle, "generate") and hasattr(handle.generate, "remote"):
         return await handle.generate.remote(request_id, prompt_ids, sp)
     return await handle.generate(request_id, prompt_ids, sp)
+
+
+async def _replica_version(handle: Any) -> int:
+    handle = getattr(handle, "actor", handle)  # a RolloutReplica wrapper: talk to its actor
+    if hasattr(handle, "param_version") and hasattr(handle.param_version, "remote"):
+        return int(await handle.param_version.remote())
+    version = getattr(handle, "param_version", 0)
+    return int(version() if callable(version) else version)
 
 
 class LLMServerClient:
@@ -90,6 +89,15 @@ class LLMServerClient:
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
         out, _ = await self._once(request_id, list(prompt_ids), sampling_params)
         return out
+
+    async def engine_version(self, request_id: str) -> int:
+        """The parameter version the replica serving ``request_id`` holds now (sticky routing: the
+        replica its generations went to). For trajectories without any generated token."""
+        server_id, handle = await self.pool.acquire_server_async(request_id)
+        try:
+            return await _replica_version(handle)
+        finally:
+            await self.pool.release_server_async(server_id)
 
 
 class FullyAsyncLLMServerClient(LLMServerClient):
@@ -131,8 +139,7 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             result.token_ids.extend(new)
             if result.log_probs is not None:
                 result.log_probs.extend(list(out.log_probs or [0.0] * len(new))[:len(new)])
-            result.token_param_versions.extend([out.param_version] * len(new))
-            result.param_version = out.param_version
+            result.response_versions.extend(list(out.response_versions)[:len(new)])
             result.num_preempted += out.num_preempted
             result.server_ids.append(server_id)
             if out.top_logprobs is not None:

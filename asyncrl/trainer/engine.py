@@ -1,16 +1,18 @@
-"""TrainEngine: a transformers causal LM with its optimizer, for the CPU / single-device trainer.
+"""TrainEngine: a transformers causal LM with its optimizer, for the CPU trainer (``strategy=cpu``).
 
-Small interface (shared in spirit with the FSDP engine of the GPU path): ``compute_log_probs``,
-``update`` (one optimizer step over a mini-batch, micro-batched), ``named_tensors_for_sync``.
-Batches come from :func:`collate`, which right-pads prompt+response into one ``(batch, seq)``
-tensor and keeps the response positions aligned in a ``(batch, resp_len)`` layout.
+Implements :class:`asyncrl.api.TrainEngine`, as does the FSDP2 engine of the GPU path
+(:class:`asyncrl.trainer.fsdp_engine.FSDPEngine`): ``compute_log_probs``, ``compute_ref_log_probs``,
+``update`` (one optimizer step over a mini-batch, micro-batched), ``named_tensors_for_sync``,
+``state_dict`` / ``load_state_dict``. Batches come from :func:`collate`, which right-pads
+prompt+response into one ``(batch, seq)`` tensor and keeps the response positions aligned in a
+``(batch, resp_len)`` layout.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -36,7 +38,8 @@ class Batch:
         rollout_log_probs: ``(batch, resp_len)`` float32 logprobs from the rollout engine.
         rewards: ``(batch,)`` float32.
         group_ids: ``batch`` prompt-group ids.
-        token_versions: ``(batch, resp_len)`` int64 parameter version of each token (-1 on pad).
+        response_versions: ``(batch, resp_len)`` int64 parameter version of each response token (the
+            engine's, from :attr:`AgentLoopOutput.response_versions`; -1 on pad).
         extras: per-row tensors added by the trainer (``old_log_probs``, ``advantages``,
             ``ref_log_probs``), sliced along with the batch.
     """
@@ -48,7 +51,7 @@ class Batch:
     rollout_log_probs: torch.Tensor
     rewards: torch.Tensor
     group_ids: list
-    token_versions: torch.Tensor
+    response_versions: torch.Tensor
     extras: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -59,10 +62,17 @@ class Batch:
         """``(batch,)`` int64 response tokens (model and tool tokens) of each row."""
         return (self.resp_index > 0).sum(-1)
 
+    def to(self, device: torch.device | str) -> "Batch":
+        """The same batch with every tensor (extras included) on ``device``."""
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.resp_index.to(device),
+                     self.response_mask.to(device), self.rollout_log_probs.to(device), self.rewards.to(device),
+                     list(self.group_ids), self.response_versions.to(device),
+                     {k: v.to(device) for k, v in self.extras.items()})
+
     def select(self, idx: Sequence[int]) -> "Batch":
         i = torch.as_tensor(list(idx), dtype=torch.long)
         return Batch(self.input_ids[i], self.attention_mask[i], self.resp_index[i], self.response_mask[i],
-                     self.rollout_log_probs[i], self.rewards[i], [self.group_ids[j] for j in idx], self.token_versions[i],
+                     self.rollout_log_probs[i], self.rewards[i], [self.group_ids[j] for j in idx], self.response_versions[i],
                      {k: v[i] for k, v in self.extras.items()})
 
 
@@ -84,9 +94,7 @@ def collate(outputs: Sequence[AgentLoopOutput], group_ids: Sequence, pad_id: int
         resp_index[i, :r] = torch.arange(p, p + r)
         mask[i, :r] = torch.tensor(o.response_mask, dtype=torch.float32)
         lps[i, :r] = torch.tensor(o.response_logprobs, dtype=torch.float32)
-        v = o.extra_fields.get("response_param_versions")
-        if v is not None and len(v) == r:
-            versions[i, :r] = torch.tensor(v, dtype=torch.long)
+        versions[i, :r] = torch.tensor(o.response_versions, dtype=torch.long)
     rewards = torch.tensor([float(o.reward_score or 0.0) for o in outputs])
     return Batch(input_ids, attn, resp_index, mask, lps, rewards, list(group_ids), versions)
 
@@ -151,14 +159,7 @@ class TrainEngine:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-        total = max(total_updates, warmup + 1)
-
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / max(1, warmup)
-            return max(0.0, (total - step) / max(1, total - warmup))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_linear_decay(warmup, total_updates))
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
         self.sampling = sampling
@@ -234,3 +235,26 @@ class TrainEngine:
         """``(hf_name, tensor)`` for every parameter the inference engine needs (tied weights once)."""
         for name, p in self.model.named_parameters():
             yield name, p.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"model", "optimizer", "scheduler", "updates"}`` (references, not copies: save it at once)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (same model architecture and optimizer settings)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
+
+
+def warmup_linear_decay(warmup: int, total_updates: int) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up over ``warmup`` updates, then linear decay to 0 at ``total_updates``."""
+    total = max(total_updates, warmup + 1)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return schedule

@@ -307,11 +307,7 @@ class TrajectoryProxy:
         if calls:
             message["tool_calls"] = [{"type": "function", "function": {
                 "name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}} for c in calls]
-        version = getattr(out, "max_global_steps", None)
-        session.commit(plan, ids, out.log_probs, message, bool(calls),
-                       version if version is not None else getattr(out, "param_version", None))
-        if getattr(out, "min_global_steps", None) is not None:
-            session.versions.append(out.min_global_steps)
+        session.commit(plan, ids, out.log_probs, message, bool(calls), out.response_versions)
         finish = "tool_calls" if calls else ("length" if out.stop_reason == "length" and not stopped else "stop")
         return Completion(model=req.model or self.model_name, content=content or (None if calls else ""),
                           tool_calls=calls, finish_reason=finish, prompt_ids=list(context), token_ids=ids,

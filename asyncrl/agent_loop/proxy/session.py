@@ -1,7 +1,7 @@
 """One proxy session: the token-in-token-out accumulator behind ``/s/{token}/v1/...``.
 
 State per session (seed ``000`` section 5.3): ``prompt_ids`` + ``response_ids`` / ``response_mask`` /
-``response_logprobs``, and ``snapshot``: the normalised messages of the last request plus the
+``response_logprobs`` / ``response_versions``, and ``snapshot``: the normalised messages of the last request plus the
 assistant message we answered with. A request is served in two steps so a bad request or a failed
 generation never corrupts the session:
 
@@ -27,9 +27,9 @@ import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from asyncrl.agent_loop.base import AgentLoopOutput
+from asyncrl.agent_loop.base import AgentLoopOutput, fill_versions
 from asyncrl.agent_loop.proxy.rendering import ChatRenderer, RenderError
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,9 @@ class ProxyTrajectory:
         num_turns: non-system messages in the final conversation (user + assistant + tool).
         metrics: ``agent/...`` counters (requests, rebuilds, tool calls, parse errors, seconds).
         messages: the final conversation (normalised), for debugging and rewards.
-        extra_fields: ``min_global_steps`` / ``max_global_steps`` over the generations, ``ended``
+        response_versions: ``(response_len,)`` the engine's version of each model token; mask-0 tokens
+            the version before them (see :func:`asyncrl.agent_loop.base.fill_versions`).
+        extra_fields: ``ended``
             (why the proxy ended the session, or ``None``), ``engine_error`` (``repr`` of the last
             failed generation, e.g. ``GenerationAborted``, or ``None``), ``request_id``.
     """
@@ -64,13 +66,14 @@ class ProxyTrajectory:
     metrics: dict[str, Any]
     messages: list[dict]
     extra_fields: dict[str, Any] = field(default_factory=dict)
+    response_versions: list[int] = field(default_factory=list)
 
     def to_agent_loop_output(self, **extra_fields: Any) -> AgentLoopOutput:
         """An :class:`AgentLoopOutput` (validated); ``extra_fields`` are merged in."""
         return AgentLoopOutput(
             prompt_ids=list(self.prompt_ids), response_ids=list(self.response_ids),
             response_mask=list(self.response_mask), response_logprobs=list(self.response_logprobs),
-            num_turns=self.num_turns, metrics=dict(self.metrics),
+            response_versions=list(self.response_versions), num_turns=self.num_turns, metrics=dict(self.metrics),
             extra_fields={**self.extra_fields, **extra_fields})
 
 
@@ -86,6 +89,8 @@ class Plan:
     messages: list[dict]
     tools: Optional[list]
     debug: Optional[dict] = None
+    response_versions: list[Optional[int]] = field(default_factory=list)
+    """Engine version per response token; ``None`` on tokens no generation produced."""
 
     @property
     def context_ids(self) -> list[int]:
@@ -116,14 +121,15 @@ class ProxySession:
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
         self.response_logprobs: list[float] = []
+        self.response_versions: list[Optional[int]] = []
         self.snapshot: list[dict] = []
         self.tools: Optional[list] = None
-        # assistant messages the model produced -> (its ids, their mask), EOS included, tail excluded
-        self.generated: dict[str, tuple[list[int], list[int]]] = {}
+        # assistant messages the model produced -> (its ids, their mask, their versions), EOS included,
+        # tail excluded
+        self.generated: dict[str, tuple[list[int], list[int], list[Optional[int]]]] = {}
         self.metrics: Counter = Counter()
         self.no_tool_streak = 0
         self.ended: Optional[str] = None
-        self.versions: list[int] = []
         self.last_engine_error: Optional[BaseException] = None
         self.created = time.time()
 
@@ -144,23 +150,26 @@ class ProxySession:
                 and all(m["role"] != "assistant" for m in delta)):
             ids = self.renderer.observation_ids(delta)
             return Plan("incremental", self.prompt_ids, self.response_ids + ids, self.response_mask + [0] * len(ids),
-                        self.response_logprobs + [0.0] * len(ids), messages, tools)
+                        self.response_logprobs + [0.0] * len(ids), messages, tools,
+                        response_versions=self.response_versions + [None] * len(ids))
         return self._rebuild(messages, tools)
 
     def _build(self, messages: list[dict], tools: Optional[list], path: str) -> Plan:
         """Segment-by-segment render; assistant turns the model generated keep the model's own ids."""
         segs = self.renderer.segments(messages, tools)
-        ids, mask = [], []
+        ids, mask, versions = [], [], []
         for s in segs[1:]:
             own = self.generated.get(_key(messages[s.message_index])) if s.kind == "assistant" else None
             if own is not None:
                 tail = s.ids[s.body_len:]
                 ids += own[0] + tail
                 mask += own[1] + [0] * len(tail)
+                versions += own[2] + [None] * len(tail)
             else:  # observations, and assistant text the model did not write (edited / injected)
                 ids += s.ids
                 mask += [0] * len(s.ids)
-        return Plan(path, segs[0].ids, ids, mask, [0.0] * len(ids), messages, tools)
+                versions += [None] * len(s.ids)
+        return Plan(path, segs[0].ids, ids, mask, [0.0] * len(ids), messages, tools, response_versions=versions)
 
     def _rebuild(self, messages: list[dict], tools: Optional[list]) -> Plan:
         plan = self._build(messages, tools, "rebuild")
@@ -170,6 +179,7 @@ class ProxySession:
         for k in range(max(op, np_), common):  # same tokens, same context: same mask and logprob
             plan.response_mask[k - np_] = self.response_mask[k - op]
             plan.response_logprobs[k - np_] = self.response_logprobs[k - op]
+            plan.response_versions[k - np_] = self.response_versions[k - op]
         zeroed = sum(1 for k, m in enumerate(plan.response_mask) if m and k + np_ >= common)
         plan.debug = {
             "before": {"messages": self.snapshot, "tools": self.tools, "ids": old},
@@ -184,11 +194,14 @@ class ProxySession:
 
     # --------------------------------------------------------------------------------- commit
     def commit(self, plan: Plan, token_ids: list[int], logprobs: Optional[list[float]],
-               assistant_message: dict, has_tool_calls: bool, param_version: Optional[int] = None) -> None:
-        """Adopt ``plan`` and append one generation (see module docstring)."""
+               assistant_message: dict, has_tool_calls: bool, versions: Sequence[int] = ()) -> None:
+        """Adopt ``plan`` and append one generation (see module docstring); ``versions``: the engine's
+        version of each of ``token_ids``."""
         lps = list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
         if len(lps) != len(token_ids):
             raise ValueError(f"engine returned {len(lps)} logprobs for {len(token_ids)} tokens")
+        if len(versions) != len(token_ids):
+            raise ValueError(f"engine returned {len(versions)} versions for {len(token_ids)} tokens")
         if plan.path == "rebuild":
             self.metrics["agent/proxy/rebuilds"] += 1
             self.metrics["agent/proxy/rebuild_mask1_tokens_without_logprobs"] += \
@@ -201,11 +214,11 @@ class ProxySession:
         self.response_ids = plan.response_ids + list(token_ids) + filler
         self.response_mask = plan.response_mask + [1] * len(token_ids) + [0] * len(filler)
         self.response_logprobs = plan.response_logprobs + lps + [0.0] * len(filler)
+        self.response_versions = plan.response_versions + list(versions) + [None] * len(filler)
         self.tools = plan.tools
         self.snapshot = plan.messages + [assistant_message]
-        self.generated[_key(assistant_message)] = (list(token_ids) + close, [1] * len(token_ids) + [0] * len(close))
-        if param_version is not None:
-            self.versions.append(param_version)
+        self.generated[_key(assistant_message)] = (list(token_ids) + close, [1] * len(token_ids) + [0] * len(close),
+                                                   list(versions) + [None] * len(close))
         self.metrics["agent/proxy/requests"] += 1
         self.metrics[f"agent/proxy/path/{plan.path}"] += 1
         self.no_tool_streak = 0 if has_tool_calls else self.no_tool_streak + 1
@@ -219,13 +232,11 @@ class ProxySession:
         msgs = self.snapshot
         extra: dict[str, Any] = {"ended": self.ended, "request_id": self.request_id,
                                  "engine_error": repr(self.last_engine_error) if self.last_engine_error else None}
-        if self.versions:
-            extra.update(min_global_steps=min(self.versions), max_global_steps=max(self.versions))
         return ProxyTrajectory(
             prompt_ids=list(self.prompt_ids or []), response_ids=list(self.response_ids),
             response_mask=list(self.response_mask), response_logprobs=list(self.response_logprobs),
             num_turns=sum(1 for m in msgs if m["role"] != "system"), metrics=dict(self.metrics),
-            messages=list(msgs), extra_fields=extra)
+            messages=list(msgs), extra_fields=extra, response_versions=fill_versions(self.response_versions))
 
     def _dump(self, name: str, payload: Any) -> None:
         if not self.trajectory_dir:

@@ -198,9 +198,8 @@ class SandboxAgentLoop(AgentLoopBase):
         output.reward_score = decision.reward
         if not output.prompt_ids and sample.get("prompt_ids"):  # no model turn recorded (e.g. oracle)
             output.prompt_ids = list(sample["prompt_ids"])
-        version = getattr(self.server_manager, "param_version", 0)
-        output.extra_fields.setdefault("min_global_steps", version)
-        output.extra_fields.setdefault("max_global_steps", version)
+        if not output.has_version:  # no model turn (e.g. oracle): the version its engine serves now
+            output.set_version_span(fallback=await self.server_manager.engine_version(rid))
         output.metrics["agent/sandbox/attempts"] = len(decision.attempts)
         output.metrics["agent/sandbox/wall_s"] = time.perf_counter() - t0
         output.extra_fields["sandbox"] = {

@@ -44,7 +44,7 @@ def trajectory(uid, segments, prompt, reward, versions_by_segment, min_v, max_v)
     p_tok = tokenize(prompt)
     return {"uid": uid, "index": 3, "reward": reward, "num_turns": 1 + sum(1 for _, m in segments if m),
             "prompt_ids": ids(p_tok), "response_ids": ids(r_tok), "response_mask": mask,
-            "response_logprobs": lps, "response_param_versions": vers,
+            "response_logprobs": lps, "response_versions": vers,
             "prompt_tokens": p_tok, "response_tokens": r_tok, "min_global_steps": min_v, "max_global_steps": max_v}
 
 
