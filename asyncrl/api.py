@@ -24,7 +24,7 @@ serves, set by ``finish_weight_update`` / ``*_receive``), reported per generated
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -34,8 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from asyncrl.sync.bucket import ChunkMeta
     from asyncrl.trainer.engine import Batch
 
-LossFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, dict]]
-"""``loss_fn(log_probs (mb, resp_len) fp32, micro_batch) -> (scalar loss, metrics)``."""
+LossFn = Callable[[torch.Tensor, Any, Any, Optional[torch.Tensor]], tuple[torch.Tensor, dict]]
+"""``loss_fn(log_probs (mb, resp_len) fp32, micro_batch, scale: LossScale, entropy or None) -> (loss, metrics)``;
+``loss`` is the micro-batch's share of the step's loss (:func:`asyncrl.trainer.losses.agg_loss`)."""
 
 
 @runtime_checkable
@@ -48,8 +49,9 @@ class TrainEngine(Protocol):
     def compute_ref_log_probs(self, batch: "Batch") -> torch.Tensor:
         """Same under the frozen reference model (``use_kl_loss``)."""
 
-    def update(self, batch: "Batch", loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step on this process's rows; returns metrics (``actor/grad_norm``, ``actor/lr`` ...)."""
+    def update(self, batch: "Batch", loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+        """One optimizer step on this process's rows; returns metrics (``actor/grad_norm``, ``actor/lr`` ...).
+        ``with_entropy``: pass the per-token entropy to ``loss_fn``."""
 
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full tensor)`` of every parameter the inference engine loads (collective on fsdp2)."""

@@ -2,8 +2,9 @@
 
 ::
 
-    Experiment.start()  ray.init (local unless ray.address) -> replicas -> load balancer
-                        -> MessageQueue -> FullyAsyncRollouter -> FullyAsyncTrainer.fit()   (returns)
+    Experiment.start()  ray.init (local unless ray.address) -> GPU check + placement groups (GPU runs)
+                        -> replicas -> load balancer -> MessageQueue -> FullyAsyncRollouter
+                        -> FullyAsyncTrainer (fsdp2: + one worker per trainer GPU) .fit()   (returns)
     Experiment.status() / await status_async()   snapshots of every actor (widgets poll this)
     Experiment.wait()   progress bar until the trainer is done -> finish() -> Summary
     Experiment.stop()   abort generation, shut the queue, kill actors, free engines and ports
@@ -130,6 +131,7 @@ class Experiment:
             self.config.actor_rollout_ref.rollout.num_replicas = len(self._external_replicas)
             self.budget = sample_budget(self.config)
         self.lb = self.mq = self.rollouter = self.trainer = None
+        self.placement = None
         self._fit_ref = None
         self.summary: Optional[Summary] = None
         self.t_start = 0.0
@@ -141,6 +143,7 @@ class Experiment:
 
         Raises:
             KeyError / asyncrl.data.DatasetError: unknown ``data.task`` or a bad dataset file.
+            asyncrl.config.ConfigError: the run asks for more GPUs than the Ray cluster has.
         """
         from asyncrl.data.dataset import get_task_rows, load_rows, task_options
         from asyncrl.message_queue import MessageQueue
@@ -158,8 +161,11 @@ class Experiment:
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
-        n = cfg.actor_rollout_ref.rollout.num_replicas
-        self._replica_objs = self._external_replicas or [RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i) for i in range(n)]
+        layout = self._place()
+        rollout_opts = [self.placement.actor_options(s) if self.placement else None for s in layout.rollout]
+        self._replica_objs = self._external_replicas or [
+            RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i, actor_options=opts)
+            for i, opts in enumerate(rollout_opts)]
         self.replicas = {r.server_id: r.actor for r in self._replica_objs}
         ray.get([r.actor.ready.remote() for r in self._replica_objs])
         if cfg.actor_rollout_ref.rollout.agent.num_workers > 0:  # shared by several worker processes
@@ -169,15 +175,27 @@ class Experiment:
         self.mq = MessageQueue(self.budget.max_required_samples)
         self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
             cfg, train, val, self.replicas, self.lb, self.mq)
+        worker_opts = [self.placement.actor_options(s) for s in layout.trainer] if self.placement else None
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64).remote(
-            cfg, self.mq, self.rollouter, self.replicas)
-        if self._external_replicas:
-            ray.get(self.trainer.initial_sync.remote())
+            cfg, self.mq, self.rollouter, self.replicas, worker_opts)
+        if self._external_replicas or cfg.actor_rollout_ref.rollout.load_format == "dummy":
+            ray.get(self.trainer.initial_sync.remote())  # replicas hold other (or random) weights
         ray.get(self.rollouter.start_evaluation.remote())  # version-0 "before" accuracy
         ray.get(self.rollouter.start.remote())
         self._fit_ref = self.trainer.fit.remote()
         logger.info("experiment %s started: %s", self.name, self.budget)
         return self
+
+    def _place(self) -> Any:
+        """Check the GPUs against the cluster and create the placement groups of a GPU run (none on CPU)."""
+        from asyncrl.placement import Placement, check_cluster, plan_layout
+
+        check_cluster(self.config, ray.cluster_resources())
+        layout = plan_layout(self.config)
+        if layout.groups:
+            self.placement = Placement(layout)
+            logger.info("placement groups: %s", layout.groups)
+        return layout
 
     # ------------------------------------------------------------------ live state
     async def status_async(self) -> dict:
@@ -278,6 +296,11 @@ class Experiment:
                 ray.get(self.rollouter.shutdown.remote(), timeout=60)
             except Exception as exc:  # keep tearing down the rest
                 logger.warning("rollouter shutdown: %s", exc)
+        if self.trainer is not None:
+            try:  # fsdp2 workers and the weight-sync group
+                ray.get(self.trainer.shutdown.remote(), timeout=60)
+            except Exception as exc:
+                logger.warning("trainer shutdown: %s", exc)
         for name in ("rollouter", "trainer"):
             h = getattr(self, name)
             if h is not None:
@@ -299,6 +322,9 @@ class Experiment:
         if self.lb is not None:
             self.lb.shutdown()
             self.lb = None
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

@@ -94,9 +94,10 @@ def validate_resources(cfg: ExperimentConfig) -> None:
         raise ConfigError("actor_rollout_ref.actor.strategy=fsdp2 shards the model over the trainer GPUs, but "
                           "trainer.n_gpus_per_node=0; set trainer.n_gpus_per_node>=1 (or strategy=cpu on a "
                           "machine without GPUs)")
-    if ac.strategy == "fsdp2" and ac.use_kl_loss:
-        raise ConfigError("actor_rollout_ref.actor.use_kl_loss=true is not available with strategy=fsdp2 (no "
-                          "sharded reference model yet); set use_kl_loss=false or strategy=cpu")
+    if ac.strategy == "fsdp2" and cfg.algorithm.adv_estimator == "gae":
+        raise ConfigError("algorithm.adv_estimator=gae trains a critic, which runs on CPU beside the trainer; with "
+                          "actor_rollout_ref.actor.strategy=fsdp2 use a critic-free estimator (grpo, rloo, ...) or "
+                          "strategy=cpu")
     if arr.hybrid_engine and r.n_gpus_per_node > 0:
         raise ConfigError(f"actor_rollout_ref.hybrid_engine=true colocates the replicas on the trainer's GPUs, but "
                           f"rollout.n_gpus_per_node={r.n_gpus_per_node}; set rollout.n_gpus_per_node=0")

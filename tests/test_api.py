@@ -54,8 +54,8 @@ def _batch(vocab: int = 96):
     return collate(outs, ["g0", "g0", "g1"])
 
 
-def _loss(log_probs, mb):
-    loss = -(log_probs * mb.response_mask).sum() / mb.response_mask.sum().clamp(min=1)
+def _loss(log_probs, mb, scale, entropy):
+    loss = -(log_probs * mb.response_mask).sum() / max(scale.tokens, 1.0)
     return loss, {"actor/pg_loss": float(loss.detach())}
 
 

@@ -100,7 +100,7 @@ def _worker(rank, world, port, device_type, q):
         g = torch.Generator().manual_seed(rank)
         ids = torch.randint(1, cfg.vocab_size, (4, 16), generator=g).to(dev)
         rmask = torch.ones(4, 11)
-        lp = eng.compute_log_probs(ids, torch.ones_like(ids), rmask)
+        lp = eng.log_probs_of(ids, torch.ones_like(ids), rmask)
         ri = torch.arange(5, 16, device=dev).expand(4, 11)
         with torch.no_grad():
             want = _ref_log_probs(ref, ids, ri)
@@ -113,7 +113,7 @@ def _worker(rank, world, port, device_type, q):
         ri2[1, 7:] = 0  # row 1: response tokens 5..11, then padding
         attn = (ids2 != 0).long()
         attn[0] = 1
-        lp2 = eng.compute_log_probs(ids2, attn, rmask, resp_index=ri2)
+        lp2 = eng.log_probs_of(ids2, attn, rmask, resp_index=ri2)
         err2 = float((lp2[1, :7] - want[1, :7]).abs().max())
         if not (err2 < (0.3 if cuda else 1e-4) and torch.all(lp2[1, 7:] == 0)):
             errors.append(f"collate-layout logprob err {err2}")
@@ -128,6 +128,7 @@ def _worker(rank, world, port, device_type, q):
         if not losses[-1] < losses[0]:
             errors.append(f"loss did not drop: {losses}")
         errors += _check_exact_gradients(eng, ref, rank, world, cfg.vocab_size, dev, cuda)
+        errors += _protocol_checks(cfg, dev, cuda, rank)
         q.put((rank, errors))
     except BaseException as e:  # pragma: no cover
         import traceback
@@ -138,6 +139,64 @@ def _worker(rank, world, port, device_type, q):
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _protocol_checks(cfg, dev, cuda, rank):
+    """asyncrl.api.TrainEngine on a collated Batch: log-probs, ref log-probs, update, sync, state round trip."""
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.trainer.engine import collate
+    from asyncrl.trainer.fsdp_engine import FSDPEngine
+
+    errors = []
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").to(dev)
+    eng = FSDPEngine(model, lr=1e-2, micro_batch_size=2, with_reference=True, warmup=2, total_updates=10,
+                     param_dtype=torch.bfloat16 if cuda else torch.float32, sync_dtype=None)
+    g = torch.Generator().manual_seed(10 + rank)
+    outs = [AgentLoopOutput(torch.randint(1, 160, (4,), generator=g).tolist(), torch.randint(1, 160, (n,), generator=g).tolist(),
+                            [1] * n, [-1.0] * n, response_versions=[0] * n) for n in (5, 7, 6)]
+    batch = collate(outs, [0, 0, 1])
+    lp, ref = eng.compute_log_probs(batch), eng.compute_ref_log_probs(batch)
+    if lp.shape != batch.response_mask.shape or not torch.allclose(lp, ref):
+        errors.append("log-probs of policy and reference differ before any update")
+
+    def loss_fn(log_probs, mb, scale, entropy):
+        loss = -(log_probs * mb.response_mask).sum() / scale.tokens
+        return loss, {"loss": loss.detach()}
+
+    m = eng.update(batch, loss_fn)
+    if not ({"loss", "actor/grad_norm", "actor/lr"} <= set(m)) or m["actor/lr"] != 0.5e-2:
+        errors.append(f"update metrics {m}")
+    state = eng.state_dict()  # collective; full on rank 0
+    saved = {n: t.clone() for n, t in eng.iter_params_for_sync(dtype=None)}
+    if rank == 0 and not set(saved) <= set(state["model"]):  # (tied lm_head.weight appears in the state too)
+        errors.append("state_dict model keys differ from the synced names")
+    eng.update(batch, loss_fn)
+    if torch.allclose(eng.compute_ref_log_probs(batch), eng.compute_log_probs(batch)):
+        errors.append("the reference moved with the policy")
+    shared = [state if rank == 0 else None]
+    torch.distributed.broadcast_object_list(shared, src=0)  # the worker group hands rank 0's state to all
+    eng.load_state_dict(shared[0])
+    back = dict(eng.named_tensors_for_sync())
+    errors += [f"state round trip {n}" for n, t in saved.items() if not torch.equal(back[n], t)]
+    if eng.updates != 1:
+        errors.append(f"updates after load {eng.updates}")
+    return errors
+
+
+def test_rows_split_evenly_and_padding_rows_carry_no_loss():
+    from asyncrl.trainer.engine import collate
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.trainer.worker_group import shard_batch, split_rows
+
+    assert split_rows(7, 2) == ([[0, 1, 2, 3], [4, 5, 6]], 4)
+    assert split_rows(2, 4) == ([[0], [1], [], []], 1)
+    outs = [AgentLoopOutput([1], [2, 3], [1, 1], [-1.0, -1.0], response_versions=[0, 0]) for _ in range(3)]
+    batch = collate(outs, [0, 0, 1])
+    part = shard_batch(batch, [2], 2)
+    assert len(part) == 2 and part.response_mask[0].tolist() == [1, 1] and part.response_mask[1].tolist() == [0, 0]
 
 
 def _run(device_type):

@@ -2,7 +2,8 @@
 
 Engines register lazily (``get_engine_cls(name)``): ``cpu`` (the faster CPU transport, measured
 in ``benchmarks/weight_sync_cpu.py``), ``gloo`` (torch gloo broadcast) and ``cpu_rpc`` (Ray object
-refs + vLLM collective RPC) and ``nccl`` (GPU bucketed broadcast, double-buffered).
+refs + vLLM collective RPC) and ``nccl`` (GPU bucketed broadcast, double-buffered, into the replicas:
+:mod:`asyncrl.sync.nccl_replicas` around :mod:`asyncrl.sync.nccl_engine`).
 """
 
 from asyncrl.sync.base import CHECKPOINT_ENGINES, CheckpointEngine, _lazy, get_engine_cls, register_engine
@@ -10,6 +11,6 @@ from asyncrl.sync.base import CHECKPOINT_ENGINES, CheckpointEngine, _lazy, get_e
 register_engine("cpu", _lazy("asyncrl.sync.cpu_engine", "CPUCheckpointEngine"))
 register_engine("gloo", _lazy("asyncrl.sync.cpu_engine", "GlooCheckpointEngine"))
 register_engine("cpu_rpc", _lazy("asyncrl.sync.cpu_engine", "RayRPCCheckpointEngine"))
-register_engine("nccl", _lazy("asyncrl.sync.nccl_engine", "NCCLCheckpointEngine"))
+register_engine("nccl", _lazy("asyncrl.sync.nccl_replicas", "NCCLReplicaEngine"))
 
 __all__ = ["CHECKPOINT_ENGINES", "CheckpointEngine", "get_engine_cls", "register_engine"]

@@ -4,7 +4,7 @@
 
     trainer (every trigger_parameter_sync_step fit steps)
       -> rollouter.pause_for_sync()      partial_rollout: replicas pause(mode="abort"); else drain
-      -> engine.send_weights(params, v)  buckets into every replica, in memory
+      -> sender.send(v)                  trainer rank 0 -> CheckpointEngine -> every replica, in memory
       -> rollouter.resume_after_sync(v)  replicas resume, reset_staleness(), maybe evaluate
 
 Each step is timed under ``sync/...`` (seconds). Semantics from the verl fully-async design.
@@ -13,26 +13,24 @@ Each step is timed under ``sync/...`` (seconds). Semantics from the verl fully-a
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any
 
-import torch
-
-from asyncrl.sync.base import CheckpointEngine
+from asyncrl.api import WeightSender
 
 
 class ParameterSynchronizer:
-    """Args: ``rollouter``: FullyAsyncRollouter actor handle; ``engine``: the weight transport."""
+    """Args: ``rollouter``: FullyAsyncRollouter actor handle; ``sender``: pushes the trainer's weights."""
 
-    def __init__(self, rollouter: Any, engine: CheckpointEngine):
+    def __init__(self, rollouter: Any, sender: WeightSender):
         self.rollouter = rollouter
-        self.engine = engine
+        self.sender = sender
 
-    async def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+    async def sync(self, version: int) -> dict[str, float]:
         """Pause generation, move weights, resume. Returns ``sync/*`` timings in seconds."""
         t0 = time.perf_counter()
         metrics = dict(await self.rollouter.pause_for_sync.remote())
         t1 = time.perf_counter()
-        metrics.update(await self.engine.send_weights(named_tensors, version))
+        metrics.update(await self.sender.send(version))
         metrics["sync/transfer_total_s"] = time.perf_counter() - t1
         metrics.update(await self.rollouter.resume_after_sync.remote(version))
         metrics["sync/total_s"] = time.perf_counter() - t0

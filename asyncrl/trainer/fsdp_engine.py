@@ -1,9 +1,10 @@
 """FSDP2 trainer engine: a transformers causal LM sharded with ``fully_shard`` over all ranks.
 
-The GPU counterpart of :class:`asyncrl.trainer.engine.TrainEngine` (same small interface:
-``compute_log_probs``, ``train_step`` / ``update``, ``iter_params_for_sync`` /
-``named_tensors_for_sync``). Launch one process per GPU with ``torchrun``; every rank calls every
-method (they are collectives), with its own share of the batch.
+The GPU counterpart of :class:`asyncrl.trainer.engine.TrainEngine`; both implement
+:class:`asyncrl.api.TrainEngine` (``compute_log_probs``, ``compute_ref_log_probs``, ``update``,
+``named_tensors_for_sync``, ``state_dict`` / ``load_state_dict``). One process per GPU: Ray actors
+of :class:`asyncrl.trainer.worker_group.TrainWorkerGroup` (``actor.strategy=fsdp2``), or ``torchrun``
+in the benchmarks; every rank calls every method (they are collectives), with its own rows.
 
 ::
 
@@ -19,6 +20,7 @@ in bf16 (``MixedPrecisionPolicy``); activation checkpointing uses the model's ow
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -68,6 +70,13 @@ def _get(batch: Any, key: str, default: Any = None) -> Any:
     return batch.get(key, default) if isinstance(batch, dict) else getattr(batch, key, default)
 
 
+def _reshard(model: torch.nn.Module) -> None:
+    """Reshard every FSDP2 unit of ``model`` (those kept gathered after a forward without backward)."""
+    for m in model.modules():
+        if hasattr(m, "reshard") and hasattr(m, "unshard"):
+            m.reshard()
+
+
 def _len(batch: Any) -> int:
     return _get(batch, "input_ids").shape[0]
 
@@ -92,6 +101,10 @@ class FSDPEngine:
         seed: init seed (must match across ranks).
         sampling: the rollout's sampling filters (:mod:`asyncrl.rollout.sampling`); every log-prob is
             of that filtered distribution unless a call passes its own.
+        warmup, total_updates: linear warm-up then linear decay to 0 of the learning rate (updates);
+            ``total_updates=0`` keeps it constant after warm-up.
+        with_reference: keep a frozen, identically sharded copy for :meth:`compute_ref_log_probs`.
+        sync_dtype: dtype the weights are sent in (the inference model's; ``None`` keeps fp32).
 
     Raises:
         ImportError: torch without ``torch.distributed.fsdp.fully_shard`` (needs torch >= 2.6).
@@ -101,7 +114,8 @@ class FSDPEngine:
                  clip_grad: float = 1.0, micro_batch_size: int = 1, activation_checkpointing: bool = False,
                  param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
                  compile: bool = False, reshard_after_forward: bool = True, fused_optimizer: bool = False,
-                 seed: int = 0, sampling: Optional[SamplingFilters] = None):
+                 seed: int = 0, sampling: Optional[SamplingFilters] = None, warmup: int = 0, total_updates: int = 0,
+                 with_reference: bool = False, sync_dtype: Optional[torch.dtype] = torch.bfloat16):
         try:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -110,6 +124,7 @@ class FSDPEngine:
         self.rank, self.world_size, self.device = init_distributed()
         torch.manual_seed(seed)
         self.model = self._build(model)
+        self.ref_model = copy.deepcopy(self.model).eval() if with_reference else None
         if activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.config.use_cache = False
@@ -123,14 +138,26 @@ class FSDPEngine:
             fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(layers) - 1)
         fully_shard(self.model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         self.model.train()
+        if self.ref_model is not None:  # frozen: sharded like the policy, no optimizer state
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+            for layer in self.ref_model.model.layers:
+                fully_shard(layer, mesh=mesh, mp_policy=mp)
+            fully_shard(self.ref_model, mesh=mesh, mp_policy=mp)
         self._token_log_probs = (torch.compile(self._token_log_probs_eager) if compile
                                  else self._token_log_probs_eager)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay,
                                            **({"fused": True} if fused_optimizer else {"foreach": True}))
+        from asyncrl.trainer.engine import warmup_linear_decay
+
+        # no schedule asked: the learning rate is left alone (callers may set it in param_groups)
+        schedule = warmup_linear_decay(warmup, total_updates) if total_updates else (lambda k: min(1.0, (k + 1) / max(1, warmup)))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule) if warmup or total_updates else None
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
         self.sampling = sampling
+        self.sync_dtype = sync_dtype
         self.updates = 0
 
     def _build(self, model: Any) -> torch.nn.Module:
@@ -163,14 +190,15 @@ class FSDPEngine:
 
     def _log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: torch.Tensor,
                    first: int, verl: bool, full_mask: bool, sampling: Optional[SamplingFilters],
-                   with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   with_entropy: bool = False, model: Optional[torch.nn.Module] = None
+                   ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``(b, resp_len)`` fp32 logprob of ``input_ids[resp_index]`` under the rollout's sampling
         filters (0 where ``resp_index`` is 0), and the filtered entropy when asked."""
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         seq = input_ids.shape[1]
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         # logits only from the first predicting position on: the prompt's logits are never used
-        out = self.model(input_ids=input_ids, attention_mask=None if full_mask else attention_mask,
+        out = (model or self.model)(input_ids=input_ids, attention_mask=None if full_mask else attention_mask,
                          position_ids=position_ids, logits_to_keep=seq - first, use_cache=False)
         logits = out.logits  # (b, seq - first, vocab), logits[:, t] predicts token first + t + 1
         b, r = resp_index.shape
@@ -193,10 +221,10 @@ class FSDPEngine:
         return token_log_probs(logits, targets, sampling)
 
     @torch.no_grad()
-    def compute_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
-                          resp_index: Optional[torch.Tensor] = None,
-                          sampling: Optional[SamplingFilters] = None) -> torch.Tensor:
-        """Logprobs of the response tokens under the current weights.
+    def log_probs_of(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
+                     resp_index: Optional[torch.Tensor] = None, sampling: Optional[SamplingFilters] = None,
+                     model: Optional[torch.nn.Module] = None) -> torch.Tensor:
+        """Logprobs of the response tokens under the current weights (``model``: the reference instead).
 
         Args:
             input_ids: ``(batch, seq)`` int64, prompt then response (verl layout: the response is
@@ -214,9 +242,22 @@ class FSDPEngine:
         ri, first, verl, full = self._plan(input_ids, attention_mask, resp_index, response_mask.shape[1])
         sampling = sampling or self.sampling
         m = self.micro_batch_size
-        out = [self._log_probs(input_ids[i:i + m], attention_mask[i:i + m], ri[i:i + m], first, verl, full, sampling)[0]
-               for i in range(0, input_ids.shape[0], m)]
+        out = [self._log_probs(input_ids[i:i + m], attention_mask[i:i + m], ri[i:i + m], first, verl, full, sampling,
+                               model=model)[0] for i in range(0, input_ids.shape[0], m)]
+        _reshard(model or self.model)  # no backward follows: free the params kept gathered (root, last layer)
         return torch.cat(out).to(input_ids.device)
+
+    def compute_log_probs(self, batch: Any) -> torch.Tensor:
+        """``(batch, resp_len)`` logprobs of a :class:`~asyncrl.trainer.engine.Batch` (or dict) under the policy."""
+        return self.log_probs_of(_get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask"),
+                                 _get(batch, "resp_index"))
+
+    def compute_ref_log_probs(self, batch: Any) -> torch.Tensor:
+        """Same under the frozen reference model. Raises ``RuntimeError`` without ``with_reference``."""
+        if self.ref_model is None:
+            raise RuntimeError("reference model not loaded (actor_rollout_ref.actor.use_kl_loss is off)")
+        return self.log_probs_of(_get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask"),
+                                 _get(batch, "resp_index"), model=self.ref_model)
 
     # ------------------------------------------------------------------ update
     def train_step(self, batch: Any, loss_fn: LossFn, sampling: Optional[SamplingFilters] = None,
@@ -236,7 +277,7 @@ class FSDPEngine:
             with_entropy: pass the per-token entropy to ``loss_fn`` (else ``None``).
 
         Returns:
-            Token-weighted means of ``loss_fn``'s metrics, plus ``actor/grad_norm``,
+            Token-weighted means of ``loss_fn``'s metrics over all ranks, plus ``actor/grad_norm``,
             ``actor/lr``, ``perf/tokens`` (this rank, padded) and ``perf/step_s``.
 
         The step-wide normalisers are all-reduced once (:meth:`LossScale.of`), each micro-batch loss
@@ -246,6 +287,8 @@ class FSDPEngine:
         """
         t0 = time.perf_counter()
         sampling = sampling or self.sampling
+        if hasattr(batch, "to"):  # a Batch: extras (old logprobs, advantages) must meet the log-probs' device
+            batch = batch.to(self.device)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         ids, attn, rmask = _get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask")
@@ -257,7 +300,6 @@ class FSDPEngine:
             return t
 
         scale = LossScale.of(rmask, all_reduce)
-        local_tokens = rmask.sum().clamp(min=1.0)
         agg: dict[str, torch.Tensor] = {}
         n, m = _len(batch), self.micro_batch_size
         for i in range(0, n, m):
@@ -266,7 +308,7 @@ class FSDPEngine:
                                                  sampling, with_entropy)
             loss, metrics = loss_fn(log_probs, mb, scale, entropy)
             (loss * self.world_size).backward()
-            weight = rmask[i:i + m].sum() / local_tokens
+            weight = rmask[i:i + m].sum()  # tokens: the metrics are token-weighted over all ranks below
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().float() * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
@@ -275,9 +317,16 @@ class FSDPEngine:
             self.optimizer.step()
         else:
             logger.warning("non-finite grad norm %s; update skipped", grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.updates += 1
-        out = {k: float(v) for k, v in agg.items()}  # this rank's token-weighted means
-        out.update({"actor/grad_norm": float(grad_norm), "actor/lr": self.optimizer.param_groups[0]["lr"],
+        keys = sorted(agg)  # every rank ran the same loss_fn: same keys
+        vals = torch.stack([torch.as_tensor(agg[k], device=self.device).float() for k in keys] + [rmask.sum()])
+        if self.world_size > 1:  # token-weighted over all ranks, not just this one's rows
+            dist.all_reduce(vals)
+        out = {k: float(v) / max(float(vals[-1]), 1.0) for k, v in zip(keys, vals[:-1])}
+        out.update({"actor/grad_norm": float(grad_norm), "actor/lr": lr,
                     "perf/tokens": float(ids.numel()), "perf/step_s": time.perf_counter() - t0})
         return out
 
@@ -320,8 +369,31 @@ class FSDPEngine:
             yield from gather(group)
 
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """CPU-engine name for :meth:`iter_params_for_sync` with 1 GiB buckets."""
-        return self.iter_params_for_sync()
+        """:meth:`iter_params_for_sync` in ``sync_dtype``, 1 GiB gathers (a collective: every rank drains it)."""
+        return self.iter_params_for_sync(dtype=self.sync_dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) model and optimizer state on CPU, on rank 0; other ranks get empty dicts.
+        A collective: every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        _reshard(self.model)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {"model": model_sd, "optimizer": optim_sd,
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore rank 0's :meth:`state_dict` output; every rank passes the same full dict and keeps its shard."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        _reshard(self.model)  # the optimizer holds the sharded parameters: they must be the registered ones
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(full_state_dict=True))
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
 
     def num_params(self) -> int:
         """Total parameter count (full, not per shard)."""

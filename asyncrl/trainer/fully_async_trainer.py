@@ -31,13 +31,13 @@ import numpy as np
 import torch
 
 from asyncrl.config import ExperimentConfig
-from asyncrl.rollout.sampling import SamplingFilters
 from asyncrl.sample import RolloutSample
-from asyncrl.staleness import sample_budget
-from asyncrl.sync.base import get_engine_cls
+from asyncrl.staleness import sample_budget, token_lags
+from asyncrl.sync.sender import verify_sync
 from asyncrl.sync.synchronizer import ParameterSynchronizer
 from asyncrl.trainer.advantages import compute_advantages
-from asyncrl.trainer.engine import Batch, TrainEngine, collate
+from asyncrl.trainer.engine import Batch, collate
+from asyncrl.trainer.factory import build_train_engine, optim_kwargs
 from asyncrl.trainer.rewards import has_signal, make_kl_controller, shaped_scores, token_level_rewards
 from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
@@ -53,19 +53,20 @@ class FullyAsyncTrainer:
         message_queue: :class:`~asyncrl.message_queue.MessageQueue`.
         rollouter: FullyAsyncRollouter actor handle (pause/resume/reset_staleness).
         replicas: ``{server_id: RolloutReplica handle}`` receiving weights.
+        worker_options: ``ray.remote`` options of the fsdp2 ranks (placement, GPUs); see
+            :func:`asyncrl.trainer.factory.build_train_engine`.
     """
 
-    def __init__(self, config: ExperimentConfig, message_queue: Any, rollouter: Any, replicas: dict):
+    def __init__(self, config: ExperimentConfig, message_queue: Any, rollouter: Any, replicas: dict,
+                 worker_options: Optional[list] = None):
         torch.set_num_threads(config.trainer.torch_threads)
         self.cfg = config
         self.budget = sample_budget(config)
-        self.mq, self.rollouter = message_queue, rollouter
-        actor, at, al = config.actor_rollout_ref.actor, config.async_training, config.algorithm
-        self.engine = TrainEngine(
-            config.actor_rollout_ref.model.path, **self._optim_kwargs(actor.optim, actor.ppo_epochs),
-            dtype=config.actor_rollout_ref.model.dtype, micro_batch_size=actor.ppo_micro_batch_size,
-            with_reference=actor.use_kl_loss or al.use_kl_in_reward, seed=config.trainer.seed,
-            sampling=SamplingFilters.from_rollout_config(config.actor_rollout_ref.rollout))
+        self.mq, self.rollouter, self.replicas = message_queue, rollouter, replicas
+        actor, al = config.actor_rollout_ref.actor, config.algorithm
+        self.with_reference = actor.use_kl_loss or al.use_kl_in_reward
+        # strategy cpu: TrainEngine here; fsdp2: a TrainWorkerGroup (also the sender). Checkpoint engine from config.
+        self.engine, self.weight_sender = build_train_engine(config, list(replicas.values()), worker_options)
         self.critic = None
         if al.adv_estimator == "gae":
             from asyncrl.trainer.critic import CriticEngine
@@ -76,9 +77,7 @@ class FullyAsyncTrainer:
                                        dtype=config.actor_rollout_ref.model.dtype,
                                        micro_batch_size=cr.ppo_micro_batch_size, seed=config.trainer.seed)
         self.kl_ctrl = make_kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None
-        engine_cls = get_engine_cls("cpu")
-        self.synchronizer = ParameterSynchronizer(
-            rollouter, engine_cls(list(replicas.values()), bucket_bytes=int(at.sync_bucket_size_mb * 2**20)))
+        self.synchronizer = ParameterSynchronizer(rollouter, self.weight_sender)
         self.param_version = 0
         self.global_steps = 0
         self.t_start = time.time()
@@ -140,7 +139,7 @@ class FullyAsyncTrainer:
             metrics.update(corr)
         # 4. reference log-probs (KL loss / KL in the reward) and values (critic, gae)
         ref_log_probs = (await asyncio.to_thread(self.engine.compute_ref_log_probs, batch)
-                         if self.engine.ref_model is not None else None)
+                         if self.with_reference else None)
         values = await asyncio.to_thread(self.critic.compute_values, batch) if self.critic else None
         # 5. advantages from token-level rewards (minus beta * KL(old || ref) with use_kl_in_reward)
         token_rewards, kl_metrics = token_level_rewards(scores, batch.response_mask, old_log_probs, ref_log_probs,
@@ -170,11 +169,7 @@ class FullyAsyncTrainer:
 
     # ------------------------------------------------------------------ steps
     def _optim_kwargs(self, optim: Any, epochs: int) -> dict:
-        """Engine optimizer arguments; the linear decay spans the run's updates unless ``total_updates`` is set."""
-        per_step = self.cfg.async_training.require_batches * epochs
-        return dict(lr=optim.lr, warmup=optim.lr_warmup_steps, weight_decay=optim.weight_decay, betas=optim.betas,
-                    total_updates=optim.total_updates or self.cfg.trainer.total_training_steps * per_step,
-                    clip_grad=optim.clip_grad)
+        return optim_kwargs(self.cfg, optim, epochs)
 
     async def _fetch_batch(self, n: int) -> Optional[list[RolloutSample]]:
         """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train."""
@@ -234,7 +229,9 @@ class FullyAsyncTrainer:
 
     async def _sync_weights(self) -> dict:
         version = self.param_version + 1
-        metrics = await self.synchronizer.sync(self.engine.named_tensors_for_sync(), version)
+        metrics = await self.synchronizer.sync(version)
+        if self.cfg.actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync:
+            metrics.update(await verify_sync(self.weight_sender, list(self.replicas.values())))
         self.param_version = version
         return metrics
 
@@ -242,7 +239,7 @@ class FullyAsyncTrainer:
     def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
         """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
         self.trained += len(samples)
-        lags = self.param_version - batch.token_versions[batch.response_mask > 0]
+        lags = token_lags(self.param_version, batch.response_versions, batch.response_mask)
         self.lag_counts.update(int(x) for x in lags.tolist())
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
@@ -297,7 +294,13 @@ class FullyAsyncTrainer:
     async def initial_sync(self) -> dict:
         """Push the starting weights as version 0 (replicas reused from an earlier run, or a
         trainer that starts from a different checkpoint than the replicas loaded)."""
-        return await self.synchronizer.engine.send_weights(self.engine.named_tensors_for_sync(), 0)
+        return await self.weight_sender.send(0)
+
+    async def shutdown(self) -> None:
+        """Release the weight-sync transport and, with fsdp2, the trainer workers."""
+        await self.weight_sender.shutdown()
+        if self.engine is not self.weight_sender and hasattr(self.engine, "shutdown"):
+            await self.engine.shutdown()
 
     async def final_sync(self) -> Optional[dict]:
         """Push the latest weights if the last steps were not synced yet (before the final evaluation)."""

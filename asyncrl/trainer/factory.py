@@ -1,0 +1,56 @@
+"""The trainer's engine and weight sender, chosen by ``actor_rollout_ref.actor.strategy``.
+
+::
+
+    strategy=cpu    TrainEngine in the trainer process   + LocalWeightSender(engine, checkpoint engine)
+    strategy=fsdp2  TrainWorkerGroup (one Ray actor per trainer GPU; rank 0 holds the checkpoint engine),
+                    which is both the engine and the sender
+
+The checkpoint engine is ``actor_rollout_ref.rollout.checkpoint_engine.backend`` either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from asyncrl.api import WeightSender
+from asyncrl.config import ExperimentConfig
+
+
+def build_train_engine(cfg: ExperimentConfig, replicas: Sequence[Any],
+                       worker_options: Optional[Sequence[dict[str, Any]]] = None) -> tuple[Any, WeightSender]:
+    """``(engine, sender)``: the engine has :class:`asyncrl.api.TrainEngine`'s compute / update / state
+    methods; the sender pushes its weights into ``replicas`` (actor handles).
+
+    Args:
+        worker_options: ``ray.remote`` options per fsdp2 rank (from :class:`asyncrl.placement.Placement`);
+            default: CPU actors, one per rank of :func:`asyncrl.placement.trainer_world_size`.
+    """
+    from asyncrl.placement import trainer_world_size
+    from asyncrl.sync.sender import LocalWeightSender, make_checkpoint_engine
+
+    arr = cfg.actor_rollout_ref
+    if arr.actor.strategy == "fsdp2":
+        from asyncrl.trainer.worker_group import TrainWorkerGroup
+
+        opts = list(worker_options or [{"num_cpus": 0}] * trainer_world_size(cfg))
+        group = TrainWorkerGroup(cfg, opts, replicas)
+        return group, group
+    from asyncrl.rollout.sampling import SamplingFilters
+    from asyncrl.trainer.engine import TrainEngine
+
+    actor, al = arr.actor, cfg.algorithm
+    engine = TrainEngine(
+        arr.model.path, **optim_kwargs(cfg, actor.optim, actor.ppo_epochs), dtype=arr.model.dtype,
+        micro_batch_size=actor.ppo_micro_batch_size, with_reference=actor.use_kl_loss or al.use_kl_in_reward,
+        seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout))
+    return engine, LocalWeightSender(engine, make_checkpoint_engine(cfg, replicas))
+
+
+def optim_kwargs(cfg: ExperimentConfig, optim: Any, epochs: int) -> dict[str, Any]:
+    """Engine optimizer arguments from an ``optim`` section; the linear decay spans the run's updates
+    (``total_training_steps * require_batches * epochs``) unless ``total_updates`` is set."""
+    per_step = cfg.async_training.require_batches * epochs
+    return dict(lr=optim.lr, warmup=optim.lr_warmup_steps, weight_decay=optim.weight_decay, betas=optim.betas,
+                total_updates=optim.total_updates or cfg.trainer.total_training_steps * per_step,
+                clip_grad=optim.clip_grad)
