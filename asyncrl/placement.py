@@ -28,7 +28,6 @@ from asyncrl.config import ConfigError, ExperimentConfig
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("cpu", "fsdp2")
-SYNC_BACKENDS = ("cpu", "gloo", "cpu_rpc", "nccl")
 COLOCATED_SHARE = 0.5
 """GPU fraction each of the trainer rank and the replica asks for on a colocated GPU."""
 
@@ -76,9 +75,11 @@ def validate_resources(cfg: ExperimentConfig) -> None:
     if ac.strategy not in STRATEGIES:
         raise ConfigError(f"actor_rollout_ref.actor.strategy={ac.strategy!r} is not one of {list(STRATEGIES)} "
                           "(cpu: one CPU process; fsdp2: one process per trainer GPU)")
-    if ce.backend not in SYNC_BACKENDS:
+    from asyncrl.sync import CHECKPOINT_ENGINES  # the one registry of transports (custom ones included)
+
+    if ce.backend not in CHECKPOINT_ENGINES.names():
         raise ConfigError(f"actor_rollout_ref.rollout.checkpoint_engine.backend={ce.backend!r} is not one of "
-                          f"{list(SYNC_BACKENDS)}")
+                          f"{CHECKPOINT_ENGINES.names()}")
     if t.device not in ("cuda", "cpu"):
         raise ConfigError(f"trainer.device={t.device!r} is not one of ['cuda', 'cpu']")
     for key, val, low in (("trainer.nnodes", t.nnodes, 1), ("rollout.nnodes", r.nnodes, 1),

@@ -97,7 +97,7 @@ class LLMServerClient:
         try:
             return await _replica_version(handle)
         finally:
-            await self.pool.release_server_async(server_id)
+            await self.pool.release_server_async(server_id, request_id)
 
 
 class FullyAsyncLLMServerClient(LLMServerClient):
