@@ -5,9 +5,9 @@
     pause / abort generation -> free KV cache (opt.) -> build or reuse group -> send + receive
       -> finalize (free buckets, destroy group opt.) -> restore KV cache -> resume -> reset_staleness
 
-Steps are callables so the same function drives Ray actor handles (the rollouter) and plain
-processes in tests; the transport is whatever ``transfer`` calls (e.g.
-:class:`asyncrl.sync.nccl_engine.NCCLCheckpointEngine`).
+Steps are callables so the same function drives Ray actor handles (the rollouter, in
+:class:`asyncrl.sync.synchronizer.ParameterSynchronizer`) and plain processes in tests; the transport
+is whatever ``transfer`` calls (the trainer's :class:`asyncrl.api.WeightSender`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def run_sync_sequence(steps: SyncSteps) -> dict[str, float]:
     """pause -> free cache -> group -> transfer -> finalize -> restore cache -> resume -> reset staleness.
 
     Returns:
-        ``sync/<step>_s`` wall seconds for each of the eight steps, ``sync/total_s``, plus what
+        ``sync/<step>_s`` wall seconds for each step given (of the eight), ``sync/total_s``, plus what
         ``transfer`` returned.
 
     Raises:
@@ -66,8 +66,10 @@ async def run_sync_sequence(steps: SyncSteps) -> dict[str, float]:
     try:
         for name in STEPS:
             t0 = time.perf_counter()
-            out = await _call(getattr(steps, name))
-            metrics[f"sync/{name}_s"] = time.perf_counter() - t0
+            fn = getattr(steps, name)
+            out = await _call(fn)
+            if fn is not None:  # skipped steps get no metric
+                metrics[f"sync/{name}_s"] = time.perf_counter() - t0
             if name == "transfer" and isinstance(out, dict):
                 metrics.update({k: v for k, v in out.items() if k not in metrics})
             done.append(name)

@@ -12,10 +12,10 @@ Each step is timed under ``sync/...`` (seconds). Semantics from the verl fully-a
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from asyncrl.api import WeightSender
+from asyncrl.sync.sync_sequence import SyncSteps, run_sync_sequence
 
 
 class ParameterSynchronizer:
@@ -26,12 +26,20 @@ class ParameterSynchronizer:
         self.sender = sender
 
     async def sync(self, version: int) -> dict[str, float]:
-        """Pause generation, move weights, resume. Returns ``sync/*`` timings in seconds."""
-        t0 = time.perf_counter()
-        metrics = dict(await self.rollouter.pause_for_sync.remote())
-        t1 = time.perf_counter()
-        metrics.update(await self.sender.send(version))
-        metrics["sync/transfer_total_s"] = time.perf_counter() - t1
-        metrics.update(await self.rollouter.resume_after_sync.remote(version))
-        metrics["sync/total_s"] = time.perf_counter() - t0
+        """Pause generation, move weights, resume (resume also when the transfer fails, so rollout is not
+        left paused). Returns ``sync/*`` timings in seconds: the sequence's own wall times per step
+        (``sync/pause_s``, ``sync/transfer_s`` = ``sync/transfer_total_s``, ``sync/resume_s``: what the
+        rollout sees, RPCs included), the rollouter's (``sync/wait_eval_s``) and the transport's."""
+        rollouter_metrics: dict[str, float] = {}
+
+        async def pause() -> None:
+            rollouter_metrics.update(await self.rollouter.pause_for_sync.remote())
+
+        async def resume() -> None:
+            rollouter_metrics.update(await self.rollouter.resume_after_sync.remote(version))
+
+        metrics = await run_sync_sequence(SyncSteps(transfer=lambda: self.sender.send(version), pause=pause,
+                                                    resume=resume))
+        metrics = {**rollouter_metrics, **metrics}
+        metrics["sync/transfer_total_s"] = metrics["sync/transfer_s"]
         return metrics
