@@ -44,7 +44,7 @@ def _as_trajectory(uid: str, tokenizer: Any, prompt_ids: list[int], out: Any, sc
     return {"uid": uid, "index": 0, "reward": score, "num_turns": 2, "prompt_ids": prompt_ids, "response_ids": ids,
             "response_mask": [1] * len(ids),
             "response_logprobs": list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids),
-            "response_param_versions": [version] * len(ids),
+            "response_versions": list(getattr(out, "response_versions", None) or [version] * len(ids)),
             "prompt_tokens": [tokenizer.decode([t]) for t in prompt_ids],
             "response_tokens": [tokenizer.decode([t]) for t in ids],
             "min_global_steps": version, "max_global_steps": version}

@@ -111,7 +111,8 @@ def _batch(prompt_lens=(3, 5, 2, 4)) -> Batch:
         mask = [1] * n
         if n == 9:
             mask[4] = 0  # a tool token inside the response: not trained, not counted
-        outs.append(AgentLoopOutput(ids[:p], ids[p:], mask, [0.0 if k == 0 else -1.0 for k in mask]))
+        outs.append(AgentLoopOutput(ids[:p], ids[p:], mask, [0.0 if k == 0 else -1.0 for k in mask],
+                                    response_versions=[0] * n))
     return collate(outs, ["a", "a", "b", "b"])
 
 
@@ -121,7 +122,7 @@ def _pad(batch: Batch, extra: int) -> Batch:
         return torch.cat([t, torch.full((t.shape[0], extra), fill, dtype=t.dtype)], 1)
 
     out = Batch(z(batch.input_ids), z(batch.attention_mask), z(batch.resp_index), z(batch.response_mask),
-                z(batch.rollout_log_probs), batch.rewards, list(batch.group_ids), z(batch.token_versions, -1))
+                z(batch.rollout_log_probs), batch.rewards, list(batch.group_ids), z(batch.response_versions, -1))
     out.extras = {k: z(v) if v.dim() == 2 else v for k, v in batch.extras.items()}
     return out
 

@@ -67,10 +67,10 @@ def test_fsdp2_on_cpu_ranks_without_gpus():
       "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"], "hybrid_engine=true", "checkpoint_engine.backend=cpu"),
     (["actor_rollout_ref.hybrid_engine=true", "rollout.n_gpus_per_node=1"], "rollout.n_gpus_per_node=1",
      "rollout.n_gpus_per_node=0"),
-    (["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"], "checkpoint_engine.backend='shm'", "'nccl'"),
+    (["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"], "checkpoint_engine.backend='shm'", "nccl"),
     (["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.enable_prefix_caching=true"],
      "enable_prefix_caching=true", "rollout.name=vllm"),
-    (["trainer.device=tpu"], "trainer.device='tpu'", "'cuda'"),
+    (["trainer.device=tpu"], "trainer.device='tpu'", "cuda"),
     (["rollout.nnodes=0"], "rollout.nnodes must be >= 1", ""),
 ])
 def test_impossible_combinations_are_refused_naming_key_and_fix(overrides, key, fix):

@@ -107,7 +107,8 @@ def test_vllm_rollout_log_probs_equal_trainer_log_probs(shared_replica, model_di
                                     SamplingParams(**{**sp.__dict__, "seed": 7 + i})) for i in range(4)]
     sampling = SamplingFilters(temperature, top_k, top_p, min_p)
     engine = TrainEngine(str(model_dir), lr=0.0, warmup=0, total_updates=1, sampling=sampling)
-    rows = [AgentLoopOutput(list(prompt), o.token_ids, [1] * len(o.token_ids), list(o.log_probs)) for o in outs]
+    rows = [AgentLoopOutput(list(prompt), o.token_ids, [1] * len(o.token_ids), list(o.log_probs),
+                            response_versions=list(o.response_versions)) for o in outs]
     batch = collate(rows, list(range(len(rows))))
     trainer_lp = engine.compute_log_probs(batch)
     m = batch.response_mask > 0
