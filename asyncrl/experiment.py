@@ -164,8 +164,8 @@ class Experiment:
         layout = self._place()
         rollout_opts = [self.placement.actor_options(s) if self.placement else None for s in layout.rollout]
         self._replica_objs = self._external_replicas or [
-            RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i, actor_options=opts)
-            for i, opts in enumerate(rollout_opts)]
+            RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i, actor_options=actor_opts)
+            for i, actor_opts in enumerate(rollout_opts)]
         self.replicas = {r.server_id: r.actor for r in self._replica_objs}
         ray.get([r.actor.ready.remote() for r in self._replica_objs])
         if cfg.actor_rollout_ref.rollout.agent.num_workers > 0:  # shared by several worker processes
