@@ -166,6 +166,13 @@ def locate_gguf(name: str, cache: Optional[Path] = None, download: bool = True) 
     return _downloaded_gguf(src, cache or default_cache_dir())
 
 
+def _name_of_file(gguf: Path) -> str:
+    """Cache name of a GGUF file: a known model's file keeps its short name (by sha256, so the same
+    checkpoint path on every machine), any other file its lower-cased stem."""
+    digest = sha256_file(gguf)
+    return next((k for k, m in KNOWN_MODELS.items() if m.sha256 == digest), gguf.stem.lower())
+
+
 @contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,8 +321,7 @@ def fetch_model(source: str = "smollm2-135m-instruct", cache_dir: str | Path | N
         gguf: Optional[Path] = Path(source).expanduser()
         if not gguf.is_file():
             raise ModelFetchError(f"GGUF file not found: {gguf}")
-        digest = sha256_file(gguf)  # a known model's file keeps its short name (same path on every machine)
-        name = next((k for k, m in KNOWN_MODELS.items() if m.sha256 == digest), gguf.stem.lower())
+        name = _name_of_file(gguf)
     else:
         gguf, name = None, source
         if name not in KNOWN_MODELS:
@@ -347,9 +353,7 @@ def fetch_model(source: str = "smollm2-135m-instruct", cache_dir: str | Path | N
 def cached_model(source: str = "smollm2-135m-instruct", cache_dir: str | Path | None = None) -> Optional[Path]:
     """The cached checkpoint directory if a finished fetch exists, else ``None`` (never converts)."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    name = source
-    if source.endswith(".gguf"):
-        digest = sha256_file(Path(source).expanduser()) if Path(source).expanduser().is_file() else ""
-        name = next((k for k, m in KNOWN_MODELS.items() if m.sha256 == digest), Path(source).stem.lower())
+    path = Path(source).expanduser()
+    name = _name_of_file(path) if source.endswith(".gguf") and path.is_file() else source
     out = cache / name
     return out if (out / DONE_FILE).exists() else None
