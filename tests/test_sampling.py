@@ -120,3 +120,26 @@ def test_vllm_rollout_log_probs_equal_trainer_log_probs(shared_replica, model_di
         plain = TrainEngine(str(model_dir), lr=0.0, warmup=0, total_updates=1,
                             sampling=SamplingFilters(temperature)).compute_log_probs(batch)
         assert (batch.rollout_log_probs - plain)[m].max() > 1e-3
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", SETTINGS + [(0.5, 3, 0.9, 0.2), (1.0, 50, 0.3, 0.0)])
+def test_same_filters_as_vllms_sampler_code(temperature, top_k, top_p, min_p):
+    """vLLM's own functions (no engine): temperature -> MinPLogitsProcessor.apply -> apply_top_k_top_p."""
+    pytest.importorskip("vllm")
+    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 200, generator=g) * 3
+    x = logits.clone() / temperature
+    if min_p > 0:
+        proc = MinPLogitsProcessor.__new__(MinPLogitsProcessor)
+        proc.min_p_count, proc.min_p = 1, torch.full((64, 1), min_p)
+        x = proc.apply(x)
+    k = torch.full((64,), top_k, dtype=torch.long) if top_k > 0 else None
+    p = torch.full((64,), top_p) if top_p < 1.0 else None
+    want = torch.log_softmax(apply_top_k_top_p_pytorch(x, k, p), -1)
+    got = torch.log_softmax(apply_sampling_filters(logits, temperature, top_k, top_p, min_p), -1)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))  # the same kept set, token for token
+    kept = ~torch.isinf(want)
+    assert torch.allclose(got[kept], want[kept], atol=1e-6)
