@@ -13,14 +13,11 @@ state before the token is generated, aligned with the actor's log-probs.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import torch
 
 from asyncrl.trainer.engine import Batch, TrainEngine
-
-logger = logging.getLogger(__name__)
 
 
 def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -47,12 +44,11 @@ class CriticEngine(TrainEngine):
         super().__init__(model_path, lr, warmup, total_updates, with_reference=False, sampling=None, **kw)
 
     def _load(self, model_path: str) -> torch.nn.Module:
+        import transformers
         from transformers import AutoConfig, AutoModelForTokenClassification
 
         cfg = AutoConfig.from_pretrained(model_path, num_labels=1)
         cfg.classifier_dropout = 0.0  # deterministic values (the generic head defaults to 0.1 dropout)
-        import transformers
-
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # "score.* newly initialised" is expected here
         try:
