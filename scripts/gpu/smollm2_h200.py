@@ -18,7 +18,8 @@ Usage on the GPU machine (no PyPI there: the lead stages the GGUF, in parts if n
     python scripts/gpu/smollm2_h200.py $OUT --gguf SmolLM2-135M-Instruct.Q4_1.gguf.part0 \\
         SmolLM2-135M-Instruct.Q4_1.gguf.part1
 
-CPU check of the same script at tiny size (what the test suite runs; hf backend, CPU trainer, gloo)::
+CPU check of the same script at tiny size (what the test suite runs: the same recipe and code path,
+FSDP2 over gloo on CPU, the nccl engine's code over gloo, the hf backend on CPU)::
 
     python scripts/gpu/smollm2_h200.py /tmp/out --cpu-smoke
 
@@ -40,11 +41,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+for key, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"),
+                 ("TOKENIZERS_PARALLELISM", "false"), ("RAY_DISABLE_USAGE_STATS", "1")):
+    os.environ.setdefault(key, val)  # NVLink multicast stays off on the shared GPU hosts (as scripts/gpu/common.py)
 
 logger = logging.getLogger("smollm2_h200")
 TARGET_POINTS = 10.0
 """Held-out accuracy gain the GPU run aims for, in percentage points."""
+
+
+CPU_SMOKE_KEYS = ["trainer.device=cpu", "rollout.n_gpus_per_node=0",
+                  "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.backend=gloo",
+                  "trainer.total_training_steps=1", "trainer.total_time_s=0", "trainer.test_freq=0", "data.val_size=2",
+                  "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.response_length=8",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size=4"]
+"""``--cpu-smoke`` overrides of the GPU recipe (tiny sizes; see :func:`build_config`)."""
 
 
 def join_parts(parts: list[str], out_dir: Path) -> str:
@@ -63,17 +74,12 @@ def join_parts(parts: list[str], out_dir: Path) -> str:
 def build_config(args: argparse.Namespace, model_path: str):
     """The GPU recipe with the script's overrides (``--cpu-smoke``: the CPU recipe at tiny size)."""
     from asyncrl.config import load_config
-    from asyncrl.recipes import smollm2_word_problems, smollm2_word_problems_gpu
+    from asyncrl.recipes import smollm2_word_problems_gpu
 
-    if args.cpu_smoke:
-        base = smollm2_word_problems(model_path)
-        overrides = ["actor_rollout_ref.rollout.name=hf", "trainer.total_training_steps=1", "trainer.total_time_s=0",
-                     "trainer.test_freq=0", "data.val_size=2", "actor_rollout_ref.rollout.n=2",
-                     "actor_rollout_ref.rollout.response_length=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                     "async_training.require_batches=1"]
-    else:
-        base = smollm2_word_problems_gpu(model_path)
-        overrides = []
+    base = smollm2_word_problems_gpu(model_path)
+    overrides = []
+    if args.cpu_smoke:  # the GPU code path on CPU: FSDP2 over gloo, the nccl engine's code over gloo, hf on CPU
+        overrides = CPU_SMOKE_KEYS
     if args.steps is not None:
         overrides.append(f"trainer.total_training_steps={args.steps}")
     overrides += [f"trainer.default_local_dir={args.outdir}", "trainer.progress_bar=false", *args.override]
