@@ -50,8 +50,9 @@ def test_smollm2_two_steps_on_word_problems(smollm2_dir, ray_session, tmp_path):
 
 
 def test_gpu_script_runs_at_cpu_smoke_size(smollm2_dir, ray_session, tmp_path):
-    """``scripts/gpu/smollm2_h200.py --cpu-smoke``: the lead's GPU script on the GPU code path (FSDP2, nccl engine code) over gloo,
-    writes its JSON result, log and run artifacts; the GGUF can be given in parts (as staged by hand)."""
+    """``scripts/gpu/smollm2_h200.py --cpu-smoke``: the lead's GPU script on the GPU code path (FSDP2, the
+    nccl engine's code) over gloo writes its JSON result, log and run artifacts; the GGUF can be given in
+    parts (as staged by hand)."""
     import importlib.util
     import json
     from pathlib import Path
