@@ -44,9 +44,33 @@ class WordProblemsConfig:
 
 
 @dataclass
+class LengthWorkloadConfig:
+    """Synthetic response lengths for throughput benchmarks (:mod:`asyncrl.data.length_workload`).
+
+    When ``distribution`` is not ``none``, every training request gets its own length drawn from
+    this law and generates exactly that many tokens, EOS ignored (vLLM ``ignore_eos``), whatever
+    the model (random-init ones included). Evaluation requests are unaffected."""
+
+    distribution: str = "none"
+    """``none`` | ``constant`` (= ``median``) | ``uniform`` (``min_tokens``..``max_tokens``) |
+    ``lognormal`` (``median``, ``sigma``) | ``pareto`` (scale ``min_tokens``, shape ``alpha``)."""
+    median: float = 64.0
+    """Median length in tokens (``lognormal``), or the length (``constant``)."""
+    sigma: float = 1.0
+    """Log-standard deviation of the ``lognormal`` law."""
+    alpha: float = 1.5
+    """Tail index of the ``pareto`` law (smaller = heavier tail)."""
+    min_tokens: int = 1
+    """Shortest response; also the ``pareto`` scale."""
+    max_tokens: int = 0
+    """Longest response (draws are clipped); 0 = ``actor_rollout_ref.rollout.response_length``."""
+
+
+@dataclass
 class DataConfig:
     task: str = "arith"
-    """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool``)."""
+    """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool`` |
+    ``longtail``)."""
     train_files: Optional[str] = None
     """Parquet/JSONL file in the verl schema; ``None`` uses the built-in ``task`` generator."""
     val_files: Optional[str] = None
@@ -63,6 +87,8 @@ class DataConfig:
     """Shuffle the training prompts each epoch."""
     word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
     """Knobs of the ``word_problems`` task, passed to its generator as keyword arguments."""
+    length_workload: LengthWorkloadConfig = field(default_factory=LengthWorkloadConfig)
+    """Synthetic per-request response lengths (throughput benchmarks); off by default."""
 
 
 @dataclass
@@ -71,6 +97,9 @@ class ModelConfig:
     """HF model directory (config.json + safetensors + tokenizer) shared by trainer and replicas."""
     dtype: str = "float32"
     """Parameter dtype for trainer and inference (``float32`` | ``bfloat16``)."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer directory (chat template); ``None`` = ``path``. Lets a random-init model without
+    tokenizer files use e.g. the embedded byte tokenizer (its ids must fit the model's vocab)."""
 
 
 @dataclass
@@ -250,8 +279,10 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     hybrid_engine: bool = False
-    """Colocated: the trainer's GPUs also hold the rollout replicas (fractional GPUs) and the phases
-    alternate, generate -> train -> sync (verl's colocated baseline). False: separate resources."""
+    """Colocated (verl's synchronous baseline): the phases alternate, generate the whole batch ->
+    train -> sync, with no overlap (:mod:`asyncrl.hybrid_engine`), and on GPUs the trainer's GPUs also
+    hold the rollout replicas (fractional GPUs). Needs ``async_training.staleness_threshold=0``.
+    False: separate resources, fully async."""
 
 
 @dataclass
@@ -520,6 +551,17 @@ def validate(cfg: ExperimentConfig) -> None:
     from asyncrl.placement import validate_resources  # GPU keys: strategy, sync backend, resource split
 
     validate_resources(cfg)
+    if cfg.actor_rollout_ref.hybrid_engine and at.staleness_threshold > 0:
+        raise ConfigError("actor_rollout_ref.hybrid_engine=True generates, trains and syncs in turn, so no sample "
+                          "can be stale: set async_training.staleness_threshold=0 (or hybrid_engine=False)")
+    lw = cfg.data.length_workload
+    if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
+        raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "
+                          "none, constant, uniform, lognormal, pareto")
+    if lw.distribution != "none" and (lw.min_tokens < 1 or lw.median <= 0 or lw.sigma < 0 or lw.alpha <= 0
+                                      or (lw.max_tokens and lw.max_tokens < lw.min_tokens)):
+        raise ConfigError("data.length_workload needs min_tokens >= 1, median > 0, sigma >= 0, alpha > 0 and "
+                          "max_tokens = 0 or >= min_tokens")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -8,7 +8,7 @@ Glossary (one row per trainer step in ``metrics.csv``; seconds unless said other
 ``staleness/lag_mean``, ``_max``    trainer param version minus the version that generated each
                                     trained token (0 = on-policy)
 ``trainer/idle_ratio``              share of wall time the trainer waited for samples
-``rollouter/idle_ratio``            share of wall time the rollouter could not start a sample
+``rollouter/idle_ratio``            share of wall time with no prompt group in generation (replicas idle)
 ``rollouter/partial_count``         samples in the step whose tokens span several versions
 ``rollouter/partial_max_span``      largest version span of one sample in the step
 ``rollouter/processing_p50_s`` ...  per-sample generation+reward time percentiles
@@ -28,7 +28,7 @@ Glossary (one row per trainer step in ``metrics.csv``; seconds unless said other
 ``trainer/dropped_stale``           prompt groups dropped for staleness so far
 ``trainer/dropped_dapo_no_signal``  prompt groups dropped by DAPO's ``filter_groups`` so far
 ``sync/*``                          weight-sync phase timings (pause, transfer, resume, total)
-``timing/*``                        trainer step phases (fetch, update, step)
+``timing/*``                        trainer step phases (fetch, update, step; gen with hybrid_engine)
 ``reward/<key>``                    extras of a dict-valued rule reward, mean over the step's
                                     responses (``word_problems``: ``reward/acc``, ``reward/format``)
 ``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the

@@ -36,6 +36,7 @@ import ray
 
 from asyncrl.agent_loop.worker import AgentLoopManager
 from asyncrl.config import ExperimentConfig
+from asyncrl.data.length_workload import LengthWorkload
 from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import GenerationAborted
@@ -66,7 +67,7 @@ class FullyAsyncRollouter:
         self.train_rows, self.val_rows = train_rows, val_rows
         self.replicas = replicas
         self.mq = message_queue
-        self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
+        self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.tokenizer_path or config.actor_rollout_ref.model.path)
         self.lb = load_balancer
         self.agent_loops = AgentLoopManager(config, load_balancer)
         self.param_version = 0
@@ -83,7 +84,8 @@ class FullyAsyncRollouter:
         self._eval_task: Optional[asyncio.Task] = None
         self._loops: list[asyncio.Task] = []
         self.t_start = time.time()
-        self.idle_s = 0.0  # time the processor could not start a sample (paused / budget / concurrency)
+        self.idle_s = 0.0  # time with no prompt group in generation (the replicas had nothing to do)
+        self._idle_since: Optional[float] = time.time()
         self.recent: collections.deque = collections.deque(maxlen=512)  # per-sample summaries for widgets
         self.partial_spans: collections.deque = collections.deque(maxlen=512)
         self.recent_trajectories: collections.deque = collections.deque(maxlen=32)  # for the mask inspector
@@ -93,11 +95,22 @@ class FullyAsyncRollouter:
                                  top_k=ro.top_k, min_p=ro.min_p, logprobs=True, stop_token_ids=[eos] if eos is not None else [])
         self.greedy_sp = SamplingParams(max_tokens=ro.response_length, temperature=0.0, logprobs=False,
                                         stop_token_ids=self.sp.stop_token_ids)
+        self.length_workload = LengthWorkload(config.data.length_workload, ro.response_length, config.trainer.seed)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Start the feed and processor loops (returns at once)."""
-        self._loops = [asyncio.create_task(self._feed_loop()), asyncio.create_task(self._processor_loop())]
+        """Start the feed and processor loops (returns at once). With ``hybrid_engine`` only the feed
+        loop runs: the trainer asks for each batch with :meth:`generate_batch`."""
+        self._loops = [asyncio.create_task(self._feed_loop())]
+        if not self.cfg.actor_rollout_ref.hybrid_engine:
+            self._loops.append(asyncio.create_task(self._processor_loop()))
+
+    async def generate_batch(self, k: int) -> dict:
+        """Colocated mode: generate ``k`` prompt groups now and return once they are enqueued
+        (:func:`asyncrl.hybrid_engine.generate_batch`)."""
+        from asyncrl.hybrid_engine import generate_batch
+
+        return await generate_batch(self, k)
 
     async def stop(self) -> dict:
         """Stop admitting work, abort generation, and account every unfinished prompt as dropped."""
@@ -142,23 +155,31 @@ class FullyAsyncRollouter:
         try:
             while not self.stopping:
                 held = await self.pending_queue.get()
-                t_wait = time.time()
                 async with self.cond:
                     await self.cond.wait_for(lambda: self.stopping or self._can_start())
                     if self.stopping:
                         break
                     self.staleness_samples += 1
-                self.idle_s += time.time() - t_wait
-                task = asyncio.create_task(self._process_sample(held[0], held[1], self.param_version))
+                self._launch(*held)
                 held = None
-                self.active_tasks.add(task)
-                task.add_done_callback(self._task_done)
         finally:
             if held is not None:
                 self.dropped["unstarted_at_shutdown"] += 1
 
+    def _launch(self, index: int, taken_at: float) -> asyncio.Task:
+        """Start one prompt group (its staleness slot already taken) at the current version."""
+        if self._idle_since is not None:
+            self.idle_s += time.time() - self._idle_since
+            self._idle_since = None
+        task = asyncio.create_task(self._process_sample(index, taken_at, self.param_version))
+        self.active_tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
     def _task_done(self, task: asyncio.Task) -> None:
         self.active_tasks.discard(task)
+        if not self.active_tasks and self._idle_since is None:
+            self._idle_since = time.time()
         asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:
@@ -183,8 +204,9 @@ class FullyAsyncRollouter:
                 self.dropped["prompt_too_long"] += 1
                 await self.release_budget()
                 return
-            outs = await self.agent_loops.generate_sequences_single(
-                row, uid, self.sp, self.cfg.actor_rollout_ref.rollout.n, prompt_ids)
+            n = self.cfg.actor_rollout_ref.rollout.n
+            sp = self.length_workload.sampling_params(self.sp, index, n) if self.length_workload.enabled else self.sp
+            outs = await self.agent_loops.generate_sequences_single(row, uid, sp, n, prompt_ids)
             gt = row["reward_model"]["ground_truth"]
             finished = time.time()
             sample = RolloutSample(uid=uid, index=index, data_source=row.get("data_source", ""), ground_truth=gt,
@@ -327,7 +349,7 @@ class FullyAsyncRollouter:
             "max_concurrent_samples": self.budget.max_concurrent_samples,
             "max_required_samples": self.budget.max_required_samples,
             "required_samples": self.budget.required_samples,
-            "idle_ratio": min(1.0, self.idle_s / wall),
+            "idle_ratio": min(1.0, (self.idle_s + (time.time() - self._idle_since if self._idle_since else 0.0)) / wall),
             "accounting": self.accounting(),
             "eval_history": list(self.eval_history),
             "partial_spans": list(self.partial_spans)[-64:],

@@ -47,7 +47,7 @@ class AgentLoopWorker:
 
         self.cfg = config
         self.worker_id = worker_id
-        self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.path)
+        self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.tokenizer_path or config.actor_rollout_ref.model.path)
         self.compute_score = compute_score
         self.client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=config.async_training.partial_rollout)
         self.active_samples = 0
@@ -67,9 +67,11 @@ class AgentLoopWorker:
                 await self._proxy.start()
             return self._proxy
 
-    async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams, n: int,
-                                        prompt_ids: Optional[list[int]] = None) -> list[AgentLoopOutput]:
+    async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams | list[SamplingParams],
+                                        n: int, prompt_ids: Optional[list[int]] = None) -> list[AgentLoopOutput]:
         """Run ``n`` trajectories of one dataset row concurrently and score each as it finishes.
+
+        ``sampling_params`` is shared, or one per trajectory (e.g. the synthetic length workload).
 
         Raises:
             GenerationAborted: a request was aborted with ``partial_rollout`` off (sample dropped).
@@ -80,7 +82,8 @@ class AgentLoopWorker:
         self.active_samples += 1
         try:
             extra = {"prompt_ids": prompt_ids} if prompt_ids is not None else {}
-            return list(await asyncio.gather(*[self._one(loop, sampling_params, f"{uid}-{k}", row, extra)
+            sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * n
+            return list(await asyncio.gather(*[self._one(loop, sps[k], f"{uid}-{k}", row, extra)
                                                for k in range(n)]))
         finally:
             self.active_samples -= 1
@@ -142,8 +145,8 @@ class AgentLoopManager:
             self.workers = [cls.remote(config, load_balancer, f"worker_{i}") for i in range(n)]
         self.active = [0] * len(self.workers)
 
-    async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams, n: int,
-                                        prompt_ids: Optional[list[int]] = None) -> list[AgentLoopOutput]:
+    async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams | list[SamplingParams],
+                                        n: int, prompt_ids: Optional[list[int]] = None) -> list[AgentLoopOutput]:
         i = min(range(len(self.workers)), key=lambda k: self.active[k])
         self.active[i] += 1
         try:

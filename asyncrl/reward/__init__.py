@@ -20,6 +20,7 @@ for _source in ("arith", "calc_tool", "gsm8k", "openai/gsm8k"):
 # task modules register their own rule on import; lazy here so every process (rollouter, agent-loop
 # workers) finds it even when it never imported the task module
 REWARD_FNS.register_lazy("word_problems", "asyncrl.data.word_problems:compute_score")
+REWARD_FNS.register_lazy("longtail", "asyncrl.reward.countdown:compute_score")
 
 _warned: set[str] = set()
 

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from asyncrl.config import ExperimentConfig
+from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, token_lags
 from asyncrl.sync.sender import verify_sync
@@ -102,9 +103,13 @@ class FullyAsyncTrainer:
                                         f"at step {self.global_steps}/{self.cfg.trainer.total_training_steps}")
                     logger.info(self.stop_reason)
                     break
+                gen = await generate_round(self) if self.cfg.actor_rollout_ref.hybrid_engine else {}
                 if not await self.fit_step():
                     self.stop_reason = "the MessageQueue was shut down"
                     break
+                if gen:  # colocated: the step also waited for its batch to be generated
+                    self.history[-1]["timing/step_s"] += gen["timing/gen_s"]
+                    self.history[-1].update(gen)
         except Exception as exc:
             logger.exception("trainer failed")
             self.error = f"{type(exc).__name__}: {exc}"

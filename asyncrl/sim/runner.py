@@ -1,0 +1,237 @@
+"""Run the real rollouter / MessageQueue / trainer / synchronizer against cost-model engines in virtual time.
+
+::
+
+    simulate(config, cost)
+      VirtualTimeLoop ── virtual_clocks + object_store (the modules' time.time / ray.put)
+        replicas:   RolloutReplica actor bodies (_ReplicaActor, backend "sim") -> CostModelInferenceEngine
+        balancer:   LocalRequestLoadBalancer              (real)
+        queue:      MessageQueue actor body               (real)
+        rollouter:  FullyAsyncRollouter                   (real: staleness budget, partial rollout,
+                                                           sync protocol, agent loops, reward)
+        trainer:    FullyAsyncTrainer.fit()               (real: fetch, drop stale, GRPO step, sync
+                    with CostModelTrainEngine,             trigger, ParameterSynchronizer)
+                    CostModelCheckpointEngine
+      -> SimResult: the trainer's per-step history, idle ratios, staleness, accounting, timeline
+
+Nothing of the control logic is re-implemented here: this module only wires the real actor bodies
+together in one process (handles instead of Ray), the way :class:`~asyncrl.experiment.Experiment`
+wires them across processes, and swaps the three engines for cost models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+from asyncrl.config import ExperimentConfig, validate
+from asyncrl.sim.clock import run, virtual_clocks
+from asyncrl.sim.cost_models import ClusterCostModel
+from asyncrl.sim.engines import CostModelCheckpointEngine, CostModelTrainEngine, Timeline
+from asyncrl.sim.handles import LocalActorHandle, object_store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SimResult:
+    """What a simulated run reports (virtual seconds).
+
+    Attributes:
+        name: label of the run.
+        config: the simulated config.
+        cost: the cost model used.
+        history: the trainer's per-step rows (``timing/*``, ``trainer/idle_ratio``, ``staleness/*``...).
+        wall_s: from the trainer's start to its last step.
+        trained: prompt groups trained.
+        samples_per_s: ``trained / wall_s`` (prompt groups per second; x ``rollout.n`` for responses).
+        trainer_idle_ratio / rollouter_idle_ratio: as the real run reports them.
+        lag_counts: trained tokens by version lag.
+        accounting: the rollouter's prompt accounting.
+        timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
+        snapshots: ``(t, rollouter snapshot)`` every ``snapshot_every_s`` (funnel widget input).
+        replicas / train_ranks: the resources simulated.
+    """
+
+    name: str
+    config: ExperimentConfig
+    cost: ClusterCostModel
+    history: list
+    wall_s: float
+    trained: int
+    samples_per_s: float
+    trainer_idle_ratio: float
+    rollouter_idle_ratio: float
+    lag_counts: dict
+    accounting: dict
+    timeline: Timeline
+    replicas: int
+    train_ranks: int
+    snapshots: list = field(default_factory=list)
+
+    @property
+    def responses_per_s(self) -> float:
+        return self.samples_per_s * self.config.actor_rollout_ref.rollout.n
+
+    def step_time(self, skip: int = 1) -> float:
+        """Mean seconds per trainer step after the first ``skip`` (pipeline fill)."""
+        rows = self.history
+        if len(rows) <= skip + 1:
+            return self.wall_s / max(1, len(rows))
+        return (rows[-1]["time_s"] - rows[skip]["time_s"]) / (len(rows) - 1 - skip)
+
+    def summary(self) -> dict:
+        """One row for a comparison table."""
+        at = self.config.async_training
+        lags = self.lag_counts
+        total = max(1, sum(lags.values()))
+        return {
+            "run": self.name,
+            "hybrid_engine": self.config.actor_rollout_ref.hybrid_engine,
+            "staleness_threshold": at.staleness_threshold,
+            "trigger_parameter_sync_step": at.trigger_parameter_sync_step,
+            "partial_rollout": at.partial_rollout,
+            "partial_rollout_mode": getattr(at, "partial_rollout_mode", "abort"),
+            "replicas": self.replicas,
+            "train_ranks": self.train_ranks,
+            "steps": len(self.history),
+            "wall_s": self.wall_s,
+            "step_s": self.step_time(),
+            "samples_per_s": self.samples_per_s,
+            "trainer_idle_ratio": self.trainer_idle_ratio,
+            "rollouter_idle_ratio": self.rollouter_idle_ratio,
+            "lag_mean": sum(int(k) * v for k, v in lags.items()) / total,
+            "lag_max": max((int(k) for k in lags), default=0),
+        }
+
+
+@contextlib.contextmanager
+def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline) -> Iterator[None]:
+    """The trainer builds its train engine and weight transport by name; point those at the cost models.
+
+    (Registered lazily as the ``sim`` rollout backend; the train engine and checkpoint engine are
+    swapped in the trainer module for the duration of the simulation.)
+    """
+    from asyncrl.rollout.replica import register_backend
+    from asyncrl.trainer import fully_async_trainer as fat
+
+    register_backend("sim", "asyncrl.sim.engines", "CostModelInferenceEngine", requires="asyncrl")
+
+    def train_engine(*args: Any, **kw: Any) -> CostModelTrainEngine:
+        return CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens, lr=kw.get("lr", 0.0), timeline=timeline)
+
+    def checkpoint_engine_cls(name: str) -> Callable:
+        return functools.partial(CostModelCheckpointEngine, cost=cost.sync, timeline=timeline)
+
+    saved = fat.TrainEngine, fat.get_engine_cls
+    fat.TrainEngine, fat.get_engine_cls = train_engine, checkpoint_engine_cls
+    try:
+        yield
+    finally:
+        fat.TrainEngine, fat.get_engine_cls = saved
+
+
+def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: Optional[int] = None,
+             train_gpus: Optional[int] = None, token_scale: int = 1, name: str = "",
+             natural_length: Optional[Callable[[str], int]] = None, snapshot_every_s: float = 0.0,
+             max_rows: int = 4096) -> SimResult:
+    """Simulate ``config`` on ``cost``'s hardware in virtual time.
+
+    Args:
+        config: an experiment config (any task; use ``data.length_workload`` for the response lengths).
+            With ``actor_rollout_ref.hybrid_engine`` the replicas and the trainer share all GPUs.
+        cost: the cluster cost model.
+        rollout_gpus: GPUs for the replicas (default ``rollout.num_replicas x cost.rollout.gpus``).
+        train_gpus: trainer ranks (default ``cost.train.n_ranks``); with ``hybrid_engine`` both
+            default to the larger of the two and must be equal when given.
+        token_scale: real tokens per simulated token (28K-token responses need ~64).
+        name: label in tables.
+        natural_length: ``fn(request_id) -> real tokens`` for requests that stop at EOS.
+        snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds.
+        max_rows: at most this many dataset rows are built (epochs repeat them).
+
+    Returns:
+        A :class:`SimResult`.
+
+    Raises:
+        asyncrl.sim.clock.SimulationStalled: the simulated system deadlocked.
+    """
+    cfg = copy.deepcopy(config)
+    cfg.trainer.progress_bar = False
+    default_rollout = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
+    if cfg.actor_rollout_ref.hybrid_engine:  # one pool of GPUs takes turns
+        if rollout_gpus is not None and train_gpus is not None and rollout_gpus != train_gpus:
+            raise ValueError("hybrid_engine shares every GPU between rollout and training: rollout_gpus == train_gpus")
+        rollout_gpus = train_gpus = train_gpus or rollout_gpus or max(default_rollout, cost.train.n_ranks)
+    rollout_gpus = rollout_gpus or default_rollout
+    train_gpus = train_gpus or cost.train.n_ranks
+    replicas, cost = cost.with_split(rollout_gpus, train_gpus)
+    cfg.actor_rollout_ref.rollout.num_replicas = replicas
+    cfg.actor_rollout_ref.rollout.max_num_seqs = cost.rollout.max_num_seqs
+    cfg.trainer.test_freq = 0
+    validate(cfg)
+    return run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows))
+
+
+async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
+                    natural_length: Optional[Callable[[str], int]], snapshot_every_s: float, max_rows: int) -> SimResult:
+    from asyncrl.data.dataset import get_task_rows
+    from asyncrl.message_queue import MessageQueue, _MessageQueueActor
+    from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
+    from asyncrl.rollout.replica import _ReplicaActor
+    from asyncrl.rollouter import FullyAsyncRollouter
+    from asyncrl.staleness import sample_budget
+    from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+
+    loop = asyncio.get_running_loop()
+    timeline = Timeline()
+    d = cfg.data
+    train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators)
+    val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators)
+    budget = sample_budget(cfg)
+    with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline):
+        kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
+                      natural_length=natural_length, timeline=timeline)
+        replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))
+                    for i in range(n_replicas)}
+        mq = MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(budget.max_required_samples)),
+                                      budget.max_required_samples)
+        rollouter = FullyAsyncRollouter(cfg, train, val, replicas, LocalRequestLoadBalancer(replicas), mq)
+        trainer = FullyAsyncTrainer(cfg, mq, LocalActorHandle(rollouter), replicas)
+        snapshots: list = []
+
+        async def snap() -> None:
+            while True:
+                snapshots.append((loop.time(), await rollouter.snapshot()))
+                await asyncio.sleep(snapshot_every_s)
+
+        await rollouter.start()
+        snapper = asyncio.ensure_future(snap()) if snapshot_every_s > 0 else None
+        status = await trainer.fit()
+        if snapper is not None:
+            snapper.cancel()
+        ro = await rollouter.snapshot()
+        await rollouter.stop()
+        await mq.actor.shutdown.remote()
+        for r in replicas.values():
+            await r.shutdown.remote()
+    history = status["history"]
+    wall = history[-1]["time_s"] if history else 0.0
+    return SimResult(
+        name=name or _default_name(cfg), config=cfg, cost=cost, history=history, wall_s=wall,
+        trained=status["trained"], samples_per_s=status["trained"] / wall if wall else 0.0,
+        trainer_idle_ratio=history[-1]["trainer/idle_ratio"] if history else 0.0,
+        rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=ro["accounting"],
+        timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots)
+
+
+def _default_name(cfg: ExperimentConfig) -> str:
+    at = cfg.async_training
+    if cfg.actor_rollout_ref.hybrid_engine:
+        return "colocated"
+    return f"async s={at.staleness_threshold:g} t={at.trigger_parameter_sync_step} p={int(at.partial_rollout)}"

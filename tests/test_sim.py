@@ -1,0 +1,130 @@
+"""asyncrl.sim: virtual time, the cost-model engines, and the real control logic run in virtual time."""
+
+import asyncio
+import time
+
+import pytest
+
+from asyncrl.recipes import arith_grpo_cpu
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.sim import (ClusterCostModel, RolloutCostModel, SimulationStalled, SyncCostModel, TrainCostModel,
+                         charge, simulate)
+from asyncrl.sim.clock import run
+from asyncrl.sim.engines import CostModelInferenceEngine
+from asyncrl.staleness import sample_budget
+
+
+def test_virtual_time_jumps_and_charges_blocking_calls():
+    def blocking():
+        charge(30.0)
+        return "done"
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.sleep(3600)
+        slept = loop.time() - t0
+        out = await asyncio.to_thread(blocking)
+        return slept, out, loop.time() - t0
+
+    wall = time.perf_counter()
+    slept, out, total = run(main)
+    assert time.perf_counter() - wall < 5  # an hour of virtual time in no real time
+    assert slept == pytest.approx(3600) and out == "done" and total == pytest.approx(3630)
+
+
+def test_a_deadlock_is_reported_with_where_tasks_wait():
+    async def main():
+        await asyncio.Event().wait()
+
+    with pytest.raises(SimulationStalled, match="deadlocked"):
+        run(main)
+
+
+def _engine(**kw):
+    return CostModelInferenceEngine(RolloutCostModel(step_s=0.01, per_seq_s=0.0, per_ctx_token_s=0.0, **kw),
+                                    prompt_tokens=10)
+
+
+def test_decode_time_is_priced_per_iteration_and_requests_share_iterations():
+    async def main():
+        eng = _engine()
+        loop = asyncio.get_running_loop()
+        sp = SamplingParams(max_tokens=100, ignore_eos=True)
+        outs = await asyncio.gather(eng.generate("a", [1, 2], sp),
+                                    eng.generate("b", [1, 2], SamplingParams(max_tokens=50, ignore_eos=True)))
+        return outs, loop.time()
+
+    (a, b), t = run(main)
+    assert len(a.token_ids) == 100 and len(b.token_ids) == 50 and a.stop_reason == "length"
+    assert t == pytest.approx(1.0)  # 100 iterations of 10 ms; b rode along in the same iterations
+
+
+def test_abort_returns_the_tokens_so_far_and_keep_freezes_progress():
+    async def main():
+        eng = _engine(weight_load_s=0.5)
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(eng.generate("a", [1], SamplingParams(max_tokens=100, ignore_eos=True)))
+        await asyncio.sleep(0.305)
+        await eng.pause("abort")
+        aborted = await task
+        await eng.resume()
+        task = asyncio.ensure_future(eng.generate("k", [1], SamplingParams(max_tokens=100, ignore_eos=True)))
+        await asyncio.sleep(0.5)
+        await eng.pause("keep")
+        t_pause = loop.time()
+        await eng.finish_weight_update(1)  # 0.5 s load while frozen
+        await asyncio.sleep(2.0)
+        await eng.resume()
+        kept = await task
+        return aborted, kept, loop.time() - t_pause
+
+    aborted, kept, after_pause = run(main)
+    assert aborted.stop_reason == "aborted" and len(aborted.token_ids) == 30
+    assert kept.stop_reason == "length" and len(kept.token_ids) == 100 and kept.param_version == 1
+    assert after_pause == pytest.approx(2.5 + 0.5)  # frozen 2.5 s, then the last 50 tokens
+
+
+def test_train_cost_waits_for_the_most_loaded_rank():
+    cm = TrainCostModel(per_token_s=1.0, n_ranks=4)
+    assert cm.pass_time([100, 10, 10, 10, 10]) == 100  # the long sequence alone sets the time
+    assert cm.pass_time([10] * 8) == 20
+    assert TrainCostModel(per_token_s=1.0, padded=True).pass_time([100, 10]) == 200
+
+
+def _cost(**train):
+    return ClusterCostModel("unit", RolloutCostModel(step_s=0.01, per_seq_s=1e-4, per_ctx_token_s=0.0, weight_load_s=0.01),
+                            TrainCostModel(per_token_s=2e-5, per_update_s=0.01, padded=True, **train),
+                            SyncCostModel(fixed_s=0.02), prompt_tokens=40)
+
+
+def _config(mode):
+    cfg = arith_grpo_cpu()
+    cfg.trainer.total_training_steps = 6
+    cfg.trainer.total_time_s = 0
+    cfg.data.train_size = 512
+    cfg.actor_rollout_ref.rollout.response_length = 256
+    lw = cfg.data.length_workload
+    lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", 16, 1.2, 2
+    at = cfg.async_training
+    if mode == "colocated":
+        cfg.actor_rollout_ref.hybrid_engine, at.staleness_threshold = True, 0.0
+    elif mode == "a":
+        at.staleness_threshold = 0.0
+    elif mode == "c":
+        at.partial_rollout = False
+    return cfg
+
+
+def test_simulated_runs_keep_the_invariants_and_async_absorbs_the_long_tail():
+    results = {m: simulate(_config(m), _cost()) for m in ("colocated", "a", "c", "d")}
+    for mode, r in results.items():
+        cfg = r.config
+        assert len(r.history) == 6 and r.trained == 6 * sample_budget(cfg).required_samples
+        assert max(int(k) for k in r.lag_counts) <= sample_budget(cfg).staleness_bound  # invariant 3
+        assert r.wall_s > 0 and 0 <= r.trainer_idle_ratio <= 1
+    assert set(results["colocated"].lag_counts) == {0} and set(results["a"].lag_counts) == {0}  # invariant 2
+    assert results["d"].samples_per_s > 1.2 * results["colocated"].samples_per_s
+    assert results["d"].trainer_idle_ratio < results["colocated"].trainer_idle_ratio
+    spans = {lane for lane, *_ in results["d"].timeline.spans}
+    assert {"replica_0", "trainer", "sync"} <= spans
