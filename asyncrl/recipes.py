@@ -134,7 +134,42 @@ def swe_grpo_cpu() -> ExperimentConfig:
 
 
 RECIPES["swe_grpo_cpu"] = swe_grpo_cpu
-TASK_RECIPES = {"arith": arith_grpo_cpu, "calc_tool": calc_tool_grpo_cpu, "swe_examples": swe_grpo_cpu}
+
+
+def longtail_grpo_cpu(colocated: bool = False) -> ExperimentConfig:
+    """GRPO on the long-tail countdown task (``data.task=longtail``), the workload where async pays.
+
+    The warm start ``tiny_qwen2_longtail`` answers short countdowns half the time and long ones never
+    (its ``card.json``); responses run from 2 to 375 tokens, so ``response_length=384`` and dynamic
+    micro-batches (a padded batch would cost ~10x). Same batch, n and lr in both forms:
+
+    * ``colocated=False``: mode d (staleness 0.5, partial rollout), rollout and trainer on separate
+      resources (the benchmark pins each to its own core);
+    * ``colocated=True``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train,
+      sync, in turn), both phases on every core (``trainer.torch_threads=2``).
+    """
+    from asyncrl.models import EMBEDDED_MODEL_DIR
+
+    cfg = arith_grpo_cpu()
+    cfg.trainer.experiment_name = "longtail_colocated_cpu" if colocated else "longtail_grpo_cpu"
+    cfg.actor_rollout_ref.model.path = str(EMBEDDED_MODEL_DIR.parent / "tiny_qwen2_longtail")
+    cfg.data.task = "longtail"
+    cfg.data.val_size = 100
+    cfg.actor_rollout_ref.rollout.response_length = 384
+    cfg.actor_rollout_ref.actor.optim.total_updates = 0
+    cfg.trainer.total_training_steps = 100
+    cfg.trainer.total_time_s = 600.0
+    if colocated:
+        cfg.actor_rollout_ref.hybrid_engine = True
+        cfg.async_training.staleness_threshold = 0.0
+        cfg.trainer.torch_threads = 2
+    return cfg
+
+
+RECIPES["longtail_grpo_cpu"] = longtail_grpo_cpu
+RECIPES["longtail_colocated_cpu"] = lambda: longtail_grpo_cpu(colocated=True)
+TASK_RECIPES = {"arith": arith_grpo_cpu, "calc_tool": calc_tool_grpo_cpu, "swe_examples": swe_grpo_cpu,
+                "longtail": longtail_grpo_cpu}
 """``asyncrl train task=NAME`` starts from this recipe unless ``--recipe`` is given."""
 
 

@@ -120,10 +120,6 @@ def make_longtail_rows(n: int, seed: int, split: str = "train") -> list[dict[str
     return rows
 
 
-def _register() -> None:
-    from asyncrl.data.dataset import register_task
-
-    register_task(DATA_SOURCE, lambda size, seed, split, operators: make_longtail_rows(size, seed, split))
-
-
-_register()
+def longtail_task(size: int, seed: int, split: str, operators: str = "", **_: object) -> list[dict[str, Any]]:
+    """The ``data.task=longtail`` generator (registered lazily in :mod:`asyncrl.data.dataset`)."""
+    return make_longtail_rows(size, seed, split)

@@ -180,7 +180,7 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
 
 async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
                     natural_length: Optional[Callable[[str], int]], snapshot_every_s: float, max_rows: int) -> SimResult:
-    from asyncrl.data.dataset import get_task_rows
+    from asyncrl.data.dataset import get_task_rows, task_options
     from asyncrl.message_queue import MessageQueue, _MessageQueueActor
     from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
     from asyncrl.rollout.replica import _ReplicaActor
@@ -191,8 +191,9 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
     loop = asyncio.get_running_loop()
     timeline = Timeline()
     d = cfg.data
-    train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators)
-    val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators)
+    opts = task_options(d)
+    train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators, **opts)
+    val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators, **opts)
     budget = sample_budget(cfg)
     with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
