@@ -554,6 +554,9 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.actor_rollout_ref.hybrid_engine and at.staleness_threshold > 0:
         raise ConfigError("actor_rollout_ref.hybrid_engine=True generates, trains and syncs in turn, so no sample "
                           "can be stale: set async_training.staleness_threshold=0 (or hybrid_engine=False)")
+    if cfg.actor_rollout_ref.hybrid_engine and cfg.algorithm.filter_groups.enable:
+        raise ConfigError("actor_rollout_ref.hybrid_engine=True generates exactly one batch per step, so groups dropped "
+                          "by algorithm.filter_groups.enable=True could not be replaced: use one of the two")
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "

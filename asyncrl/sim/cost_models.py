@@ -88,7 +88,9 @@ class TrainCostModel:
     per_update_s: float = 0.0
     """Fixed cost of one optimizer update (optimizer step, gradient all-reduce)."""
     n_ranks: int = 1
-    """Data-parallel ranks (GPUs) of the trainer."""
+    """Data-parallel ranks of the trainer (groups of ``gpus_per_rank`` GPUs)."""
+    gpus_per_rank: int = 1
+    """GPUs per data-parallel rank (sequence / tensor parallel size), for the rollout:trainer split."""
     padded: bool = False
     """Rows are padded to the longest in the batch (the CPU trainer) instead of packed."""
     forward_fraction: float = 1.0 / 3.0
@@ -147,9 +149,10 @@ class ClusterCostModel:
     notes: str = ""
 
     def with_split(self, rollout_gpus: int, train_gpus: int) -> tuple[int, "ClusterCostModel"]:
-        """Replica count and a copy whose trainer has ``train_gpus`` ranks (separate resources)."""
+        """Replica count for ``rollout_gpus`` and a copy whose trainer spans ``train_gpus`` GPUs."""
         replicas = max(1, rollout_gpus // self.rollout.gpus)
-        return replicas, replace(self, train=replace(self.train, n_ranks=max(1, train_gpus)))
+        ranks = max(1, train_gpus // self.train.gpus_per_rank)
+        return replicas, replace(self, train=replace(self.train, n_ranks=ranks))
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -174,26 +177,36 @@ def cpu_embedded_vllm() -> ClusterCostModel:
     )
 
 
-def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, mfu: float, name: str, notes: str) -> ClusterCostModel:
-    """Qwen2.5-7B (7.6B params, 28 layers, 4 KV heads x 128, bf16) on one GPU type.
+def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, name: str, *, tp: int = 4, sp: int = 4, mfu: float = 0.5,
+               launch_s: float = 0.0045, per_update_s: float = 1.0, notes: str = "") -> ClusterCostModel:
+    """Qwen2.5-7B (7.6B params, 28 layers, hidden 3584, 4 KV heads x 128, bf16) on one GPU type.
 
-    Decode: weights 15.2 GB read per iteration at 80% of HBM bandwidth plus 1.5 ms launch
-    overhead; 2 x 7.6 GFLOP per token at 50% of peak; KV cache 57,344 B per token
-    (28 x 2 x 4 x 128 x 2 B). Training: 6 x 7.6 GFLOP per token plus causal attention
-    6 x 28 x 3584 x L FLOP per token (hence the L^2 term) at ``mfu`` of peak, one sequence per rank
-    at a time (no sequence parallelism), 1.5 s fixed per optimizer update (FSDP gradient
-    reduce-scatter + optimizer over 15 GB of parameters). Sync: NCCL broadcast of 15.2 GB at 20 GB/s
-    across nodes plus 2 s set-up, then 1 s to load into vLLM.
+    Rollout replica = ``tp`` GPUs (vLLM tensor parallel): a decode iteration reads the 15.2 GB of
+    weights once (split over the TP GPUs, 80% of HBM bandwidth) plus ``launch_s`` (kernel launches,
+    TP all-reduces, the scheduler); each running sequence adds 2 x 7.6 GFLOP (50% of peak) and
+    each context token 57,344 B of KV cache (28 layers x 2 x 4 heads x 128 x 2 B). Prefill at 60%
+    of peak.
+
+    Trainer: FSDP2 data parallel with Ulysses sequence parallelism ``sp`` (a rank group of ``sp``
+    GPUs holds one sequence at a time, so a 28K-token response is spread over ``sp`` GPUs, not
+    split across groups): 6 x 7.6 GFLOP per token plus causal attention 6 x 28 x 3584 x L FLOP
+    per token, at ``mfu`` of peak; ``per_update_s`` per optimizer update (reduce-scatter of the
+    gradients, optimizer step); log-prob recompute costs half a training pass (verl's colocated
+    ``old_log_prob`` / ``update_actor`` = 53.9 s / 113.8 s on 128 H20).
+
+    Sync: 15.2 GB over NCCL at 20 GB/s plus 2 s set-up, then 1 s to load into vLLM per replica.
     """
     hbm = hbm_tb_s * 1e12 * 0.8
     flops = peak_tflops * 1e12
     return ClusterCostModel(
         name=name,
-        rollout=RolloutCostModel(step_s=15.2e9 / hbm + 0.0015, per_seq_s=2 * 7.6e9 / (0.5 * flops),
-                                 per_ctx_token_s=57344 / hbm, prefill_s=0.01,
-                                 per_prefill_token_s=2 * 7.6e9 / (0.6 * flops), weight_load_s=1.0, max_num_seqs=256),
-        train=TrainCostModel(per_token_s=6 * 7.6e9 / (mfu * flops), per_token_ctx_s=2 * 6 * 28 * 3584 / (mfu * flops),
-                             per_update_s=1.5, n_ranks=64),
+        rollout=RolloutCostModel(step_s=15.2e9 / (tp * hbm) + launch_s, per_seq_s=2 * 7.6e9 / (tp * 0.5 * flops),
+                                 per_ctx_token_s=57344 / (tp * hbm), prefill_s=0.005,
+                                 per_prefill_token_s=2 * 7.6e9 / (tp * 0.6 * flops), weight_load_s=1.0,
+                                 max_num_seqs=256, gpus=tp),
+        train=TrainCostModel(per_token_s=6 * 7.6e9 / (sp * mfu * flops),
+                             per_token_ctx_s=2 * 6 * 28 * 3584 / (sp * mfu * flops),
+                             per_update_s=per_update_s, n_ranks=16, gpus_per_rank=sp, forward_fraction=0.5),
         sync=SyncCostModel(fixed_s=2.0, model_gb=15.2, bandwidth_gb_s=20.0),
         prompt_tokens=200,
         notes=notes,
@@ -201,14 +214,16 @@ def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, mfu: float, name: str, notes
 
 
 def h20_qwen25_7b() -> ClusterCostModel:
-    """Qwen2.5-7B on NVIDIA H20 (148 TFLOP/s dense bf16, 4.0 TB/s HBM3), trainer MFU 35%: the
-    hardware of verl's fully-async experiment (seed ``000``; verl docs, "Asynchronous Training on 7B Model")."""
-    return _qwen25_7b(148.0, 4.0, 0.35, "h20-qwen2.5-7b", "H20 datasheet + Qwen2.5-7B shapes")
+    """Qwen2.5-7B on NVIDIA H20 (148 TFLOP/s dense bf16, 4.0 TB/s HBM3), rollout TP 4, trainer
+    Ulysses SP 4, trainer MFU 50% (H20 is compute-poor, so training runs near its peak): the setup
+    of verl's fully-async experiment (``dapo_7b_math_fsdp2_64_64.sh``: gen_tp=4, sp_size=4)."""
+    return _qwen25_7b(148.0, 4.0, "h20-qwen2.5-7b", notes="H20 datasheet + Qwen2.5-7B shapes, TP4/SP4")
 
 
 def h100_qwen25_7b() -> ClusterCostModel:
-    """Qwen2.5-7B on NVIDIA H100 SXM (989 TFLOP/s dense bf16, 3.35 TB/s HBM3), trainer MFU 35%."""
-    return _qwen25_7b(989.0, 3.35, 0.35, "h100-qwen2.5-7b", "H100 SXM datasheet + Qwen2.5-7B shapes")
+    """Qwen2.5-7B on NVIDIA H100 SXM (989 TFLOP/s dense bf16, 3.35 TB/s HBM3), rollout TP 4,
+    trainer SP 4, trainer MFU 40%."""
+    return _qwen25_7b(989.0, 3.35, "h100-qwen2.5-7b", mfu=0.4, notes="H100 SXM datasheet + Qwen2.5-7B shapes, TP4/SP4")
 
 
 PRESETS = {"cpu-embedded-vllm": cpu_embedded_vllm, "h20-qwen2.5-7b": h20_qwen25_7b, "h100-qwen2.5-7b": h100_qwen25_7b}

@@ -72,6 +72,8 @@ class SimResult:
     timeline: Timeline
     replicas: int
     train_ranks: int
+    rollout_gpus: int = 0
+    train_gpus: int = 0
     snapshots: list = field(default_factory=list)
 
     @property
@@ -97,6 +99,8 @@ class SimResult:
             "trigger_parameter_sync_step": at.trigger_parameter_sync_step,
             "partial_rollout": at.partial_rollout,
             "partial_rollout_mode": getattr(at, "partial_rollout_mode", "abort"),
+            "rollout_gpus": self.rollout_gpus,
+            "train_gpus": self.train_gpus,
             "replicas": self.replicas,
             "train_ranks": self.train_ranks,
             "steps": len(self.history),
@@ -147,7 +151,7 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             With ``actor_rollout_ref.hybrid_engine`` the replicas and the trainer share all GPUs.
         cost: the cluster cost model.
         rollout_gpus: GPUs for the replicas (default ``rollout.num_replicas x cost.rollout.gpus``).
-        train_gpus: trainer ranks (default ``cost.train.n_ranks``); with ``hybrid_engine`` both
+        train_gpus: trainer GPUs (default ``cost.train.n_ranks x gpus_per_rank``); with ``hybrid_engine`` both
             default to the larger of the two and must be equal when given.
         token_scale: real tokens per simulated token (28K-token responses need ~64).
         name: label in tables.
@@ -167,15 +171,18 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     if cfg.actor_rollout_ref.hybrid_engine:  # one pool of GPUs takes turns
         if rollout_gpus is not None and train_gpus is not None and rollout_gpus != train_gpus:
             raise ValueError("hybrid_engine shares every GPU between rollout and training: rollout_gpus == train_gpus")
-        rollout_gpus = train_gpus = train_gpus or rollout_gpus or max(default_rollout, cost.train.n_ranks)
+        rollout_gpus = train_gpus = (train_gpus or rollout_gpus
+                                     or max(default_rollout, cost.train.n_ranks * cost.train.gpus_per_rank))
     rollout_gpus = rollout_gpus or default_rollout
-    train_gpus = train_gpus or cost.train.n_ranks
+    train_gpus = train_gpus or cost.train.n_ranks * cost.train.gpus_per_rank
     replicas, cost = cost.with_split(rollout_gpus, train_gpus)
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
     cfg.actor_rollout_ref.rollout.max_num_seqs = cost.rollout.max_num_seqs
     cfg.trainer.test_freq = 0
     validate(cfg)
-    return run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows))
+    result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows))
+    result.rollout_gpus, result.train_gpus = rollout_gpus, train_gpus
+    return result
 
 
 async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,

@@ -204,6 +204,8 @@ class FullyAsyncTrainer:
                     f"algorithm.filter_groups dropped {filtered} prompt groups without reward variance in one step "
                     f"(limit max_num_gen_batches={fg.max_num_gen_batches} x {n}): the data is too easy or too hard "
                     "for the model; raise the limit (0 = unlimited) or change the data")
+        if self.cfg.actor_rollout_ref.hybrid_engine:  # colocated: mini-batches in dataset order, as verl's
+            got.sort(key=lambda s: (s.timings["taken"], s.index))  # (the queue holds them in completion order)
         return got
 
     def _filter_values(self, s: RolloutSample) -> list[float]:
