@@ -268,6 +268,10 @@ class RolloutConfig:
     config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""
     checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
     """Weight-sync transport (trainer -> replicas)."""
+    cpu_affinity: str = ""
+    """CPU cores of each replica, e.g. ``"0"`` (Linux list syntax): pins the replica process and, for
+    vLLM-CPU, one OpenMP thread per core (``VLLM_CPU_OMP_THREADS_BIND``); ``""`` pins nothing. Keeps
+    the engine off the trainer's cores on a small CPU box (:mod:`asyncrl.cpu_affinity`)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Settings of the multi-turn ``tool_agent`` loop."""
@@ -294,7 +298,13 @@ class AsyncTrainingConfig:
     require_batches: int = 2
     """Mini-batches fetched per fit step; one optimizer update each."""
     partial_rollout: bool = True
-    """On sync, abort in-flight generation and resume it afterwards (else wait for it)."""
+    """On sync, interrupt in-flight generation and continue it afterwards (else wait for it to drain)."""
+    partial_rollout_mode: str = "abort"
+    """How ``partial_rollout`` interrupts: ``abort`` (verl: in-flight requests end, the client resubmits
+    prompt + tokens so far after the sync, paying a new prefill) or ``keep`` (PipelineRL's in-flight
+    weight update: vLLM ``pause_generation(mode="keep")`` freezes them with their KV cache, weights
+    load, they continue; tokens after the sync come from the new weights, the KV before it from the
+    old)."""
     sync_bucket_size_mb: float = 64.0
     """ParameterSynchronizer bucket size in MiB."""
 
@@ -343,6 +353,8 @@ class TrainerConfig:
     """Global seed (data order, sampling, init)."""
     torch_threads: int = 1
     """torch intra-op threads in the trainer actor."""
+    cpu_affinity: str = ""
+    """CPU cores of the trainer process, e.g. ``"1"``; ``""`` pins nothing (:mod:`asyncrl.cpu_affinity`)."""
     progress_bar: bool = True
     """Show a tqdm progress bar while training."""
     nnodes: int = 1
@@ -557,6 +569,17 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.actor_rollout_ref.hybrid_engine and cfg.algorithm.filter_groups.enable:
         raise ConfigError("actor_rollout_ref.hybrid_engine=True generates exactly one batch per step, so groups dropped "
                           "by algorithm.filter_groups.enable=True could not be replaced: use one of the two")
+    if at.partial_rollout_mode not in ("abort", "keep"):
+        raise ConfigError(f"async_training.partial_rollout_mode={at.partial_rollout_mode!r} is not 'abort' or 'keep'")
+    from asyncrl.cpu_affinity import parse_cores
+
+    for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
+                      ("trainer.cpu_affinity", cfg.trainer.cpu_affinity)):
+        try:
+            if spec:
+                parse_cores(spec)
+        except ValueError:
+            raise ConfigError(f"{key}={spec!r} is not a CPU core list such as '0' or '0-1,3'") from None
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "

@@ -10,7 +10,8 @@
     process_sample n x agent loop (generate via FullyAsyncLLMServerClient) -> reward
                    --ray.put--> MessageQueue.put_sample  (waits while the queue is full)
 
-    trainer sync:  pause_for_sync()   partial_rollout: replicas pause(abort) -> clients wait + resume
+    trainer sync:  pause_for_sync()   partial_rollout: replicas pause(partial_rollout_mode: abort -> clients
+                                      wait + resubmit; keep -> requests frozen with their KV cache)
                                       else: stop admitting, wait for active_tasks to drain
                    [weights are sent to the replicas]
                    resume_after_sync(v)  version = v, replicas resume, reset_staleness(), wake loops
@@ -249,8 +250,9 @@ class FullyAsyncRollouter:
         if self._eval_task is not None:
             await asyncio.gather(self._eval_task, return_exceptions=True)
         t_eval = time.time()
-        if self.cfg.async_training.partial_rollout:
-            await asyncio.gather(*[r.pause.remote("abort") for r in self.replicas.values()])
+        if self.cfg.async_training.partial_rollout:  # abort (resubmitted later) or keep (frozen in place)
+            mode = self.cfg.async_training.partial_rollout_mode
+            await asyncio.gather(*[r.pause.remote(mode) for r in self.replicas.values()])
         else:
             while self.active_tasks:
                 await asyncio.wait(set(self.active_tasks))

@@ -128,3 +128,53 @@ def test_simulated_runs_keep_the_invariants_and_async_absorbs_the_long_tail():
     assert results["d"].trainer_idle_ratio < results["colocated"].trainer_idle_ratio
     spans = {lane for lane, *_ in results["d"].timeline.spans}
     assert {"replica_0", "trainer", "sync"} <= spans
+
+
+def test_sweep_tabulates_every_combination_and_reports_rejected_ones():
+    from asyncrl.sim.sweep import sweep
+
+    cfg = _config("d")
+    cfg.trainer.total_training_steps = 3
+    df = sweep(cfg, _cost(), {"async_training.staleness_threshold": [0.0, 0.5],
+                              "actor_rollout_ref.hybrid_engine": [False, True]})
+    assert len(df) == 4
+    ok = df[df["error"].isna()] if "error" in df else df
+    assert len(ok) == 3  # hybrid_engine with staleness 0.5 is refused by the config, with its reason
+    assert "staleness_threshold=0" in df[df["error"].notna()]["error"].iloc[0]
+    assert (ok["samples_per_s"] > 0).all() and set(ok["steps"]) == {3}
+
+
+def test_cpu_affinity_parses_and_pins_a_process():
+    import subprocess
+    import sys
+
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.cpu_affinity import parse_cores
+
+    assert parse_cores("0,2-3") == [0, 2, 3]
+    with pytest.raises(ConfigError, match="trainer.cpu_affinity"):
+        load_config(overrides=["trainer.cpu_affinity=one"])
+    code = ("import os; from asyncrl.cpu_affinity import pin_rollout_engine; pin_rollout_engine('0'); "
+            "import torch; print(sorted(os.sched_getaffinity(0)), torch.get_num_threads(), "
+            "os.environ['VLLM_CPU_OMP_THREADS_BIND'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[0]", "1", "0"]
+
+
+def test_partial_rollout_policies_side_by_side():
+    """abort-and-resume pays a new prefill per interrupted request; keep freezes requests in place;
+    drain (partial_rollout off) waits for them at every sync."""
+    cost = _cost()
+    cost.rollout.per_prefill_token_s = 2e-4  # make re-prefill visible
+    runs = {}
+    for name, overrides in {"abort": {}, "keep": {"partial_rollout_mode": "keep"}, "drain": {"partial_rollout": False}}.items():
+        cfg = _config("d")
+        for k, v in overrides.items():
+            setattr(cfg.async_training, k, v)
+        runs[name] = simulate(cfg, cost)
+    aborts = {k: sum(r.get("rollouter/partial_count", 0) for r in v.history) for k, v in runs.items()}
+    assert aborts["drain"] == 0 and aborts["abort"] > 0  # drained samples never span a sync
+    prefill = {k: sum(e - s for lane, s, e, lab in v.timeline.spans if lab == "prefill") for k, v in runs.items()}
+    assert prefill["keep"] < prefill["abort"]  # aborted requests are prefilled again on resume
+    assert runs["keep"].samples_per_s >= runs["abort"].samples_per_s
+    assert runs["drain"].samples_per_s < runs["keep"].samples_per_s  # waiting for the long tail at every sync

@@ -82,7 +82,10 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
 class _ReplicaActor:
     """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
 
-    def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int):
+    def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int, cpu_affinity: str = ""):
+        from asyncrl.cpu_affinity import pin_rollout_engine
+
+        pin_rollout_engine(cpu_affinity)  # before the engine (and its processes) start
         self.backend = backend
         self.replica_rank = replica_rank
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
@@ -203,12 +206,14 @@ class RolloutReplica:
                  actor_options: Optional[dict[str, Any]] = None, start: bool = True):
         import ray
 
+        cpu_affinity = ""
         if isinstance(config_or_backend, str):
             backend, kwargs = config_or_backend, dict(engine_kwargs or {})
         else:
             backend = config_or_backend.actor_rollout_ref.rollout.name
             on_gpu = bool((actor_options or {}).get("num_gpus"))
             kwargs = {**engine_kwargs_from_config(config_or_backend, replica_rank, on_gpu=on_gpu), **(engine_kwargs or {})}
+            cpu_affinity = config_or_backend.actor_rollout_ref.rollout.cpu_affinity
         get_backend_cls(backend)  # fail fast in the caller's process
         if "model_path" in kwargs and os.path.exists(kwargs["model_path"]):
             kwargs["model_path"] = os.path.abspath(kwargs["model_path"])  # the actor's cwd differs
@@ -216,7 +221,7 @@ class RolloutReplica:
         self.backend = backend
         self.replica_rank = replica_rank
         self.server_id = server_id or f"replica_{replica_rank}"
-        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, kwargs, replica_rank)
+        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, kwargs, replica_rank, cpu_affinity)
         self._start_ref = self.actor.start.remote() if start else None
 
     @classmethod

@@ -113,6 +113,7 @@ class VLLMEngine(InferenceEngine):
         self._engine: Any = None
         self._tok: Any = None
         self._inflight: set[str] = set()
+        self._pause_mode: Optional[str] = None  # "keep": running requests keep their (old-weight) KV at a sync
 
     @classmethod
     def from_config(cls, model_cfg: Any, rollout_cfg: Any, max_model_len: int = 512, seed: int = 0, **kw: Any) -> "VLLMEngine":
@@ -274,9 +275,11 @@ class VLLMEngine(InferenceEngine):
         ``keep`` freezes them with their KV cache and continues them on resume.
         """
         await self._require().pause_generation(mode=mode, clear_cache=(mode != "keep"))
+        self._pause_mode = mode
 
     async def resume(self) -> None:
         await self._require().resume_generation()
+        self._pause_mode = None
 
     async def is_paused(self) -> bool:
         return await self._require().is_paused()
@@ -310,8 +313,9 @@ class VLLMEngine(InferenceEngine):
         engine = self._require()
         self.param_version = int(version)
         await engine.update_weight_version(str(version))
-        # drop KV computed with the old weights, also blocks held by running requests (they recompute)
-        if not await engine.reset_prefix_cache(reset_running_requests=True):
+        # drop KV computed with the old weights, also blocks held by running requests (they recompute),
+        # except for requests frozen by pause("keep"): an in-flight update keeps their KV (PipelineRL)
+        if not await engine.reset_prefix_cache(reset_running_requests=self._pause_mode != "keep"):
             logger.warning("vLLM did not reset its prefix cache after the sync to version %d", version)
 
     async def load_weight_buckets(self, buckets: list, version: int) -> None:

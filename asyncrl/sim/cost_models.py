@@ -146,6 +146,10 @@ class ClusterCostModel:
     sync: SyncCostModel = field(default_factory=SyncCostModel)
     prompt_tokens: int = 64
     """Prompt length of the simulated requests (real tokens)."""
+    hybrid_switch_s: float = 0.0
+    """Colocated (``hybrid_engine``) runs only: seconds per step to hand the devices from generation
+    to training and back (vLLM sleep / wake, trainer parameter and optimizer on- / off-load), paid
+    with the weight sync."""
     notes: str = ""
 
     def with_split(self, rollout_gpus: int, train_gpus: int) -> tuple[int, "ClusterCostModel"]:
@@ -177,8 +181,9 @@ def cpu_embedded_vllm() -> ClusterCostModel:
     )
 
 
-def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, name: str, *, tp: int = 4, sp: int = 4, mfu: float = 0.5,
-               launch_s: float = 0.0045, per_update_s: float = 1.0, notes: str = "") -> ClusterCostModel:
+def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, name: str, *, tp: int = 4, sp: int = 4, mfu: float = 0.6,
+               launch_s: float = 0.0045, per_update_s: float = 1.0, hybrid_switch_s: float = 30.0,
+               notes: str = "") -> ClusterCostModel:
     """Qwen2.5-7B (7.6B params, 28 layers, hidden 3584, 4 KV heads x 128, bf16) on one GPU type.
 
     Rollout replica = ``tp`` GPUs (vLLM tensor parallel): a decode iteration reads the 15.2 GB of
@@ -191,10 +196,14 @@ def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, name: str, *, tp: int = 4, s
     GPUs holds one sequence at a time, so a 28K-token response is spread over ``sp`` GPUs, not
     split across groups): 6 x 7.6 GFLOP per token plus causal attention 6 x 28 x 3584 x L FLOP
     per token, at ``mfu`` of peak; ``per_update_s`` per optimizer update (reduce-scatter of the
-    gradients, optimizer step); log-prob recompute costs half a training pass (verl's colocated
-    ``old_log_prob`` / ``update_actor`` = 53.9 s / 113.8 s on 128 H20).
+    gradients, optimizer step); a log-prob recompute is a forward pass (a third of a training pass).
 
     Sync: 15.2 GB over NCCL at 20 GB/s plus 2 s set-up, then 1 s to load into vLLM per replica.
+    Colocated runs also pay ``hybrid_switch_s`` per step to hand the GPUs between vLLM and the
+    trainer. Calibration (verl's 7B table): on the same 64 GPUs the colocated trainer's update takes
+    133.4 s per step and the fully async trainer's 113.2 s, and the colocated 128-GPU step has 10.7 s
+    beyond generation, old log-prob and update: ~30 s per step of switching; ``mfu`` 0.6 puts the
+    async 64-GPU update near its measured 113 s.
     """
     hbm = hbm_tb_s * 1e12 * 0.8
     flops = peak_tflops * 1e12
@@ -206,16 +215,17 @@ def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, name: str, *, tp: int = 4, s
                                  max_num_seqs=256, gpus=tp),
         train=TrainCostModel(per_token_s=6 * 7.6e9 / (sp * mfu * flops),
                              per_token_ctx_s=2 * 6 * 28 * 3584 / (sp * mfu * flops),
-                             per_update_s=per_update_s, n_ranks=16, gpus_per_rank=sp, forward_fraction=0.5),
+                             per_update_s=per_update_s, n_ranks=16, gpus_per_rank=sp),
         sync=SyncCostModel(fixed_s=2.0, model_gb=15.2, bandwidth_gb_s=20.0),
         prompt_tokens=200,
+        hybrid_switch_s=hybrid_switch_s,
         notes=notes,
     )
 
 
 def h20_qwen25_7b() -> ClusterCostModel:
     """Qwen2.5-7B on NVIDIA H20 (148 TFLOP/s dense bf16, 4.0 TB/s HBM3), rollout TP 4, trainer
-    Ulysses SP 4, trainer MFU 50% (H20 is compute-poor, so training runs near its peak): the setup
+    Ulysses SP 4, trainer MFU 60% (H20 is compute-poor, so training runs near its peak): the setup
     of verl's fully-async experiment (``dapo_7b_math_fsdp2_64_64.sh``: gen_tp=4, sp_size=4)."""
     return _qwen25_7b(148.0, 4.0, "h20-qwen2.5-7b", notes="H20 datasheet + Qwen2.5-7B shapes, TP4/SP4")
 

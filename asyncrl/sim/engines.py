@@ -330,8 +330,9 @@ class CostModelCheckpointEngine(CheckpointEngine):
 
     name = "sim"
 
-    def __init__(self, replicas: list, cost: SyncCostModel, timeline: Optional[Timeline] = None, **_: Any):
-        self.replicas, self.cost, self.timeline = replicas, cost, timeline
+    def __init__(self, replicas: list, cost: SyncCostModel, timeline: Optional[Timeline] = None, label: str = "sync",
+                 **_: Any):
+        self.replicas, self.cost, self.timeline, self.label = replicas, cost, timeline, label
 
     async def send_weights(self, named_tensors: Any, version: int) -> dict[str, float]:
         loop = asyncio.get_running_loop()
@@ -340,5 +341,5 @@ class CostModelCheckpointEngine(CheckpointEngine):
         t1 = loop.time()
         await asyncio.gather(*[r.update_weights.remote([], version) for r in self.replicas])
         if self.timeline is not None:
-            self.timeline.add("sync", t0, loop.time(), "sync")
+            self.timeline.add("sync", t0, loop.time(), self.label)
         return {"sync/transfer_s": t1 - t0, "sync/load_s": loop.time() - t1}

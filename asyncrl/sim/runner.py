@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -115,7 +116,7 @@ class SimResult:
 
 
 @contextlib.contextmanager
-def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline) -> Iterator[None]:
+def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline, hybrid: bool) -> Iterator[None]:
     """The trainer builds its train engine and weight transport by name; point those at the cost models.
 
     (Registered lazily as the ``sim`` rollout backend; the train engine and checkpoint engine are
@@ -129,8 +130,13 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
     def train_engine(*args: Any, **kw: Any) -> CostModelTrainEngine:
         return CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens, lr=kw.get("lr", 0.0), timeline=timeline)
 
+    sync = cost.sync
+    if hybrid and cost.hybrid_switch_s:  # colocated: the devices also change hands at every sync
+        sync = dataclasses.replace(sync, fixed_s=sync.fixed_s + cost.hybrid_switch_s)
+
     def checkpoint_engine_cls(name: str) -> Callable:
-        return functools.partial(CostModelCheckpointEngine, cost=cost.sync, timeline=timeline)
+        return functools.partial(CostModelCheckpointEngine, cost=sync, timeline=timeline,
+                                 label="switch+sync" if hybrid else "sync")
 
     saved = fat.TrainEngine, fat.get_engine_cls
     fat.TrainEngine, fat.get_engine_cls = train_engine, checkpoint_engine_cls
@@ -202,7 +208,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
     train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators, **opts)
     val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators, **opts)
     budget = sample_budget(cfg)
-    with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline):
+    with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline,
+                                                                          cfg.actor_rollout_ref.hybrid_engine):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
                       natural_length=natural_length, timeline=timeline)
         replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))

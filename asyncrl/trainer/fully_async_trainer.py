@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from asyncrl.config import ExperimentConfig
+from asyncrl.cpu_affinity import pin_process
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, token_lags
@@ -61,6 +62,7 @@ class FullyAsyncTrainer:
     def __init__(self, config: ExperimentConfig, message_queue: Any, rollouter: Any, replicas: dict,
                  worker_options: Optional[list] = None):
         torch.set_num_threads(config.trainer.torch_threads)
+        pin_process(config.trainer.cpu_affinity, torch_threads=False)  # CPU runs: off the engine's cores
         self.cfg = config
         self.budget = sample_budget(config)
         self.mq, self.rollouter, self.replicas = message_queue, rollouter, replicas
