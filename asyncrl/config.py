@@ -142,6 +142,11 @@ class ActorConfig:
     """Prompt groups per optimizer update (each group has rollout.n responses)."""
     ppo_micro_batch_size: int = 64
     """Sequences per forward/backward chunk (gradient accumulation); memory knob only."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token budget (rows sorted by length) instead of ``ppo_micro_batch_size`` rows:
+    a long-tail batch is not padded to its longest response."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget (rows x longest row) of one micro-batch when ``use_dynamic_bsz``."""
     ppo_epochs: int = 1
     """Passes over each fetched batch."""
     clip_ratio_low: float = 0.2

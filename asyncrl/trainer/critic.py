@@ -65,7 +65,7 @@ class CriticEngine(TrainEngine):
         """``(batch, resp_len)`` values under the current critic weights."""
         self.model.eval()
         try:
-            return torch.cat([response_values(self.model, mb) for mb in self._chunks(batch)])
+            return self._gather(batch, lambda mb: response_values(self.model, mb))
         finally:
             self.model.train()
 

@@ -99,6 +99,47 @@ def collate(outputs: Sequence[AgentLoopOutput], group_ids: Sequence, pad_id: int
     return Batch(input_ids, attn, resp_index, mask, lps, rewards, list(group_ids), versions)
 
 
+def micro_batches(batch: Batch, micro_batch_size: int, max_token_len: Optional[int] = None) -> list[tuple[list[int], Batch]]:
+    """Split ``batch`` for gradient accumulation; every chunk is cut to its own longest row.
+
+    Fixed size (``max_token_len=None``): ``micro_batch_size`` rows in order. Dynamic (verl's
+    ``use_dynamic_bsz`` with ``ppo_max_token_len_per_gpu``): rows sorted by length and packed while
+    ``rows x longest <= max_token_len`` (one row at least), so a long-tail batch is not padded to its
+    longest response. Either way the padding columns no row of the chunk uses are dropped, which
+    changes no result (they are masked) and saves their compute.
+
+    Returns:
+        ``[(row indices into batch, chunk)]`` covering every row once.
+    """
+    n = len(batch)
+    if max_token_len:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        order = sorted(range(n), key=lambda i: lengths[i])
+        chunks, cur = [], []
+        for i in order:
+            if cur and (len(cur) + 1) * lengths[i] > max_token_len:
+                chunks.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            chunks.append(cur)
+    else:
+        chunks = [list(range(i, min(n, i + micro_batch_size))) for i in range(0, n, micro_batch_size)]
+    return [(idx, _trim(batch.select(idx))) for idx in chunks]
+
+
+def _trim(mb: Batch) -> Batch:
+    """Drop the padding columns beyond the chunk's longest sequence / response."""
+    seq = int(mb.attention_mask.sum(-1).max())
+    full_resp = mb.resp_index.shape[1]
+    resp = max(1, int((mb.resp_index > 0).sum(-1).max()))
+    if seq == mb.input_ids.shape[1] and resp == full_resp:
+        return mb
+    extras = {k: (v[:, :resp] if v.dim() == 2 and v.shape[1] == full_resp else v) for k, v in mb.extras.items()}
+    return Batch(mb.input_ids[:, :seq], mb.attention_mask[:, :seq], mb.resp_index[:, :resp], mb.response_mask[:, :resp],
+                 mb.rollout_log_probs[:, :resp], mb.rewards, mb.group_ids, mb.token_versions[:, :resp], extras)
+
+
 def response_log_probs(model: torch.nn.Module, batch: Batch, sampling: Optional[SamplingFilters] = None,
                        with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-prob (and entropy) of each response token under ``model`` and the rollout's filters.
@@ -138,6 +179,8 @@ class TrainEngine:
             (``actor_rollout_ref.actor.optim.*``).
         dtype: ``float32`` | ``bfloat16``.
         micro_batch_size: sequences per forward/backward chunk.
+        max_token_len: dynamic micro-batches of at most this many (padded) tokens instead
+            (``actor.use_dynamic_bsz`` / ``ppo_max_token_len_per_gpu``); see :func:`micro_batches`.
         with_reference: keep a frozen copy for the KL penalty.
         sampling: the rollout's sampling filters; every log-prob is computed under them so it is
             of the distribution the rollout sampled from (vLLM ``processed_logprobs``).
@@ -148,7 +191,7 @@ class TrainEngine:
     def __init__(self, model_path: str, lr: float, warmup: int, total_updates: int, weight_decay: float = 0.0,
                  betas: tuple = (0.9, 0.999), clip_grad: float = 1.0, dtype: str = "float32",
                  micro_batch_size: int = 64, with_reference: bool = False, seed: int = 0,
-                 sampling: Optional[SamplingFilters] = None):
+                 sampling: Optional[SamplingFilters] = None, max_token_len: Optional[int] = None):
         torch.manual_seed(seed)
         self.dtype = getattr(torch, dtype)
         self.model = self._load(model_path)
@@ -162,6 +205,7 @@ class TrainEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_linear_decay(warmup, total_updates))
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len
         self.sampling = sampling
         self.updates = 0
 
@@ -175,15 +219,24 @@ class TrainEngine:
         return response_log_probs(self.model, mb, self.sampling, with_entropy)
 
     def _chunks(self, batch: Batch) -> Iterator[Batch]:
-        for i in range(0, len(batch), self.micro_batch_size):
-            yield batch.select(range(i, min(len(batch), i + self.micro_batch_size)))
+        """Micro-batches for gradient accumulation (fixed size or by token budget, trimmed of padding)."""
+        for _, mb in micro_batches(batch, self.micro_batch_size, self.max_token_len):
+            yield mb
+
+    def _gather(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        """``fn`` per micro-batch, reassembled into ``(batch, resp_len)`` in the batch's row order."""
+        out = torch.zeros(batch.response_mask.shape)
+        for idx, mb in micro_batches(batch, self.micro_batch_size, self.max_token_len):
+            val = fn(mb)
+            out[idx, :val.shape[1]] = val.float()
+        return out
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         """``(batch, resp_len)`` log-probs under the current weights (recomputed old log-probs)."""
         self.model.eval()
         try:
-            return torch.cat([response_log_probs(self.model, mb, self.sampling)[0] for mb in self._chunks(batch)])
+            return self._gather(batch, lambda mb: response_log_probs(self.model, mb, self.sampling)[0])
         finally:
             self.model.train()
 
@@ -192,7 +245,7 @@ class TrainEngine:
         """``(batch, resp_len)`` log-probs under the frozen reference model."""
         if self.ref_model is None:
             raise RuntimeError("reference model not loaded (TrainEngine(with_reference=True))")
-        return torch.cat([response_log_probs(self.ref_model, mb, self.sampling)[0] for mb in self._chunks(batch)])
+        return self._gather(batch, lambda mb: response_log_probs(self.ref_model, mb, self.sampling)[0])
 
     def update(self, batch: Batch, loss_fn: LossFn, with_entropy: bool = False) -> dict:
         """One optimizer step on ``batch`` (one mini-batch), micro-batched.

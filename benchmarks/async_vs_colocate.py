@@ -1,0 +1,346 @@
+"""Colocated vs fully async, side by side in one run on one machine, with the ideal overlap bound.
+
+For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (or ``--time`` s):
+
+* ``colocated``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train, sync, in
+  turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
+* ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4) and ``keep`` (mode d with
+  ``partial_rollout_mode=keep``): the replica on core 0, the trainer on core 1 (CPU), or the replica
+  on GPU 0 and the trainer on GPU 1 (``--gpu``).
+
+Then rollout-only (the replica alone generates the workload at mode d's concurrency) and train-only
+(the train engine alone updates on those responses) throughput on the async resources give the ideal
+bound ``1 / max(rollout s/sample, train s/sample)`` that overlap can at best reach. Printed per mode:
+samples/s (prompt groups trained per second of training), x colocated, fraction of the ideal bound,
+trainer / rollouter idle ratios, median step time, version lag, and the time until the rolling mean
+reward reaches ``--target-reward``. ``--json`` keeps everything (the simulator calibrates from it).
+
+Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
+
+    python benchmarks/async_vs_colocate.py                           # long-tail task, colocated + a-d
+    python benchmarks/async_vs_colocate.py --modes colocated,d --steps 40 --json lt.json
+    python benchmarks/async_vs_colocate.py --task arith --modes d --steps 60   # the demo's step time
+    python benchmarks/async_vs_colocate.py --task arith --modes d --backend hf
+    python benchmarks/async_vs_colocate.py --task arith --modes d --reference ../shared/baselines/rlproto
+    python benchmarks/async_vs_colocate.py --gpu --modes colocated,d  # 2 GPUs, transformers backend
+
+On a shared machine the absolute numbers move with the load; the ratios are measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MODES = {
+    "colocated": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0},
+    "a": {"async_training.trigger_parameter_sync_step": 1, "async_training.staleness_threshold": 0.0},
+    "b": {"async_training.trigger_parameter_sync_step": 2, "async_training.staleness_threshold": 0.0},
+    "c": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": False},
+    "d": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
+    "keep": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+             "async_training.partial_rollout_mode": "keep"},
+}
+
+
+def base_config(args: argparse.Namespace):
+    """The task's recipe at benchmark size (evaluation off: it would steal the rollout's time)."""
+    from asyncrl.config import load_config
+    from asyncrl.recipes import arith_grpo_cpu, longtail_grpo_cpu
+
+    cfg = longtail_grpo_cpu() if args.task == "longtail" else arith_grpo_cpu()
+    over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",
+            "trainer.test_freq=0", "trainer.progress_bar=False", "data.val_size=4",
+            f"actor_rollout_ref.rollout.name={args.backend}", f"trainer.default_local_dir={args.out}"]
+    return load_config(base=cfg, overrides=over + list(args.set or []))
+
+
+def placement(mode: str, args: argparse.Namespace) -> list[str]:
+    """Resource overrides: colocated shares everything, async splits rollout / trainer."""
+    cores = len(os.sched_getaffinity(0))
+    if args.gpu:
+        if mode == "colocated":
+            return ["trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2"]
+        return ["trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+    if mode == "colocated" or cores < 2:
+        return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
+    return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
+
+
+def mode_config(mode: str, args: argparse.Namespace):
+    from asyncrl.config import load_config
+
+    over = [f"{k}={v}" for k, v in MODES[mode].items()] + placement(mode, args)
+    return load_config(base=base_config(args), overrides=over)
+
+
+def time_to_reward(history: list[dict], target: float, window: int = 5) -> Optional[float]:
+    """Seconds of training until the rolling mean of ``reward/mean`` first reaches ``target``."""
+    rewards = [r["reward/mean"] for r in history]
+    for i in range(len(rewards)):
+        lo = max(0, i - window + 1)
+        if i + 1 >= window and sum(rewards[lo:i + 1]) / (i + 1 - lo) >= target:
+            return history[i]["time_s"]
+    return None
+
+
+def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
+    import ray
+
+    from asyncrl.experiment import Experiment
+    from asyncrl.staleness import sample_budget
+
+    cfg = mode_config(mode, args)
+    exp = Experiment(cfg, replicas=[replica])
+    t0 = time.time()
+    try:
+        exp.start()
+        summary = exp.wait(progress=False)
+        history = ray.get(exp.trainer.status.remote())["history"]
+        ro = ray.get(exp.rollouter.snapshot.remote())
+    finally:
+        exp.stop()
+    skip = min(2, max(0, len(history) - 3))  # pipeline fill
+    steady = history[skip:]
+    span = steady[-1]["time_s"] - steady[0]["time_s"] if len(steady) > 1 else 0.0
+    req = sample_budget(cfg).required_samples
+    lags = {int(k): v for k, v in summary.lag_counts.items()}
+    out = {
+        "mode": mode, "steps": len(history), "wall_s": time.time() - t0,
+        "train_s": history[-1]["time_s"] if history else 0.0,
+        "samples_per_s": (len(history) * req / history[-1]["time_s"]) if history else 0.0,
+        "steady_samples_per_s": ((len(steady) - 1) * req / span) if span else 0.0,
+        "step_s_median": statistics.median(r["timing/step_s"] for r in steady) if steady else 0.0,
+        "fetch_s_median": statistics.median(r["timing/fetch_s"] for r in steady) if steady else 0.0,
+        "update_s_median": statistics.median(r["timing/update_s"] for r in steady) if steady else 0.0,
+        "trainer_idle_ratio": history[-1]["trainer/idle_ratio"] if history else 0.0,
+        "rollouter_idle_ratio": ro["idle_ratio"],
+        "lag_mean": sum(k * v for k, v in lags.items()) / max(1, sum(lags.values())),
+        "lag_max": max(lags, default=0),
+        "reward_first": statistics.fmean(r["reward/mean"] for r in history[:5]) if history else 0.0,
+        "reward_last": statistics.fmean(r["reward/mean"] for r in history[-5:]) if history else 0.0,
+        "time_to_target_s": time_to_reward(history, args.target_reward),
+        "response_length_mean": statistics.fmean(r["response_length/mean"] for r in history) if history else 0.0,
+        "accounting_balanced": summary.accounting.get("balanced"),
+        "history": history,
+    }
+    print(f"  {mode:9s} {out['steps']:3d} steps  {out['samples_per_s']:.3f} samples/s  step {out['step_s_median']:.2f} s"
+          f"  trainer idle {out['trainer_idle_ratio']:.2f}  rollouter idle {out['rollouter_idle_ratio']:.2f}", flush=True)
+    return out
+
+
+async def _rollout_only(replica: Any, cfg: Any, rows: list, groups: int) -> tuple[float, list]:
+    """The replica alone: ``groups`` prompt groups x n at mode d's sample concurrency; returns (s, outputs)."""
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+    from asyncrl.data.length_workload import LengthWorkload
+    from asyncrl.models import load_tokenizer
+    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.staleness import sample_budget
+
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    ro = cfg.actor_rollout_ref.rollout
+    sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p, logprobs=True,
+                        stop_token_ids=[tok.eos_token_id])
+    wl = LengthWorkload(cfg.data.length_workload, ro.response_length, cfg.trainer.seed)
+    limit = asyncio.Semaphore(sample_budget(cfg).max_concurrent_samples)
+    outputs: list = []
+
+    async def group(i: int) -> None:
+        async with limit:
+            row = rows[i % len(rows)]
+            prompt = render_prompt_ids(tok, row["prompt"])
+            sps = wl.sampling_params(sp, i, ro.n) if wl.enabled else [sp] * ro.n
+            outs = await asyncio.gather(*[replica.generate_async(f"ro-{i}-{k}", prompt, sps[k]) for k in range(ro.n)])
+            outputs.append((i, prompt, outs))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[group(i) for i in range(groups)])
+    return time.perf_counter() - t0, outputs
+
+
+def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
+    """Rollout-only and train-only throughput on the async resources (replica core 0, trainer core 1)."""
+    import ray
+
+    from asyncrl.data.dataset import get_task_rows
+    from asyncrl.staleness import sample_budget
+
+    cfg = mode_config("d", args)
+    rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
+    groups = args.ideal_groups
+    asyncio.run(_rollout_only(replica, cfg, rows, 8))  # warm-up
+    gen_s, outputs = asyncio.run(_rollout_only(replica, cfg, rows, groups))
+    train = ray.remote(_train_only).options(num_cpus=0)
+    train_s, steps = ray.get(train.remote(cfg, outputs))
+    req = sample_budget(cfg).required_samples
+    rollout_s_per_sample, train_s_per_sample = gen_s / groups, train_s / (steps * req)
+    out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
+           "ideal_samples_per_s": 1.0 / max(rollout_s_per_sample, train_s_per_sample),
+           "rollout_tokens": sum(len(o.token_ids) for _, _, outs in outputs for o in outs), "rollout_s": gen_s}
+    print(f"  rollout-only {1 / rollout_s_per_sample:.3f} samples/s, train-only {1 / train_s_per_sample:.3f} samples/s"
+          f" -> ideal {out['ideal_samples_per_s']:.3f} samples/s", flush=True)
+    return out
+
+
+def _train_only(cfg: Any, outputs: list) -> tuple[float, int]:
+    """Runs in a Ray worker: the trainer's engine on its own core(s), updating on rollout-only outputs."""
+    import torch
+
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.cpu_affinity import pin_process
+    from asyncrl.staleness import sample_budget
+    from asyncrl.trainer.algorithms import ppo_clip_loss
+    from asyncrl.trainer.engine import TrainEngine, collate
+
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    pin_process(cfg.trainer.cpu_affinity, torch_threads=False)
+    a = cfg.actor_rollout_ref.actor
+    engine = TrainEngine(cfg.actor_rollout_ref.model.path, lr=a.optim.lr, warmup=1, total_updates=1000,
+                         micro_batch_size=a.ppo_micro_batch_size, temperature=cfg.actor_rollout_ref.rollout.temperature)
+    samples = []
+    for i, prompt, outs in outputs:
+        samples.append([AgentLoopOutput(prompt_ids=prompt, response_ids=list(o.token_ids), response_mask=[1] * len(o.token_ids),
+                                        response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)),
+                                        reward_score=float(k % 2)) for k, o in enumerate(outs)])
+    req = sample_budget(cfg).required_samples
+    per_mb = max(1, req // cfg.async_training.require_batches)
+
+    def loss_fn(lp, mb, *rest):
+        loss, m = ppo_clip_loss(lp, mb.extras["old_log_probs"], mb.extras["advantages"], mb.response_mask,
+                                a.clip_ratio_low, a.clip_ratio_high, a.loss_agg_mode)
+        return loss, m
+
+    steps, t_total = 0, 0.0
+    for start in range(0, len(samples) - req + 1, req):
+        step_groups = samples[start:start + req]
+        t0 = time.perf_counter()
+        for m in range(0, req, per_mb):
+            groups = step_groups[m:m + per_mb]
+            batch = collate([o for g in groups for o in g], [j for j, g in enumerate(groups) for _ in g])
+            batch.extras["old_log_probs"] = batch.rollout_log_probs
+            batch.extras["advantages"] = torch.randn(len(batch))
+            engine.update(batch, loss_fn)
+        t_total += time.perf_counter() - t0
+        steps += 1
+    return t_total, steps
+
+
+def run_reference(path: str, seconds: float) -> dict:
+    """The single-process synchronous GRPO reference loop (rlproto) for ``seconds``; its s/step."""
+    work = tempfile.mkdtemp(prefix="rlproto_")
+    env = {**os.environ, "PYTHONPATH": path}
+    py = sys.executable
+    subprocess.run([py, os.path.join(path, "sft.py"), "--target", "0.35", "--eval_every", "50"], cwd=work, env=env,
+                   check=True, capture_output=True)
+    subprocess.run([py, os.path.join(path, "grpo_best.py"), "--max_time", str(seconds), "--lr", "3e-4", "--warmup", "30",
+                    "--decay", "--prompts", "32", "--seed", "1", "--eval_every", "1000000"], cwd=work, env=env,
+                   check=True, capture_output=True)
+    rows = [json.loads(x) for x in open(os.path.join(work, "grpo_log.jsonl")) if x.strip()]
+    steps = [r for r in rows if "gen_s" in r]
+    times = [r["time"] for r in steps]
+    per_step = [b - a for a, b in zip(times, times[1:])]
+    return {"steps": len(steps), "step_s_median": statistics.median(per_step) if per_step else None,
+            "gen_s_median": statistics.median(r["gen_s"] for r in steps),
+            "train_s_median": statistics.median(r["train_s"] for r in steps)}
+
+
+def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
+    """One engine per placement: ``split`` (rollout cores only) for the async modes, ``shared`` for colocated."""
+    from asyncrl.rollout.replica import RolloutReplica
+
+    need = {"shared" if m == "colocated" else "split" for m in modes} | ({"split"} if args.ideal else set())
+    reps = {}
+    for kind in sorted(need):
+        cfg = mode_config("colocated" if kind == "shared" else "d", args)
+        reps[kind] = RolloutReplica(cfg, server_id=f"replica_{kind}", replica_rank=0)
+    for r in reps.values():
+        r.wait_ready(timeout=1200)
+    return reps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="longtail", choices=["longtail", "arith"])
+    p.add_argument("--modes", default="colocated,a,b,c,d")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--time", type=float, default=0.0, help="training seconds per mode (0 = only --steps)")
+    p.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
+    p.add_argument("--target-reward", type=float, default=0.5)
+    p.add_argument("--ideal", action=argparse.BooleanOptionalAction, default=True, help="measure the ideal bound")
+    p.add_argument("--ideal-groups", type=int, default=96)
+    p.add_argument("--reference", default=None, help="rlproto directory: time the reference loop too")
+    p.add_argument("--reference-seconds", type=float, default=60.0)
+    p.add_argument("--gpu", action="store_true", help="two GPUs (rollout / trainer); needs the GPU keys")
+    p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
+    p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            p.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    import ray
+
+    from asyncrl.experiment import _init_ray
+
+    _init_ray(None, None, attempts=5)
+    result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
+                              "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    replicas = start_replicas(args, modes)
+    try:
+        print(f"{args.task} ({args.backend}), {args.steps} steps per mode:", flush=True)
+        for m in modes:
+            result["modes"][m] = run_mode(m, replicas["shared" if m == "colocated" else "split"], args)
+        if args.ideal and "split" in replicas:
+            result["ideal"] = ideal_bound(replicas["split"], args)
+    finally:
+        for r in replicas.values():
+            r.shutdown()
+        ray.shutdown()
+    if args.reference:
+        result["reference"] = run_reference(args.reference, args.reference_seconds)
+    report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+
+
+def report(result: dict) -> None:
+    modes = result["modes"]
+    base = modes.get("colocated", {}).get("samples_per_s")
+    ideal = result.get("ideal", {}).get("ideal_samples_per_s")
+    print("\nmode       samples/s  x colocated  of ideal  step s  trainer idle  rollouter idle  lag mean/max  "
+          "reward first->last  to target")
+    for m, r in modes.items():
+        x = f"{r['samples_per_s'] / base:9.2f}x" if base else "        -"
+        f = f"{r['samples_per_s'] / ideal:8.2f}" if ideal else "       -"
+        tt = f"{r['time_to_target_s']:.0f} s" if r["time_to_target_s"] is not None else "not reached"
+        print(f"{m:10s} {r['samples_per_s']:9.3f} {x}  {f}  {r['step_s_median']:6.2f}  {r['trainer_idle_ratio']:12.2f}"
+              f"  {r['rollouter_idle_ratio']:14.2f}  {r['lag_mean']:5.2f}/{r['lag_max']:<3d}  "
+              f"{r['reward_first']:.2f} -> {r['reward_last']:.2f}  {tt}")
+    if ideal:
+        i = result["ideal"]
+        print(f"ideal bound {ideal:.3f} samples/s = 1 / max(rollout-only {i['rollout_s_per_sample']:.3f},"
+              f" train-only {i['train_s_per_sample']:.3f} s/sample)")
+    ref = result.get("reference")
+    if ref and ref.get("step_s_median"):
+        for m, r in modes.items():
+            print(f"{m}: {r['step_s_median']:.3f} s/step vs reference loop {ref['step_s_median']:.3f} s/step "
+                  f"({r['step_s_median'] / ref['step_s_median']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
