@@ -143,51 +143,21 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     return out
 
 
-async def _rollout_only(replica: Any, cfg: Any, rows: list, groups: int) -> tuple[float, list]:
-    """The replica alone: ``groups`` prompt groups x n at mode d's sample concurrency; returns (s, outputs)."""
-    from asyncrl.agent_loop.single_turn import render_prompt_ids
-    from asyncrl.data.length_workload import LengthWorkload
-    from asyncrl.models import load_tokenizer
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.staleness import sample_budget
-
-    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
-    ro = cfg.actor_rollout_ref.rollout
-    sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p, logprobs=True,
-                        stop_token_ids=[tok.eos_token_id])
-    wl = LengthWorkload(cfg.data.length_workload, ro.response_length, cfg.trainer.seed)
-    limit = asyncio.Semaphore(sample_budget(cfg).max_concurrent_samples)
-    outputs: list = []
-
-    async def group(i: int) -> None:
-        async with limit:
-            row = rows[i % len(rows)]
-            prompt = render_prompt_ids(tok, row["prompt"])
-            sps = wl.sampling_params(sp, i, ro.n) if wl.enabled else [sp] * ro.n
-            outs = await asyncio.gather(*[replica.generate_async(f"ro-{i}-{k}", prompt, sps[k]) for k in range(ro.n)])
-            outputs.append((i, prompt, outs))
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[group(i) for i in range(groups)])
-    return time.perf_counter() - t0, outputs
-
-
 def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
     """Rollout-only and train-only throughput on the async resources (replica core 0, trainer core 1)."""
     import ray
 
     from asyncrl.data.dataset import get_task_rows
-    from asyncrl.staleness import sample_budget
+    from asyncrl.sim.calibrate import measure_rollout, measure_train
 
     cfg = mode_config("d", args)
     rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
     groups = args.ideal_groups
-    asyncio.run(_rollout_only(replica, cfg, rows, 8))  # warm-up
-    gen_s, outputs = asyncio.run(_rollout_only(replica, cfg, rows, groups))
-    train = ray.remote(_train_only).options(num_cpus=0)
-    train_s, steps = ray.get(train.remote(cfg, outputs))
-    req = sample_budget(cfg).required_samples
-    rollout_s_per_sample, train_s_per_sample = gen_s / groups, train_s / (steps * req)
+    asyncio.run(measure_rollout(replica, cfg, rows, 8))  # warm-up
+    gen_s, outputs = asyncio.run(measure_rollout(replica, cfg, rows, groups))
+    train = ray.remote(measure_train).options(num_cpus=0, max_calls=1)  # a fresh worker: it pins itself
+    t = ray.get(train.remote(cfg, outputs))
+    rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
     out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
            "ideal_samples_per_s": 1.0 / max(rollout_s_per_sample, train_s_per_sample),
            "rollout_tokens": sum(len(o.token_ids) for _, _, outs in outputs for o in outs), "rollout_s": gen_s}
@@ -196,47 +166,57 @@ def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
     return out
 
 
-def _train_only(cfg: Any, outputs: list) -> tuple[float, int]:
-    """Runs in a Ray worker: the trainer's engine on its own core(s), updating on rollout-only outputs."""
-    import torch
+def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
+    """Micro-measurements for the simulator: decode probes per placement, train-only per placement,
+    the workload's response lengths; then predict every measured mode (asyncrl.sim)."""
+    import ray
 
-    from asyncrl.agent_loop.base import AgentLoopOutput
-    from asyncrl.cpu_affinity import pin_process
-    from asyncrl.staleness import sample_budget
-    from asyncrl.trainer.algorithms import ppo_clip_loss
-    from asyncrl.trainer.engine import TrainEngine, collate
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+    from asyncrl.data.dataset import get_task_rows
+    from asyncrl.models import load_tokenizer
+    from asyncrl.sim.calibrate import measure_rollout, measure_train, probe_decode
 
-    torch.set_num_threads(cfg.trainer.torch_threads)
-    pin_process(cfg.trainer.cpu_affinity, torch_threads=False)
-    a = cfg.actor_rollout_ref.actor
-    engine = TrainEngine(cfg.actor_rollout_ref.model.path, lr=a.optim.lr, warmup=1, total_updates=1000,
-                         micro_batch_size=a.ppo_micro_batch_size, temperature=cfg.actor_rollout_ref.rollout.temperature)
-    samples = []
-    for i, prompt, outs in outputs:
-        samples.append([AgentLoopOutput(prompt_ids=prompt, response_ids=list(o.token_ids), response_mask=[1] * len(o.token_ids),
-                                        response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)),
-                                        reward_score=float(k % 2)) for k, o in enumerate(outs)])
-    req = sample_budget(cfg).required_samples
-    per_mb = max(1, req // cfg.async_training.require_batches)
+    cfg = mode_config("d", args)
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
+    prompt = render_prompt_ids(tok, rows[0]["prompt"])
+    cal: dict[str, Any] = {"prompt_tokens": statistics.fmean(len(render_prompt_ids(tok, r["prompt"])) for r in rows[:64])}
+    for kind, rep in replicas.items():
+        cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, batch_sizes=(1, 8, 32, 128), tokens=48))
+        print(f"  decode s/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
+              flush=True)
+    ro_s, outputs = asyncio.run(measure_rollout(replicas.get("split") or replicas["shared"], cfg, rows, 64))
+    cal["response_lengths"] = [len(o.token_ids) for _, _, outs in outputs for o in outs]
+    train = ray.remote(measure_train).options(num_cpus=0, max_calls=1)  # a fresh worker per placement
+    for kind, mode in (("split", "d"), ("shared", "colocated")):
+        cal[f"train_s_per_token_{kind}"] = ray.get(train.remote(mode_config(mode, args), outputs))["s_per_token"]
+    syncs = [r["sync/transfer_total_s"] for m in result["modes"].values() for r in m["history"] if "sync/transfer_total_s" in r]
+    cal["sync_s"] = statistics.median(syncs) if syncs else 0.05
+    return cal
 
-    def loss_fn(lp, mb, *rest):
-        loss, m = ppo_clip_loss(lp, mb.extras["old_log_probs"], mb.extras["advantages"], mb.response_mask,
-                                a.clip_ratio_low, a.clip_ratio_high, a.loss_agg_mode)
-        return loss, m
 
-    steps, t_total = 0, 0.0
-    for start in range(0, len(samples) - req + 1, req):
-        step_groups = samples[start:start + req]
-        t0 = time.perf_counter()
-        for m in range(0, req, per_mb):
-            groups = step_groups[m:m + per_mb]
-            batch = collate([o for g in groups for o in g], [j for j, g in enumerate(groups) for _ in g])
-            batch.extras["old_log_probs"] = batch.rollout_log_probs
-            batch.extras["advantages"] = torch.randn(len(batch))
-            engine.update(batch, loss_fn)
-        t_total += time.perf_counter() - t0
-        steps += 1
-    return t_total, steps
+def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
+    """The simulator's prediction of every measured mode from the calibration alone."""
+    from asyncrl.sim import simulate
+    from asyncrl.sim.calibrate import cpu_cost_model, empirical_lengths
+
+    cal = result["calibration"]
+    lengths = empirical_lengths(cal["response_lengths"])
+    out = {}
+    for m, measured in result["modes"].items():
+        kind = "shared" if m == "colocated" else "split"
+        if f"decode_{kind}" not in cal:
+            continue
+        cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, cal[f"train_s_per_token_{kind}"],
+                              cal["sync_s"], int(cal["prompt_tokens"]))
+        cfg = mode_config(m, args)
+        cfg.trainer.total_training_steps = measured["steps"]
+        cfg.trainer.total_time_s = 0.0
+        res = simulate(cfg, cost, natural_length=lengths, name=m)
+        out[m] = {"samples_per_s": res.samples_per_s, "trainer_idle_ratio": res.trainer_idle_ratio,
+                  "rollouter_idle_ratio": res.rollouter_idle_ratio, "step_s": res.step_time(2),
+                  "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
+    return out
 
 
 def run_reference(path: str, seconds: float) -> dict:
@@ -263,6 +243,8 @@ def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]
     from asyncrl.rollout.replica import RolloutReplica
 
     need = {"shared" if m == "colocated" else "split" for m in modes} | ({"split"} if args.ideal else set())
+    if args.simulate and not args.gpu:
+        need |= {"shared", "split"}
     reps = {}
     for kind in sorted(need):
         cfg = mode_config("colocated" if kind == "shared" else "d", args)
@@ -284,6 +266,8 @@ def main() -> None:
     p.add_argument("--ideal-groups", type=int, default=96)
     p.add_argument("--reference", default=None, help="rlproto directory: time the reference loop too")
     p.add_argument("--reference-seconds", type=float, default=60.0)
+    p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=True,
+                   help="calibrate the simulator on engine micro-measurements and predict every mode")
     p.add_argument("--gpu", action="store_true", help="two GPUs (rollout / trainer); needs the GPU keys")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
     p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
@@ -307,12 +291,16 @@ def main() -> None:
             result["modes"][m] = run_mode(m, replicas["shared" if m == "colocated" else "split"], args)
         if args.ideal and "split" in replicas:
             result["ideal"] = ideal_bound(replicas["split"], args)
+        if args.simulate:
+            result["calibration"] = calibrate(replicas, result, args)
     finally:
         for r in replicas.values():
             r.shutdown()
         ray.shutdown()
     if args.reference:
         result["reference"] = run_reference(args.reference, args.reference_seconds)
+    if args.simulate and "calibration" in result:
+        result["simulated"] = simulate_modes(result, args)
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
@@ -335,6 +323,13 @@ def report(result: dict) -> None:
         i = result["ideal"]
         print(f"ideal bound {ideal:.3f} samples/s = 1 / max(rollout-only {i['rollout_s_per_sample']:.3f},"
               f" train-only {i['train_s_per_sample']:.3f} s/sample)")
+    sim = result.get("simulated") or {}
+    if sim:
+        print("\nsimulated (asyncrl.sim calibrated on decode probes + train-only, not on these runs):")
+        for m, r in sim.items():
+            err = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
+            print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured)  trainer idle {r['trainer_idle_ratio']:.2f}"
+                  f"  rollouter idle {r['rollouter_idle_ratio']:.2f}")
     ref = result.get("reference")
     if ref and ref.get("step_s_median"):
         for m, r in modes.items():

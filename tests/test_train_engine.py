@@ -1,10 +1,8 @@
 """TrainEngine micro-batching: fixed and dynamic (token-budget) chunks, trimmed of padding, give the
 same update as one full-batch pass."""
 
-import copy
 import random
 
-import pytest
 import torch
 
 from asyncrl.agent_loop.base import AgentLoopOutput

@@ -55,7 +55,8 @@ class SimResult:
         lag_counts: trained tokens by version lag.
         accounting: the rollouter's prompt accounting.
         timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
-        snapshots: ``(t, rollouter snapshot)`` every ``snapshot_every_s`` (funnel widget input).
+        snapshots: ``(t, status)`` every ``snapshot_every_s``, ``status`` shaped like
+            ``Experiment.status_async()`` (what the widgets read).
         replicas / train_ranks: the resources simulated.
     """
 
@@ -185,8 +186,15 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
     cfg.actor_rollout_ref.rollout.max_num_seqs = cost.rollout.max_num_seqs
     cfg.trainer.test_freq = 0
+    cfg.trainer.cpu_affinity = cfg.actor_rollout_ref.rollout.cpu_affinity = ""  # never pin this process
     validate(cfg)
-    result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows))
+    import torch
+
+    threads = torch.get_num_threads()  # the trainer sets torch's thread count; give it back afterwards
+    try:
+        result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows))
+    finally:
+        torch.set_num_threads(threads)
     result.rollout_gpus, result.train_gpus = rollout_gpus, train_gpus
     return result
 
@@ -220,9 +228,15 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         trainer = FullyAsyncTrainer(cfg, mq, LocalActorHandle(rollouter), replicas)
         snapshots: list = []
 
-        async def snap() -> None:
+        async def snap() -> None:  # the shape of Experiment.status_async(), for the widgets
             while True:
-                snapshots.append((loop.time(), await rollouter.snapshot()))
+                ro = await rollouter.snapshot()
+                mq_stats = await mq.stats_async()
+                snapshots.append((loop.time(), {
+                    "state": "running", "name": name, "elapsed_s": loop.time(), "rollouter": ro,
+                    "trainer": {k: v for k, v in trainer.status().items() if k != "history"},
+                    "message_queue": dataclasses.asdict(mq_stats), "load_balancer": ro.pop("load_balancer", {}),
+                    "budget": dataclasses.asdict(budget)}))
                 await asyncio.sleep(snapshot_every_s)
 
         await rollouter.start()

@@ -1,0 +1,180 @@
+"""Calibrate a cost model from micro-measurements of the real engines, to predict full runs.
+
+::
+
+    probe_decode(replica)  B concurrent ignore-EOS requests of T tokens, B in batch_sizes
+        -> seconds per decode iteration at each B -> least squares: step_s + per_seq_s * B
+    train seconds / trained tokens (the train engine alone)     -> per_token_s
+    the weight sync's transfer + load (a measured run's sync/*)  -> SyncCostModel.fixed_s
+    response lengths of the workload (the replica alone)        -> natural_length sampler
+        => ClusterCostModel; simulate(config, model, natural_length=...) predicts the run
+
+The calibration never looks at the full runs it is meant to predict: only at what one engine does
+alone, which is the point (a user measures the engines once, then asks the simulator about configs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any, Callable, Sequence
+
+from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
+
+
+async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Sequence[int] = (1, 8, 32, 128),
+                       tokens: int = 64, repeats: int = 2) -> dict[int, float]:
+    """Seconds per decode iteration with ``B`` sequences running, for each ``B`` (best of ``repeats``).
+
+    Each probe starts ``B`` requests of exactly ``tokens`` tokens (EOS ignored) at once and divides
+    the wall time by ``tokens`` (the prefill is included, spread over the iterations, as in a run).
+
+    Args:
+        replica: a :class:`~asyncrl.rollout.replica.RolloutReplica` (or anything with ``generate_async``).
+        prompt_ids: the prompt every request uses (the workload's typical length).
+    """
+    from asyncrl.rollout.base import SamplingParams
+
+    sp = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=True)
+    out: dict[int, float] = {}
+    for b in batch_sizes:
+        best = float("inf")
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            await asyncio.gather(*[replica.generate_async(f"probe-{b}-{r}-{i}", list(prompt_ids), sp) for i in range(b)])
+            best = min(best, time.perf_counter() - t0)
+        out[int(b)] = best / tokens
+    return out
+
+
+def fit_rollout(per_iteration_s: dict, max_num_seqs: int = 256, weight_load_s: float = 0.0) -> RolloutCostModel:
+    """Least-squares line ``t(B) = step_s + per_seq_s * B`` through the probe (KV reads folded in)."""
+    bs, ts = list(per_iteration_s), list(per_iteration_s.values())
+    n = len(bs)
+    mb, mt = sum(bs) / n, sum(ts) / n
+    var = sum((b - mb) ** 2 for b in bs)
+    slope = sum((b - mb) * (t - mt) for b, t in zip(bs, ts)) / var if var else 0.0
+    slope = max(0.0, slope)
+    intercept = max(1e-6, mt - slope * mb)
+    return RolloutCostModel(step_s=intercept, per_seq_s=slope, per_ctx_token_s=0.0, weight_load_s=weight_load_s,
+                            max_num_seqs=max_num_seqs)
+
+
+def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, prompt_tokens: int,
+                   per_update_s: float = 0.0, name: str = "cpu-calibrated") -> ClusterCostModel:
+    """A cost model of one CPU placement (one replica, one trainer) from its micro-measurements.
+
+    Args:
+        decode_probe: :func:`probe_decode` output for the replica's placement.
+        train_s_per_token: train-only seconds per trained token (prompt + response) at the trainer's placement.
+        sync_s: seconds of one weight sync's transfer + load (``sync/transfer_total_s`` of a run).
+        prompt_tokens: mean prompt length.
+    """
+    return ClusterCostModel(
+        name=name, rollout=fit_rollout(decode_probe),
+        train=TrainCostModel(per_token_s=train_s_per_token, per_update_s=per_update_s),
+        sync=SyncCostModel(fixed_s=sync_s), prompt_tokens=prompt_tokens,
+        notes="calibrated from probe_decode + train-only + a run's sync time")
+
+
+def empirical_lengths(lengths: Sequence[int]) -> Callable[[str], int]:
+    """``natural_length(request_id)``: a length drawn from ``lengths``, fixed per request id."""
+    pool = sorted(int(x) for x in lengths)
+    if not pool:
+        raise ValueError("no lengths to sample from")
+
+    def draw(request_id: str) -> int:
+        h = int.from_bytes(hashlib.md5(request_id.encode()).digest()[:8], "big")
+        return pool[h % len(pool)]
+
+    return draw
+
+
+async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: int) -> tuple[float, list]:
+    """The replica alone: ``groups`` prompt groups x ``rollout.n`` of ``rows`` with the training
+    sampling parameters, at most ``max_concurrent_samples`` groups at once (the async budget).
+
+    Returns:
+        ``(seconds, [(group index, prompt_ids, [TokenOutput] * n)])``.
+    """
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+    from asyncrl.data.length_workload import LengthWorkload
+    from asyncrl.models import load_tokenizer
+    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.staleness import sample_budget
+
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    ro = cfg.actor_rollout_ref.rollout
+    sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p, logprobs=True,
+                        stop_token_ids=[tok.eos_token_id] if tok.eos_token_id is not None else [])
+    wl = LengthWorkload(cfg.data.length_workload, ro.response_length, cfg.trainer.seed)
+    limit = asyncio.Semaphore(sample_budget(cfg).max_concurrent_samples)
+    outputs: list = []
+
+    async def group(i: int) -> None:
+        async with limit:
+            row = rows[i % len(rows)]
+            prompt = render_prompt_ids(tok, row["prompt"])
+            sps = wl.sampling_params(sp, i, ro.n) if wl.enabled else [sp] * ro.n
+            outs = await asyncio.gather(*[replica.generate_async(f"measure-{time.time_ns()}-{i}-{k}", prompt, sps[k])
+                                          for k in range(ro.n)])
+            outputs.append((i, prompt, outs))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[group(i) for i in range(groups)])
+    return time.perf_counter() - t0, outputs
+
+
+def measure_train(cfg: Any, outputs: list) -> dict:
+    """The train engine alone, at ``cfg``'s trainer placement (``trainer.cpu_affinity`` /
+    ``torch_threads``), updating on :func:`measure_rollout` outputs the way a trainer step does
+    (``require_batches`` mini-batches of ``required_samples`` groups). Pins the calling process:
+    run it in a fresh process (e.g. a Ray task with ``max_calls=1``).
+
+    Returns:
+        ``{"seconds", "steps", "tokens", "s_per_token", "s_per_sample"}``.
+    """
+    import os
+
+    import torch
+
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.cpu_affinity import pin_process
+    from asyncrl.staleness import sample_budget
+    from asyncrl.trainer.algorithms import ppo_clip_loss
+    from asyncrl.trainer.engine import TrainEngine, collate
+
+    if not cfg.trainer.cpu_affinity and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    pin_process(cfg.trainer.cpu_affinity, torch_threads=False)
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    a = cfg.actor_rollout_ref.actor
+    engine = TrainEngine(cfg.actor_rollout_ref.model.path, lr=a.optim.lr, warmup=1, total_updates=1000,
+                         micro_batch_size=a.ppo_micro_batch_size, temperature=cfg.actor_rollout_ref.rollout.temperature,
+                         max_token_len=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None)
+    groups = [[AgentLoopOutput(prompt_ids=list(prompt), response_ids=list(o.token_ids), response_mask=[1] * len(o.token_ids),
+                               response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)), reward_score=float(k % 2))
+               for k, o in enumerate(outs)] for _, prompt, outs in outputs]
+    req = sample_budget(cfg).required_samples
+    per_mb = max(1, req // cfg.async_training.require_batches)
+
+    def loss_fn(lp: torch.Tensor, mb: Any, *_: Any) -> tuple:
+        return ppo_clip_loss(lp, mb.extras["old_log_probs"], mb.extras["advantages"], mb.response_mask,
+                             a.clip_ratio_low, a.clip_ratio_high, a.loss_agg_mode)
+
+    steps, seconds, tokens = 0, 0.0, 0
+    for start in range(0, len(groups) - req + 1, req):
+        step = groups[start:start + req]
+        t0 = time.perf_counter()
+        for m in range(0, req, per_mb):
+            part = step[m:m + per_mb]
+            batch = collate([o for g in part for o in g], [j for j, g in enumerate(part) for _ in g])
+            batch.extras["old_log_probs"] = batch.rollout_log_probs
+            batch.extras["advantages"] = torch.randn(len(batch))
+            engine.update(batch, loss_fn)
+            tokens += int(batch.attention_mask.sum())
+        seconds += time.perf_counter() - t0
+        steps += 1
+    return {"seconds": seconds, "steps": steps, "tokens": tokens, "s_per_token": seconds / max(1, tokens),
+            "s_per_sample": seconds / max(1, steps * req)}
