@@ -141,9 +141,10 @@ def measure_train(cfg: Any, outputs: list) -> dict:
 
     from asyncrl.agent_loop.base import AgentLoopOutput
     from asyncrl.cpu_affinity import pin_process
+    from asyncrl.rollout.sampling import SamplingFilters
     from asyncrl.staleness import sample_budget
-    from asyncrl.trainer.algorithms import ppo_clip_loss
     from asyncrl.trainer.engine import TrainEngine, collate
+    from asyncrl.trainer.update import actor_loss_fn
 
     if not cfg.trainer.cpu_affinity and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
@@ -151,7 +152,8 @@ def measure_train(cfg: Any, outputs: list) -> dict:
     torch.set_num_threads(cfg.trainer.torch_threads)
     a = cfg.actor_rollout_ref.actor
     engine = TrainEngine(cfg.actor_rollout_ref.model.path, lr=a.optim.lr, warmup=1, total_updates=1000,
-                         micro_batch_size=a.ppo_micro_batch_size, temperature=cfg.actor_rollout_ref.rollout.temperature,
+                         micro_batch_size=a.ppo_micro_batch_size,
+                         sampling=SamplingFilters.from_rollout_config(cfg.actor_rollout_ref.rollout),
                          max_token_len=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None)
     groups = [[AgentLoopOutput(prompt_ids=list(prompt), response_ids=list(o.token_ids), response_mask=[1] * len(o.token_ids),
                                response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)), reward_score=float(k % 2))
@@ -159,10 +161,7 @@ def measure_train(cfg: Any, outputs: list) -> dict:
     req = sample_budget(cfg).required_samples
     per_mb = max(1, req // cfg.async_training.require_batches)
 
-    def loss_fn(lp: torch.Tensor, mb: Any, *_: Any) -> tuple:
-        return ppo_clip_loss(lp, mb.extras["old_log_probs"], mb.extras["advantages"], mb.response_mask,
-                             a.clip_ratio_low, a.clip_ratio_high, a.loss_agg_mode)
-
+    loss_fn = actor_loss_fn(cfg)
     steps, seconds, tokens = 0, 0.0, 0
     for start in range(0, len(groups) - req + 1, req):
         step = groups[start:start + req]

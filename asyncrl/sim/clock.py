@@ -172,7 +172,15 @@ def run(make_coro: Callable[[], Any]) -> Any:
         loop = VirtualTimeLoop()
         try:
             return loop.run_until_complete(make_coro())
-        finally:
+        finally:  # as asyncio.run: cancel what is left (after an error, the simulated actors' loops)
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                try:
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                except SimulationStalled:  # tasks that cannot even unwind: leave them
+                    pass
             loop.close()
 
     if _running_loop() is None:

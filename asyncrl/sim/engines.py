@@ -290,8 +290,9 @@ class CostModelTrainEngine:
     """
 
     def __init__(self, cost: TrainCostModel, token_scale: int = 1, prompt_tokens: int = 64, lr: float = 0.0,
-                 timeline: Optional[Timeline] = None, **_: Any):
+                 timeline: Optional[Timeline] = None, with_reference: bool = False, **_: Any):
         self.cost, self.scale, self.prompt_tokens, self.lr, self.timeline = cost, token_scale, prompt_tokens, lr, timeline
+        self.ref_model = object() if with_reference else None  # the trainer only tests it for None
         self.updates = 0
         self.busy_s = 0.0
 
@@ -307,7 +308,7 @@ class CostModelTrainEngine:
         self.busy_s += seconds
         charge(seconds)
 
-    def update(self, batch: Any, loss_fn: Callable[[torch.Tensor, Any], tuple[torch.Tensor, dict]]) -> dict:
+    def update(self, batch: Any, loss_fn: Callable[..., tuple[torch.Tensor, dict]], with_entropy: bool = False) -> dict:
         self._spend(self.cost.update_time(self._lengths(batch)), "update")
         self.updates += 1
         return {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.lr}

@@ -129,7 +129,8 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
     register_backend("sim", "asyncrl.sim.engines", "CostModelInferenceEngine", requires="asyncrl")
 
     def train_engine(*args: Any, **kw: Any) -> CostModelTrainEngine:
-        return CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens, lr=kw.get("lr", 0.0), timeline=timeline)
+        return CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens, lr=kw.get("lr", 0.0), timeline=timeline,
+                                    with_reference=kw.get("with_reference", False))
 
     sync = cost.sync
     if hybrid and cost.hybrid_switch_s:  # colocated: the devices also change hands at every sync
