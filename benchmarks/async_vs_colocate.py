@@ -22,7 +22,7 @@ Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
     python benchmarks/async_vs_colocate.py --task arith --modes d --steps 60   # the demo's step time
     python benchmarks/async_vs_colocate.py --task arith --modes d --backend hf
     python benchmarks/async_vs_colocate.py --task arith --modes d --reference ../shared/baselines/rlproto
-    python benchmarks/async_vs_colocate.py --gpu --modes colocated,d  # 2 GPUs, transformers backend
+    python benchmarks/async_vs_colocate.py --gpu --backend hf --modes colocated,d   # 2 GPUs, no vLLM
 
 On a shared machine the absolute numbers move with the load; the ratios are measured side by side.
 """
@@ -63,19 +63,44 @@ def base_config(args: argparse.Namespace):
     from asyncrl.recipes import arith_grpo_cpu, longtail_grpo_cpu
 
     cfg = longtail_grpo_cpu() if args.task == "longtail" else arith_grpo_cpu()
+    if args.gpu:  # a random-init model of Qwen2.5-0.5B's shape, the embedded tokenizer, synthetic lengths
+        cfg.actor_rollout_ref.model.path = gpu_model(args)
+        cfg.actor_rollout_ref.model.tokenizer_path = str(REPO / "asyncrl" / "models" / "tiny_qwen2_arith")
+        cfg.actor_rollout_ref.model.dtype = "bfloat16"
+        cfg.data.task, cfg.data.max_prompt_length = "arith", 64
+        ro = cfg.actor_rollout_ref.rollout
+        ro.response_length, ro.max_model_len = args.gpu_max_tokens, args.gpu_max_tokens + 64
+        lw = cfg.data.length_workload
+        lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", args.gpu_median_tokens, 1.0, 8
     over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",
             "trainer.test_freq=0", "trainer.progress_bar=False", "data.val_size=4",
             f"actor_rollout_ref.rollout.name={args.backend}", f"trainer.default_local_dir={args.out}"]
     return load_config(base=cfg, overrides=over + list(args.set or []))
 
 
+def gpu_model(args: argparse.Namespace) -> str:
+    """A random-init Qwen2 of Qwen2.5-0.5B's shape (494M parameters), built once under ``--out``."""
+    path = Path(args.out) / "random_qwen2.5-0.5b"
+    if not (path / "config.json").exists():
+        import torch
+        import transformers
+
+        cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                       tie_word_embeddings=True, eos_token_id=258, bos_token_id=None, pad_token_id=256,
+                                       rope_theta=1000000.0)
+        torch.manual_seed(0)
+        transformers.Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    return str(path)
+
+
 def placement(mode: str, args: argparse.Namespace) -> list[str]:
     """Resource overrides: colocated shares everything, async splits rollout / trainer."""
     cores = len(os.sched_getaffinity(0))
-    if args.gpu:
+    if args.gpu:  # the GPU resource keys (verl fully-async split); colocated replicas share the trainer's GPUs
         if mode == "colocated":
-            return ["trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=2"]
-        return ["trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+            return ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=0"]
+        return ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
     if mode == "colocated" or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
@@ -105,7 +130,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     from asyncrl.staleness import sample_budget
 
     cfg = mode_config(mode, args)
-    exp = Experiment(cfg, replicas=[replica])
+    exp = Experiment(cfg, replicas=[replica] if replica is not None else None)
     t0 = time.time()
     try:
         exp.start()
@@ -268,7 +293,11 @@ def main() -> None:
     p.add_argument("--reference-seconds", type=float, default=60.0)
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=True,
                    help="calibrate the simulator on engine micro-measurements and predict every mode")
-    p.add_argument("--gpu", action="store_true", help="two GPUs (rollout / trainer); needs the GPU keys")
+    p.add_argument("--gpu", action="store_true",
+                   help="two GPUs: async = replica on GPU 0 + FSDP2 trainer on GPU 1, colocated = both on both; "
+                        "a random Qwen2.5-0.5B-shaped model with synthetic lengths (needs no vllm with --backend hf)")
+    p.add_argument("--gpu-median-tokens", type=int, default=256, help="--gpu: median synthetic response length")
+    p.add_argument("--gpu-max-tokens", type=int, default=4096, help="--gpu: longest synthetic response")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
     p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
     p.add_argument("--json", default=None)
@@ -284,11 +313,13 @@ def main() -> None:
     _init_ray(None, None, attempts=5)
     result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
                               "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    replicas = start_replicas(args, modes)
+    if args.gpu:  # replicas are placed on GPUs by each Experiment; the CPU-core measurements do not apply
+        args.ideal = args.simulate = False
+    replicas = {} if args.gpu else start_replicas(args, modes)
     try:
         print(f"{args.task} ({args.backend}), {args.steps} steps per mode:", flush=True)
         for m in modes:
-            result["modes"][m] = run_mode(m, replicas["shared" if m == "colocated" else "split"], args)
+            result["modes"][m] = run_mode(m, replicas.get("shared" if m == "colocated" else "split"), args)
         if args.ideal and "split" in replicas:
             result["ideal"] = ideal_bound(replicas["split"], args)
         if args.simulate:
