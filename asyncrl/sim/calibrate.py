@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
 
@@ -78,17 +78,35 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         notes="calibrated from probe_decode + train-only + a run's sync time")
 
 
-def empirical_lengths(lengths: Sequence[int]) -> Callable[[str], int]:
-    """``natural_length(request_id)``: a length drawn from ``lengths``, fixed per request id."""
+def empirical_lengths(lengths: Sequence[int]) -> Callable[..., int]:
+    """``natural_length(request_id, prompt_ids=None)``: a length drawn from ``lengths``, fixed per request id."""
     pool = sorted(int(x) for x in lengths)
     if not pool:
         raise ValueError("no lengths to sample from")
 
-    def draw(request_id: str) -> int:
+    def draw(request_id: str, prompt_ids: Any = None) -> int:
         h = int.from_bytes(hashlib.md5(request_id.encode()).digest()[:8], "big")
         return pool[h % len(pool)]
 
     return draw
+
+
+def lengths_from_rows(rows: Sequence[dict], tokenizer: Any) -> Optional[Callable[..., Optional[int]]]:
+    """``natural_length`` from rows that carry their correct answer's length (``extra_info.response_tokens``,
+    e.g. the ``longtail`` task): the simulated model answers every prompt at exactly that length.
+    ``None`` when the rows carry none."""
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+
+    by_prompt = {tuple(render_prompt_ids(tokenizer, r["prompt"])): int(r["extra_info"]["response_tokens"])
+                 for r in rows if (r.get("extra_info") or {}).get("response_tokens")}
+    if not by_prompt:
+        return None
+    fallback = sorted(by_prompt.values())[len(by_prompt) // 2]
+
+    def length(request_id: str, prompt_ids: Sequence[int] = ()) -> int:
+        return by_prompt.get(tuple(prompt_ids), fallback)
+
+    return length
 
 
 async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: int) -> tuple[float, list]:

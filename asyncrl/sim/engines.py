@@ -70,14 +70,15 @@ class CostModelInferenceEngine(InferenceEngine):
         cost: the replica's cost model.
         token_scale: real tokens per simulated token.
         prompt_tokens: real prompt length charged for prefill (the simulated prompt ids are short).
-        natural_length: ``fn(request_id) -> real tokens`` for requests that stop at EOS; ``None``
-            generates ``max_tokens`` (the synthetic length workload sets ``ignore_eos``).
+        natural_length: ``fn(request_id, prompt_ids) -> real tokens`` for requests that stop at EOS
+            (``prompt_ids``: the request's original prompt); ``None`` generates ``max_tokens`` (the
+            synthetic length workload sets ``ignore_eos``).
         timeline: optional :class:`Timeline` receiving this replica's busy spans.
         name: lane name in the timeline.
     """
 
     def __init__(self, cost: RolloutCostModel, token_scale: int = 1, prompt_tokens: int = 64,
-                 natural_length: Optional[Callable[[str], int]] = None, timeline: Optional[Timeline] = None,
+                 natural_length: Optional[Callable[[str, Sequence[int]], int]] = None, timeline: Optional[Timeline] = None,
                  name: str = "replica", **_: Any):
         self.cost, self.scale, self.prompt_tokens = cost, max(1, int(token_scale)), prompt_tokens
         self.natural_length, self.timeline, self.name = natural_length, timeline, name
@@ -182,7 +183,7 @@ class CostModelInferenceEngine(InferenceEngine):
         want = int(sampling_params.max_tokens)
         stop = "length"
         if not sampling_params.ignore_eos and self.natural_length is not None:
-            natural = max(1, -(-int(self.natural_length(request_id)) // self.scale))
+            natural = max(1, -(-int(self.natural_length(request_id, prompt_ids[:first])) // self.scale))
             if natural - done_before <= want:
                 want, stop = max(0, natural - done_before), "completed"
         fut = self._loop.create_future()

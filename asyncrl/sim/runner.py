@@ -150,7 +150,7 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
 
 def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: Optional[int] = None,
              train_gpus: Optional[int] = None, token_scale: int = 1, name: str = "",
-             natural_length: Optional[Callable[[str], int]] = None, snapshot_every_s: float = 0.0,
+             natural_length: Optional[Callable[..., int]] = None, snapshot_every_s: float = 0.0,
              max_rows: int = 4096) -> SimResult:
     """Simulate ``config`` on ``cost``'s hardware in virtual time.
 
@@ -163,7 +163,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             default to the larger of the two and must be equal when given.
         token_scale: real tokens per simulated token (28K-token responses need ~64).
         name: label in tables.
-        natural_length: ``fn(request_id) -> real tokens`` for requests that stop at EOS.
+        natural_length: ``fn(request_id, prompt_ids) -> real tokens`` for requests that stop at EOS;
+            default: the rows' correct-answer lengths when they carry them (``longtail``), else
+            ``max_tokens``.
         snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds.
         max_rows: at most this many dataset rows are built (epochs repeat them).
 
@@ -201,7 +203,7 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
 
 
 async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
-                    natural_length: Optional[Callable[[str], int]], snapshot_every_s: float, max_rows: int) -> SimResult:
+                    natural_length: Optional[Callable[..., int]], snapshot_every_s: float, max_rows: int) -> SimResult:
     from asyncrl.data.dataset import get_task_rows, task_options
     from asyncrl.message_queue import MessageQueue, _MessageQueueActor
     from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
@@ -217,6 +219,12 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
     train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators, **opts)
     val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators, **opts)
     budget = sample_budget(cfg)
+    if natural_length is None and cfg.data.length_workload.distribution == "none":
+        from asyncrl.models import load_tokenizer
+        from asyncrl.sim.calibrate import lengths_from_rows
+
+        tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+        natural_length = lengths_from_rows(train, tok)  # e.g. longtail: answers at their correct length
     with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline,
                                                                           cfg.actor_rollout_ref.hybrid_engine):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,

@@ -1,0 +1,54 @@
+"""``asyncrl sim``: simulate a config (or the seed's 7B experiment) from the command line.
+
+    asyncrl sim task=longtail                                   # the recipe on the CPU cost model
+    asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
+    asyncrl sim --preset h20-qwen2.5-7b --rollout-gpus 64 --train-gpus 64 --token-scale 64 [config.yaml] [k=v ...]
+    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim", help="simulate a run in virtual time (asyncrl.sim) and print its throughput")
+    p.add_argument("overrides", nargs="*", help="[config.yaml] key=value ... (verl key names)")
+    p.add_argument("--recipe", default=None, help="base recipe (default: the task's, else arith_grpo_cpu)")
+    p.add_argument("--preset", default="cpu-embedded-vllm", help="cost model: cpu-embedded-vllm | h20-qwen2.5-7b | h100-qwen2.5-7b")
+    p.add_argument("--cores", type=int, default=1, help="cpu-embedded-vllm: cores each side (1) or shared (2)")
+    p.add_argument("--rollout-gpus", type=int, default=None)
+    p.add_argument("--train-gpus", type=int, default=None)
+    p.add_argument("--token-scale", type=int, default=1, help="real tokens per simulated token (64 for 28K responses)")
+    p.add_argument("--seed-7b", action="store_true", help="reproduce the seed's 7B experiment instead")
+    p.add_argument("--log-level", default="WARNING")
+
+
+def run(args: argparse.Namespace, load: "callable") -> int:
+    """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``."""
+    import pandas as pd
+
+    from asyncrl.sim.cost_models import PRESETS, cpu_embedded_vllm
+
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 30)
+    if args.seed_7b:
+        from asyncrl.sim.scenarios import SEED_RATIO, reproduce_seed
+
+        rep = reproduce_seed()
+        print(rep.breakdown().round(1).to_string(index=False))
+        print(f"simulated speed-up {rep.ratio:.2f}x (seed: {SEED_RATIO[0]}-{SEED_RATIO[1]}x)")
+        return 0
+    if args.preset not in PRESETS:
+        print(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}", file=sys.stderr)
+        return 2
+    cfg = load(args)
+    if isinstance(cfg, int):
+        return cfg
+    from asyncrl.sim import simulate
+
+    cost = cpu_embedded_vllm(args.cores) if args.preset == "cpu-embedded-vllm" else PRESETS[args.preset]()
+    res = simulate(cfg, cost, rollout_gpus=args.rollout_gpus, train_gpus=args.train_gpus, token_scale=args.token_scale)
+    print(pd.DataFrame([res.summary()]).round(3).to_string(index=False))
+    return 0
