@@ -18,7 +18,8 @@ def _batch(n=12, seed=0):
         p = [rng.randrange(1, 90) for _ in range(rng.randint(3, 6))]
         r = [rng.randrange(1, 90) for _ in range(rng.choice([2, 3, 5, 40]))]  # long-tail lengths
         outs.append(AgentLoopOutput(prompt_ids=p, response_ids=r, response_mask=[1] * len(r),
-                                    response_logprobs=[-1.0] * len(r), reward_score=float(i % 2)))
+                                    response_logprobs=[-1.0] * len(r), reward_score=float(i % 2),
+                                    response_versions=[0] * len(r)))
     b = collate(outs, [i // 4 for i in range(n)])
     b.extras["advantages"] = torch.linspace(-1, 1, n)
     b.extras["old_log_probs"] = b.rollout_log_probs.clone()

@@ -174,7 +174,8 @@ def measure_train(cfg: Any, outputs: list) -> dict:
                          sampling=SamplingFilters.from_rollout_config(cfg.actor_rollout_ref.rollout),
                          max_token_len=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None)
     groups = [[AgentLoopOutput(prompt_ids=list(prompt), response_ids=list(o.token_ids), response_mask=[1] * len(o.token_ids),
-                               response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)), reward_score=float(k % 2))
+                               response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)), reward_score=float(k % 2),
+                               response_versions=list(o.response_versions))
                for k, o in enumerate(outs)] for _, prompt, outs in outputs]
     req = sample_budget(cfg).required_samples
     per_mb = max(1, req // cfg.async_training.require_batches)

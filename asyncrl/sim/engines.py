@@ -9,8 +9,8 @@
     FullyAsyncTrainer ──to_thread(update)──► CostModelTrainEngine: charge(TrainCostModel.update_time)
     ParameterSynchronizer ──send_weights──► CostModelCheckpointEngine: sleep(transfer) -> replicas load
 
-They implement the same interfaces as the real engines (:class:`~asyncrl.rollout.base.InferenceEngine`,
-the ``TrainEngine`` methods the trainer calls, :class:`~asyncrl.sync.base.CheckpointEngine`), so the
+They implement the same protocols as the real engines (:mod:`asyncrl.api`: ``InferenceEngine``,
+``TrainEngine``, ``CheckpointEngine``), so the
 real replica actor body, trainer and synchronizer drive them unchanged. They are the simulator's
 product (cost models), not test fakes.
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
 import torch
 
-from asyncrl.rollout.base import InferenceEngine, SamplingParams, TokenOutput
+from asyncrl.rollout.base import SamplingParams, TokenOutput
 from asyncrl.sim.clock import charge
 from asyncrl.sim.cost_models import RolloutCostModel, SyncCostModel, TrainCostModel
 from asyncrl.sync.base import CheckpointEngine
@@ -63,8 +63,9 @@ class Timeline:
             self.spans.append((lane, start, end, label))
 
 
-class CostModelInferenceEngine(InferenceEngine):
-    """An inference replica priced by a :class:`RolloutCostModel` (backend name ``sim``).
+class CostModelInferenceEngine:
+    """An inference replica priced by a :class:`RolloutCostModel` (backend name ``sim``; implements
+    :class:`asyncrl.api.InferenceEngine`).
 
     Args:
         cost: the replica's cost model.
@@ -95,6 +96,7 @@ class CostModelInferenceEngine(InferenceEngine):
         self._admit = True  # new requests may start
         self._timer: Optional[asyncio.TimerHandle] = None
         self._first_prompt: dict[str, int] = {}
+        self._switches: list[tuple[float, int]] = [(float("-inf"), 0)]  # (decode iteration, version from then on)
         self._drained: Optional[asyncio.Event] = None
         self.generated_tokens = 0
 
@@ -156,9 +158,20 @@ class CostModelInferenceEngine(InferenceEngine):
         if not req.fut.done():
             stop = "aborted" if how == "aborted" else req.stop
             req.fut.set_result(TokenOutput(token_ids=[FILLER_TOKEN] * n, log_probs=[0.0] * n if req.logprobs else None,
-                                           stop_reason=stop, param_version=self.param_version))
+                                           stop_reason=stop, response_versions=self._versions(req, n)))
         if not self.running and self._drained is not None:
             self._drained.set()
+
+    def _versions(self, req: _Request, n: int) -> list[int]:
+        """The weight version of each of ``n`` tokens: the one in force at the iteration that produced it
+        (a frozen request that continues after an in-flight update gets the new version from then on)."""
+        out, j = [], 0
+        for k in range(n):
+            g = req.g0 + (k + 1) * self.scale
+            while j + 1 < len(self._switches) and self._switches[j + 1][0] < g:
+                j += 1
+            out.append(self._switches[j][1])
+        return out
 
     def _start(self, req: _Request) -> None:
         now = self._loop.time()
@@ -223,7 +236,7 @@ class CostModelInferenceEngine(InferenceEngine):
             self._finish(r, "aborted")
         for r in reqs:
             if not r.fut.done():
-                r.fut.set_result(TokenOutput([], [] if r.logprobs else None, "aborted", param_version=self.param_version))
+                r.fut.set_result(TokenOutput([], [] if r.logprobs else None, "aborted"))
         self._reschedule()
         return len(reqs)
 
@@ -268,12 +281,18 @@ class CostModelInferenceEngine(InferenceEngine):
             self.timeline.add(self.name, begin, self._busy_until, "weight load")
         self._reschedule()
         await asyncio.sleep(self._busy_until - self._loop.time())
+        self._advance()
         self.param_version = int(version)
+        self._switches.append((self._g, self.param_version))
         return 0
 
     @property
     def num_inflight(self) -> int:
         return len(self.running) + len(self.waiting)
+
+    @property
+    def num_weight_workers(self) -> int:
+        return 1
 
 
 class CostModelTrainEngine:
@@ -324,6 +343,12 @@ class CostModelTrainEngine:
 
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = int(state.get("updates", 0))
 
 
 class CostModelCheckpointEngine(CheckpointEngine):

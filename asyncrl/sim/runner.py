@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
-import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -118,34 +117,36 @@ class SimResult:
 
 @contextlib.contextmanager
 def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline, hybrid: bool) -> Iterator[None]:
-    """The trainer builds its train engine and weight transport by name; point those at the cost models.
-
-    (Registered lazily as the ``sim`` rollout backend; the train engine and checkpoint engine are
-    swapped in the trainer module for the duration of the simulation.)
+    """Point the engine seams at the cost models: the ``sim`` rollout backend (registered like any
+    backend) and the trainer's ``build_train_engine`` (swapped in the trainer module for the duration
+    of the simulation; everything the trainer does with the engine and sender is its own code).
     """
     from asyncrl.rollout.replica import register_backend
+    from asyncrl.sync.sender import LocalWeightSender
     from asyncrl.trainer import fully_async_trainer as fat
 
     register_backend("sim", "asyncrl.sim.engines", "CostModelInferenceEngine", requires="asyncrl")
-
-    def train_engine(*args: Any, **kw: Any) -> CostModelTrainEngine:
-        return CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens, lr=kw.get("lr", 0.0), timeline=timeline,
-                                    with_reference=kw.get("with_reference", False))
-
     sync = cost.sync
     if hybrid and cost.hybrid_switch_s:  # colocated: the devices also change hands at every sync
         sync = dataclasses.replace(sync, fixed_s=sync.fixed_s + cost.hybrid_switch_s)
 
-    def checkpoint_engine_cls(name: str) -> Callable:
-        return functools.partial(CostModelCheckpointEngine, cost=sync, timeline=timeline,
-                                 label="switch+sync" if hybrid else "sync")
+    def build_train_engine(cfg: Any, replicas: list, worker_options: Any = None) -> tuple:
+        """The trainer's ``(engine, weight sender)``, as :func:`asyncrl.trainer.factory.build_train_engine`."""
+        from asyncrl.trainer.factory import optim_kwargs
 
-    saved = fat.TrainEngine, fat.get_engine_cls
-    fat.TrainEngine, fat.get_engine_cls = train_engine, checkpoint_engine_cls
+        actor = cfg.actor_rollout_ref.actor
+        engine = CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens,
+                                      lr=optim_kwargs(cfg, actor.optim, actor.ppo_epochs)["lr"], timeline=timeline,
+                                      with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+        return engine, LocalWeightSender(engine, CostModelCheckpointEngine(
+            replicas, cost=sync, timeline=timeline, label="switch+sync" if hybrid else "sync"))
+
+    saved = fat.build_train_engine
+    fat.build_train_engine = build_train_engine
     try:
         yield
     finally:
-        fat.TrainEngine, fat.get_engine_cls = saved
+        fat.build_train_engine = saved
 
 
 def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: Optional[int] = None,

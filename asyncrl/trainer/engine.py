@@ -137,7 +137,7 @@ def _trim(mb: Batch) -> Batch:
         return mb
     extras = {k: (v[:, :resp] if v.dim() == 2 and v.shape[1] == full_resp else v) for k, v in mb.extras.items()}
     return Batch(mb.input_ids[:, :seq], mb.attention_mask[:, :seq], mb.resp_index[:, :resp], mb.response_mask[:, :resp],
-                 mb.rollout_log_probs[:, :resp], mb.rewards, mb.group_ids, mb.token_versions[:, :resp], extras)
+                 mb.rollout_log_probs[:, :resp], mb.rewards, mb.group_ids, mb.response_versions[:, :resp], extras)
 
 
 def response_log_probs(model: torch.nn.Module, batch: Batch, sampling: Optional[SamplingFilters] = None,
@@ -225,7 +225,7 @@ class TrainEngine:
 
     def _gather(self, batch: Batch, fn: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
         """``fn`` per micro-batch, reassembled into ``(batch, resp_len)`` in the batch's row order."""
-        out = torch.zeros(batch.response_mask.shape)
+        out = torch.zeros(batch.response_mask.shape, device=batch.response_mask.device)
         for idx, mb in micro_batches(batch, self.micro_batch_size, self.max_token_len):
             val = fn(mb)
             out[idx, :val.shape[1]] = val.float()
