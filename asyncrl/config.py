@@ -229,7 +229,7 @@ class CheckpointEngineConfig:
     over gloo on CPU: tests only)."""
     verify_each_sync: bool = False
     """After every sync compare the SHA-256 of each tensor sent with the replicas' own tensors and fail
-    on a difference (slow: tests and acceptance runs; hf backend: every tensor, vLLM: unfused names)."""
+    on a difference (slow: tests and acceptance runs; hf backend only)."""
 
 
 @dataclass

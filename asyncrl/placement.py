@@ -107,6 +107,10 @@ def validate_resources(cfg: ExperimentConfig) -> None:
                               f"sides (trainer GPUs {trainer_gpus(cfg)}, rollout GPUs {rollout_gpus(cfg)}); set "
                               "trainer.n_gpus_per_node and rollout.n_gpus_per_node (or hybrid_engine=true), or "
                               "checkpoint_engine.backend=cpu")
+    if ce.verify_each_sync and ro.name != "hf":
+        raise ConfigError(f"actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true compares the replicas' "
+                          f"tensors with the trainer's, which only the hf backend keeps as they are (rollout.name="
+                          f"{ro.name} fuses / pads / repacks them); set rollout.name=hf or verify_each_sync=false")
     if ro.name == "hf" and ro.enable_prefix_caching:
         raise ConfigError("actor_rollout_ref.rollout.enable_prefix_caching=true: the hf backend has no prefix "
                           "cache; set it to false or actor_rollout_ref.rollout.name=vllm")

@@ -71,6 +71,8 @@ def test_fsdp2_on_cpu_ranks_without_gpus():
     (["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.enable_prefix_caching=true"],
      "enable_prefix_caching=true", "rollout.name=vllm"),
     (["trainer.device=tpu"], "trainer.device='tpu'", "cuda"),
+    (["actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true"], "verify_each_sync=true",
+     "rollout.name=hf"),
     (["rollout.nnodes=0"], "rollout.nnodes must be >= 1", ""),
 ])
 def test_impossible_combinations_are_refused_naming_key_and_fix(overrides, key, fix):
