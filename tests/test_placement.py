@@ -38,7 +38,8 @@ def test_rollout_gpus_set_the_replica_count_and_refuse_a_mismatch():
 
 def test_colocated_layout_shares_each_gpu():
     cfg = load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2",
-                                 "actor_rollout_ref.hybrid_engine=true", "actor_rollout_ref.rollout.name=hf"])
+                                 "actor_rollout_ref.hybrid_engine=true", "actor_rollout_ref.rollout.name=hf",
+                                 "async_training.staleness_threshold=0"])
     lay = plan_layout(cfg)
     assert lay.colocated and lay.groups == {"colocated": [{"GPU": 1.0}, {"GPU": 1.0}]}
     assert lay.trainer == lay.rollout == [Slot("colocated", 0, 0.5), Slot("colocated", 1, 0.5)]
@@ -64,9 +65,10 @@ def test_fsdp2_on_cpu_ranks_without_gpus():
       "rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
      "needs CUDA GPUs on both sides", "checkpoint_engine.backend=cpu"),
     (["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.hybrid_engine=true",
-      "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"], "hybrid_engine=true", "checkpoint_engine.backend=cpu"),
-    (["actor_rollout_ref.hybrid_engine=true", "rollout.n_gpus_per_node=1"], "rollout.n_gpus_per_node=1",
-     "rollout.n_gpus_per_node=0"),
+      "async_training.staleness_threshold=0", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+     "hybrid_engine=true", "checkpoint_engine.backend=cpu"),
+    (["actor_rollout_ref.hybrid_engine=true", "async_training.staleness_threshold=0", "rollout.n_gpus_per_node=1"],
+     "rollout.n_gpus_per_node=1", "rollout.n_gpus_per_node=0"),
     (["actor_rollout_ref.rollout.checkpoint_engine.backend=shm"], "checkpoint_engine.backend='shm'", "nccl"),
     (["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.enable_prefix_caching=true"],
      "enable_prefix_caching=true", "rollout.name=vllm"),
