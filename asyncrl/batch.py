@@ -20,7 +20,6 @@ widget's state and every view's display from the running cell.
 
 from __future__ import annotations
 
-import ast
 import base64
 import json
 import logging
@@ -29,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+from asyncrl.batch_params import BatchParameterError, check_parameters, parse_value  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -91,20 +92,6 @@ class BatchResult:
     ok: bool = True
     error: Optional[str] = None
     wall_s: float = 0.0
-
-
-def parse_value(text: str) -> Any:
-    """A ``-p`` value: a Python / JSON literal when it parses (``0.5``, ``True``, ``null``, ``"abc"``,
-    ``[1, 2]``), else the string itself (``abcd``)."""
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
 
 
 def default_run_dir(notebook: str | Path, root: str | Path = "runs/batch", when: Optional[float] = None) -> Path:
@@ -174,6 +161,8 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
 
     Raises:
         FileNotFoundError: ``notebook`` does not exist.
+        BatchParameterError: a parameter the notebook does not declare, or of a type papermill cannot
+            pass (see :mod:`asyncrl.batch_params`); checked before anything runs.
         ImportError: papermill / nbformat are not installed (``pip install -e .[notebooks]``).
     """
     import nbformat
@@ -181,7 +170,8 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
 
     src = Path(notebook).resolve()
     if not src.is_file():
-        raise FileNotFoundError(src)
+        raise FileNotFoundError(f"notebook not found: {src}")
+    parameters = check_parameters(src, dict(parameters or {}))
     rd = Path(run_dir) if run_dir is not None else default_run_dir(src)
     rd = rd.resolve()
     rd.mkdir(parents=True, exist_ok=True)

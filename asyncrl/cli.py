@@ -4,8 +4,12 @@
 ``asyncrl sim [config.yaml] [key=value ...]`` (the run in virtual time; see :mod:`asyncrl.sim.command`).
 
 Overrides use verl's key names (``async_training.staleness_threshold=0.5``); a few short aliases
-are accepted (``task=arith`` -> ``data.task=arith``). An unknown key exits with status 2 and names
-the closest valid key.
+are accepted (``task=arith`` -> ``data.task=arith``).
+
+Every user error has one style: ``<kind> error: <message>`` on stderr and exit status 2, with kind
+``config`` (unknown key or value, naming the closest valid key; unknown recipe / task / registered
+name), ``dataset`` (unreadable file, missing field), ``batch`` (notebook not found, undeclared or
+unpassable parameter) or ``models fetch``. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -31,9 +35,37 @@ def _expand(overrides: list[str]) -> list[str]:
     return out
 
 
+class UserError(Exception):
+    """A mistake in what the user asked for (``kind`` says where: config / dataset / batch / models fetch)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _user_error(exc: BaseException) -> UserError | None:
+    """The :class:`UserError` an exception stands for, or ``None`` for anything else (a bug)."""
+    from asyncrl.batch_params import BatchParameterError
+    from asyncrl.config import ConfigError
+    from asyncrl.data.dataset import DatasetError
+    from asyncrl.registry import UnknownNameError
+
+    if isinstance(exc, UserError):
+        return exc
+    for types, kind in (((ConfigError, UnknownNameError), "config"), ((DatasetError,), "dataset"),
+                        ((BatchParameterError,), "batch")):
+        if isinstance(exc, types):
+            return UserError(kind, str(exc))
+    return None
+
+
 def _load(args: argparse.Namespace):
-    """The config of ``asyncrl train`` / ``asyncrl sim``: recipe, YAML, overrides; an exit status on error."""
-    from asyncrl.config import ConfigError, load_config
+    """The config of ``asyncrl train`` / ``asyncrl sim``: recipe, YAML, overrides.
+
+    Raises:
+        UserError / ConfigError: a missing YAML file, an unknown recipe, key or value.
+    """
+    from asyncrl.config import load_config
     from asyncrl.recipes import RECIPES, TASK_RECIPES
 
     yaml_path = None
@@ -41,43 +73,32 @@ def _load(args: argparse.Namespace):
     if overrides and "=" not in overrides[0]:
         yaml_path = overrides.pop(0)
         if not os.path.isfile(yaml_path):
-            print(f"config error: no config file {yaml_path!r} (overrides are key=value, e.g. "
-                  f"trainer.total_training_steps=40)", file=sys.stderr)
-            return 2
+            raise UserError("config", f"no config file {yaml_path!r} (overrides are key=value, e.g. "
+                                      f"trainer.total_training_steps=40)")
     task = next((o.partition("=")[2] for o in overrides if o.partition("=")[0] in ("task", "data.task")), None)
     recipe = args.recipe or ("arith_grpo_cpu" if task is None else None)
     if recipe is None and task not in TASK_RECIPES:
         recipe = "arith_grpo_cpu"  # a dataset task without its own recipe
     base = RECIPES.get(recipe) if recipe else TASK_RECIPES[task]
     if base is None:
-        print(f"unknown recipe {recipe!r}; known: {sorted(RECIPES)}", file=sys.stderr)
-        return 2
-    try:
-        return load_config(yaml_path, _expand(overrides), base=base())
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+        raise UserError("config", f"unknown recipe {recipe!r}; known: {', '.join(sorted(RECIPES))}")
+    return load_config(yaml_path, _expand(overrides), base=base())
 
 
 def _train(args: argparse.Namespace) -> int:
     from asyncrl.experiment import Experiment
 
     cfg = _load(args)
-    if isinstance(cfg, int):
-        return cfg
     from asyncrl.data.dataset import get_task_rows, task_options
 
     if not cfg.data.train_files:
         try:  # fail fast, before Ray and the engines start
             get_task_rows(cfg.data.task, "test", 1, cfg.trainer.seed, cfg.data.operators, **task_options(cfg.data))
-        except (KeyError, ValueError) as exc:  # DatasetError is a ValueError; bad task knobs too
-            print(f"config error: data.task: {exc}", file=sys.stderr)
-            return 2
-    try:
-        summary = Experiment(cfg).run()
-    except ConfigError as exc:  # start-time checks (e.g. GPUs asked for vs the Ray cluster's)
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+        except (KeyError, ValueError) as exc:  # unknown task, DatasetError, bad task knobs
+            raise UserError("config", f"data.task: {exc}") from None
+    # a bad dataset file fails here before any process starts; start-time config checks (e.g. GPUs asked
+    # for vs the Ray cluster's) raise ConfigError
+    summary = Experiment(cfg).run()
     print(summary)
     print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
     return 0
@@ -87,13 +108,15 @@ def _batch(args: argparse.Namespace) -> int:
     """Run a notebook with papermill into a run dir (executed notebook + widget PNG snapshots)."""
     try:
         from asyncrl.batch import parse_value, run_notebook
-        params = {key: parse_value(value) for key, value in args.parameters}
-        env = dict(item.partition("=")[::2] for item in args.env)
+    except ImportError as exc:
+        raise UserError("batch", f"{exc} (pip install -e .[notebooks])") from None
+    params = {key: parse_value(value) for key, value in args.parameters}
+    env = dict(item.partition("=")[::2] for item in args.env)
+    try:
         result = run_notebook(args.notebook, params, run_dir=args.run_dir, kernel_name=args.kernel, env=env,
                               cell_timeout=args.cell_timeout, log_output=args.log_output)
-    except (FileNotFoundError, ImportError) as exc:
-        print(f"batch: {exc}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as exc:
+        raise UserError("batch", str(exc)) from None
     print(f"executed notebook: {result.notebook}")
     print(f"widget snapshots:  {len(result.snapshots)} PNG under {result.run_dir / 'snapshots'}")
     print(f"figures:           {len(result.figures)} PNG under {result.run_dir / 'figures'}")
@@ -118,8 +141,7 @@ def _models(args: argparse.Namespace) -> int:
         path = fetch_model(args.source, cache_dir=args.cache_dir, force=args.force, download=not args.no_download,
                            check=not args.no_check)
     except ModelFetchError as exc:
-        print(f"models fetch: {exc}", file=sys.stderr)
-        return 2
+        raise UserError("models fetch", str(exc)) from None
     print(path)
     return 0
 
@@ -169,15 +191,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "batch":
-        return _batch(args)
-    if args.command == "models":
-        return _models(args)
-    if args.command == "sim":
-        from asyncrl.sim.command import run as run_sim
+    try:
+        if args.command == "batch":
+            return _batch(args)
+        if args.command == "models":
+            return _models(args)
+        if args.command == "sim":
+            from asyncrl.sim.command import run as run_sim
 
-        return run_sim(args, _load)
-    return _train(args)
+            return run_sim(args, _load)
+        return _train(args)
+    except Exception as exc:
+        err = _user_error(exc)
+        if err is None:
+            raise
+        print(f"{err.kind} error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

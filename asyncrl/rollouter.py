@@ -38,6 +38,7 @@ import ray
 from asyncrl.agent_loop.worker import AgentLoopManager
 from asyncrl.config import ExperimentConfig
 from asyncrl.data.length_workload import LengthWorkload
+from asyncrl.failures import FailureLog, own_cancellation
 from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import GenerationAborted
@@ -45,6 +46,12 @@ from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget
 
 logger = logging.getLogger(__name__)
+
+
+def _group(exc: BaseException) -> dict:
+    """What became of a failed prompt group's trajectories (see ``AgentLoopWorker``), if known."""
+    group = getattr(getattr(exc, "cause", None) or exc, "trajectories", None)
+    return {"trajectories": dict(group)} if isinstance(group, dict) else {}
 
 
 class FullyAsyncRollouter:
@@ -80,7 +87,8 @@ class FullyAsyncRollouter:
         self.cond = asyncio.Condition()
         self.counts = collections.Counter()  # taken, enqueued
         self.dropped: collections.Counter = collections.Counter()
-        self.failed: collections.Counter = collections.Counter()
+        self.failed: collections.Counter = collections.Counter()  # by exception type
+        self.failures = FailureLog()  # the last failures' messages with their sample uid
         self.eval_history: list[dict] = []
         self._eval_task: Optional[asyncio.Task] = None
         self._loops: list[asyncio.Task] = []
@@ -224,9 +232,14 @@ class FullyAsyncRollouter:
             self.recent.append({"uid": uid, "reward_mean": sum(sample.rewards) / len(outs),
                                 "min_v": sample.min_global_steps, "max_v": sample.max_global_steps,
                                 "processing_s": finished - started})
-        except asyncio.CancelledError:
-            self.dropped["aborted_at_shutdown"] += 1
-            raise
+        except asyncio.CancelledError as exc:
+            if self.stopping or own_cancellation():  # stop() cancelled this task: a shutdown
+                self.dropped["aborted_at_shutdown"] += 1
+                raise
+            # a callee's cancellation (an engine request, a Ray task): this sample failed, the run goes on
+            logger.error("sample %s (row %d) failed: a callee raised CancelledError", uid, index)
+            self.failed[self.failures.record(exc, uid, index=index, reason="cancelled by a callee")] += 1
+            await self.release_budget()
         except GenerationAborted:
             self.dropped["aborted_no_partial_rollout"] += 1
             await self.release_budget()
@@ -234,11 +247,11 @@ class FullyAsyncRollouter:
             if isinstance(exc.as_instanceof_cause(), QueueShutdown):
                 return  # the MessageQueue counted it as dropped ("queue_shutdown")
             logger.error("sample %s (row %d) failed: %s", uid, index, exc)
-            self.failed[f"{type(exc.as_instanceof_cause()).__name__}"] += 1
+            self.failed[self.failures.record(exc, uid, index=index, **_group(exc))] += 1
             await self.release_budget()
         except Exception as exc:  # reported and accounted, never silently lost
             logger.exception("sample %s (row %d) failed", uid, index)
-            self.failed[f"{type(exc).__name__}: {str(exc)[:80]}"] += 1
+            self.failed[self.failures.record(exc, uid, index=index, **_group(exc))] += 1
             await self.release_budget()
 
     # ------------------------------------------------------------------ sync protocol
@@ -353,6 +366,7 @@ class FullyAsyncRollouter:
             "required_samples": self.budget.required_samples,
             "idle_ratio": min(1.0, (self.idle_s + (time.time() - self._idle_since if self._idle_since else 0.0)) / wall),
             "accounting": self.accounting(),
+            "recent_failures": self.failures.snapshot(),
             "eval_history": list(self.eval_history),
             "partial_spans": list(self.partial_spans)[-64:],
             "recent": list(self.recent)[-64:],

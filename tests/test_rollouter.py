@@ -146,3 +146,71 @@ def test_no_partial_rollout_sync_waits_for_active(ray_session):
         assert len(ro.active_tasks) == 0 and len(q.items) == 3 and replica.paused_modes == []
         await ro.stop()
     asyncio.run(main())
+
+
+class FakeCancellingReplica(FakeGatedReplica):
+    """Requests wait on ``gate``; the first request instead waits on ``cancel`` and then raises
+    ``asyncio.CancelledError`` itself, as an engine whose request was cancelled under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate.clear()
+        self.cancel = asyncio.Event()
+        self.seen: list = []
+
+    async def generate(self, request_id, prompt_ids, sp):
+        self.seen.append(request_id)
+        if len(self.seen) == 1:
+            await self.cancel.wait()
+            raise asyncio.CancelledError()
+        return await super().generate(request_id, prompt_ids, sp)
+
+
+def test_a_callees_cancellation_fails_the_sample_and_rollout_continues(ray_session):
+    """Issue 13.4: mini-batch 2, require_batches 1, staleness 0, n 2, two samples in flight; after a sync
+    one engine request raises CancelledError. It used to count as ``aborted_at_shutdown``, keep its
+    staleness slot and stop rollout for good (queue 1 of 2, budget full, nothing in flight)."""
+    async def main():
+        cfg = smoke_cpu("d")
+        cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 2
+        cfg.async_training.require_batches = 1
+        cfg.async_training.staleness_threshold = 0.0
+        cfg.actor_rollout_ref.rollout.n = 2
+        cfg.actor_rollout_ref.rollout.agent.num_workers = 0
+        cfg.trainer.test_freq = 0
+        rows = get_task_rows("arith", "train", 50, 0)
+        replica, q = FakeCancellingReplica(), FakeQueue()
+        ro = FullyAsyncRollouter(cfg, rows, rows[:4], {"r0": replica}, FakePool(replica), q)
+        assert sample_budget(cfg).max_required_samples == 2
+        await ro.start()
+        await _settle(ro, lambda: len(replica.seen) == 4)  # two samples x n=2 requests, all waiting
+        await ro.pause_for_sync()
+        await ro.resume_after_sync(1)
+        victim = replica.seen[0]
+        replica.cancel.set()  # the engine request raises CancelledError
+        await _settle(ro, lambda: sum(ro.failed.values()) == 1 and len(ro.active_tasks) == 2)
+        assert dict(ro.failed) == {"TrajectoryCancelled": 1} and "aborted_at_shutdown" not in ro.dropped
+        rec, = ro.failures.snapshot()
+        assert rec["uid"] and victim.startswith(rec["uid"]) and rec["type"] == "TrajectoryCancelled"
+        assert rec["trajectories"] == {"failed": 1, "cancelled": 1, "completed": 0}  # the sibling was cancelled
+        assert ro.agent_loops.workers[0].cancelled_trajectories == 1
+        replica.gate.set()  # the slot came back: a third sample started; rollout fills the queue
+        await _settle(ro, lambda: len(q.items) == 2)
+        snap = await ro.snapshot()
+        assert snap["recent_failures"][0]["type"] == "TrajectoryCancelled"
+        acc = await ro.stop()
+        assert acc["taken"] == acc["enqueued"] + acc["pending"] + sum(acc["dropped"].values()) + sum(acc["failed"].values())
+        assert acc["enqueued"] == 2 and acc["failed"] == {"TrajectoryCancelled": 1}
+    asyncio.run(main())
+
+
+def test_stop_is_the_only_shutdown_cancellation(ray_session):
+    async def main():
+        cfg, ro, replica, q = _make(staleness=0.0)
+        replica.gate.clear()
+        await ro.start()
+        await _settle(ro, lambda: len(ro.active_tasks) == 2)
+        acc = await ro.stop()
+        assert acc["dropped"].get("aborted_at_shutdown") == 2 and acc["failed"] == {}
+        assert acc["taken"] == acc["pending"] + sum(acc["dropped"].values())
+    asyncio.run(main())

@@ -26,10 +26,15 @@ import ray
 
 from asyncrl.agent_loop.base import AgentLoopOutput, get_agent_loop_cls
 from asyncrl.config import ExperimentConfig
+from asyncrl.failures import own_cancellation
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
 
 logger = logging.getLogger(__name__)
+
+
+class TrajectoryCancelled(RuntimeError):
+    """A callee (not the sample's own task) cancelled a trajectory: the sample fails with this reason."""
 
 
 class AgentLoopWorker:
@@ -53,6 +58,7 @@ class AgentLoopWorker:
         self.active_samples = 0
         self.active_trajectories = 0
         self.done_samples = 0
+        self.cancelled_trajectories = 0  # siblings of a failed trajectory, cancelled with its group
         self._proxy = None
         self._proxy_lock = asyncio.Lock()
 
@@ -83,17 +89,53 @@ class AgentLoopWorker:
         try:
             extra = {"prompt_ids": prompt_ids} if prompt_ids is not None else {}
             sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * n
-            return list(await asyncio.gather(*[self._one(loop, sps[k], f"{uid}-{k}", row, extra)
-                                               for k in range(n)]))
+            return await self._group([self._one(loop, sps[k], f"{uid}-{k}", row, extra) for k in range(n)])
         finally:
             self.active_samples -= 1
             self.done_samples += 1
+
+    async def _group(self, coros: list) -> list[AgentLoopOutput]:
+        """Run one prompt group's trajectories; the first failure cancels the siblings still running.
+
+        A group is trained whole (GRPO normalises within it), so once one trajectory fails the others
+        are wasted work. The exception raised is the first failure, with ``trajectories``:
+        ``{"failed", "cancelled", "completed"}`` counts, so the rollouter records what became of each.
+        """
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:  # this group is being cancelled: take the trajectories along
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if not failed:
+            return [t.result() for t in tasks]
+        running = [t for t in tasks if not t.done()]
+        for t in running:
+            t.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self.cancelled_trajectories += len(running)
+        exc = failed[0].exception()
+        try:
+            exc.trajectories = {"failed": len(failed), "cancelled": len(running),  # type: ignore[union-attr]
+                                "completed": len(tasks) - len(failed) - len(running)}
+        except AttributeError:  # an exception type that takes no attributes
+            pass
+        raise exc
 
     async def _one(self, loop: Any, sp: SamplingParams, request_id: str, row: dict, extra: dict) -> AgentLoopOutput:
         self.active_trajectories += 1
         try:
             t0 = time.perf_counter()
-            out = await loop.run(sp, request_id=request_id, **extra, **row)
+            try:
+                out = await loop.run(sp, request_id=request_id, **extra, **row)
+            except asyncio.CancelledError:
+                if own_cancellation():
+                    raise
+                raise TrajectoryCancelled(f"trajectory {request_id}: a callee raised CancelledError "
+                                          "(e.g. its engine request was cancelled)") from None
             if not out.has_version:  # no token the engine produced: the version its replica serves now
                 out.set_version_span(fallback=await self.client.engine_version(request_id))
             if out.reward_score is None:
@@ -110,12 +152,14 @@ class AgentLoopWorker:
             self.active_trajectories -= 1
 
     def stats(self) -> dict:
-        """``{"worker_id", "active_samples", "active_trajectories", "done_samples", "sandboxes"?}`` for the funnel.
+        """``{"worker_id", "active_samples", "active_trajectories", "done_samples", "cancelled_trajectories",
+        "sandboxes"?}`` for the funnel.
 
         ``sandboxes`` (``{"active", "limit", "waiting", "started"}``) appears once a sandboxed loop ran here.
         """
         out = {"worker_id": self.worker_id, "active_samples": self.active_samples,
-               "active_trajectories": self.active_trajectories, "done_samples": self.done_samples}
+               "active_trajectories": self.active_trajectories, "done_samples": self.done_samples,
+               "cancelled_trajectories": self.cancelled_trajectories}
         import sys
 
         if "asyncrl.agent_loop.sandbox.loop" in sys.modules:  # never import the sandbox just to report

@@ -44,6 +44,10 @@ class DatasetError(ValueError):
     """A dataset file is unreadable or a row misses a required verl-schema field."""
 
 
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """A dataset file does not exist (a :class:`DatasetError` and a ``FileNotFoundError``)."""
+
+
 def register_task(name: str, generator: TaskGenerator) -> None:
     """Register a built-in task generator under ``name`` (e.g. ``"calc_tool"``).
 
@@ -183,13 +187,13 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         Rows as plain python dicts/lists (numpy arrays from pandas are converted), validated.
 
     Raises:
-        FileNotFoundError: the file does not exist.
+        DatasetNotFoundError: the file does not exist (also a ``FileNotFoundError``).
         DatasetError: unsupported suffix, unparsable content, or a row missing a required field
             (the message names the file, the row index and the field).
     """
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"dataset file not found: {p}")
+        raise DatasetNotFoundError(f"dataset file not found: {p}")
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
         raise DatasetError(f"{p}: unsupported dataset suffix {p.suffix!r}; use one of {sorted(_READERS)}")

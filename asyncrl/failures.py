@@ -1,0 +1,73 @@
+"""Failed samples: counters keyed by exception type, the last few messages with their sample uid, and
+telling a task's own cancellation from a callee's.
+
+A counter keyed by message (``failed["ValueError: row 17 ..."]``) grows without bound; keyed by type it
+has one key per kind of failure, and :class:`FailureLog` keeps the most recent messages (with the
+sample uid) for the dashboard and the logs.
+
+``asyncio.CancelledError`` has two meanings. When the rollouter stops, it cancels its own tasks:
+that is a shutdown. But a callee can raise ``CancelledError`` too (an engine request cancelled by its
+server, a Ray task cancelled under us); then the sample failed and the run goes on.
+:func:`own_cancellation` tells them apart with ``Task.cancelling()`` (Python 3.11), which counts
+only cancellation *requests made to this task*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any, Optional
+
+
+def failure_type(exc: BaseException) -> str:
+    """The counter key of a failure: the exception's type name, unwrapping Ray's task errors."""
+    cause = getattr(exc, "cause", None)
+    if cause is None and hasattr(exc, "as_instanceof_cause"):
+        try:
+            cause = exc.as_instanceof_cause()
+        except Exception:  # pragma: no cover - malformed Ray error
+            cause = None
+    if cause is not None and cause is not exc:
+        name = type(cause).__name__
+        return name.removeprefix("RayTaskError(").removesuffix(")")
+    return type(exc).__name__
+
+
+def own_cancellation() -> bool:
+    """True when the running task itself was asked to cancel (``task.cancel()``), not a callee."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class FailureLog:
+    """Failure counts by type and the last ``keep`` failures with their sample uid.
+
+    Args:
+        keep: how many recent failures to keep (the dashboard shows these).
+    """
+
+    def __init__(self, keep: int = 20):
+        self.counts: collections.Counter = collections.Counter()
+        self.recent: collections.deque = collections.deque(maxlen=keep)
+
+    def record(self, exc: BaseException, uid: Optional[str] = None, **details: Any) -> str:
+        """Count one failure and remember its message.
+
+        Args:
+            exc: the exception.
+            uid: the sample uid (the prompt group).
+            details: extra fields for the record (row index, cancelled siblings, ...).
+
+        Returns:
+            The counter key (exception type name).
+        """
+        key = failure_type(exc)
+        self.counts[key] += 1
+        message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else key
+        self.recent.append({"uid": uid, "type": key, "message": message, "time": time.time(), **details})
+        return key
+
+    def snapshot(self) -> list[dict]:
+        """The recent failures, oldest first (plain dicts: picklable, JSON-able)."""
+        return list(self.recent)

@@ -1,0 +1,121 @@
+"""The CLI's user errors have one style (issue 13 item 11), and batch parameters keep their types and
+must be declared by the notebook (items 6 and 9).
+
+Every user error prints ``<kind> error: <message>`` on stderr and exits 2 before Ray, an engine or a
+kernel starts; the parameter tests use papermill's real parameter injection.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrl.batch_params import BatchParameterError, check_parameters, declared_parameters, parse_value, to_papermill
+from asyncrl.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "01_four_modes.ipynb"
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["train", "async_training.staleness_treshold=0.5"],
+     "config error: unknown config key 'async_training.staleness_treshold' in override "
+     "'async_training.staleness_treshold=0.5'; did you mean 'async_training.staleness_threshold'?"),
+    (["train", "task=arithh"], "config error: data.task: unknown task 'arithh'; valid names: "),
+    (["train", "--recipe", "nope"], "config error: unknown recipe 'nope'; known: "),
+    (["train", "missing.yaml"], "config error: no config file 'missing.yaml'"),
+    (["train", "actor_rollout_ref.rollout.name=vlm"],
+     "config error: actor_rollout_ref.rollout.name: unknown rollout backend 'vlm'; valid names: hf, vllm; "
+     "did you mean 'vllm'?"),
+    (["train", "actor_rollout_ref.rollout.agent.default_agent_loop=tool"],
+     "config error: actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop 'tool'"),
+])
+def test_config_errors(capsys, argv, want):
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and err.startswith(want), err
+    assert "Traceback" not in err
+
+
+def test_dataset_errors_look_like_config_errors(capsys, tmp_path):
+    import ray
+
+    code, err = run_cli(capsys, "train", f"data.train_files={tmp_path / 'nope.jsonl'}")
+    assert (code, err.strip()) == (2, f"dataset error: dataset file not found: {tmp_path / 'nope.jsonl'}")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"data_source": "arith", "prompt": [{"role": "user", "content": "1+1"}]}) + "\n")
+    code, err = run_cli(capsys, "train", f"data.train_files={bad}")
+    assert code == 2 and err.startswith(f"dataset error: {bad}") and "reward_model" in err
+    assert not ray.is_initialized()  # refused before anything started
+
+
+def test_dataset_error_in_a_subprocess_has_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", f"data.train_files={tmp_path / 'x.parquet'}"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("dataset error: ")
+    assert "Traceback" not in proc.stderr
+
+
+def test_batch_errors(capsys, tmp_path):
+    code, err = run_cli(capsys, "batch", str(tmp_path / "none.ipynb"))
+    assert code == 2 and err.startswith("batch error: notebook not found: ")
+    code, err = run_cli(capsys, "batch", str(NOTEBOOK), "-p", "staleness_treshold", "0.5", "--run-dir", str(tmp_path))
+    assert code == 2
+    assert err.startswith("batch error: unknown parameter 'staleness_treshold' for 01_four_modes.ipynb; "
+                          "did you mean 'staleness_threshold'? (declared: modes, total_training_steps, "), err
+    assert not list(tmp_path.iterdir())  # refused before the run dir was made or a kernel started
+
+
+# ------------------------------------------------------------------------- batch parameters (6, 9)
+def test_declared_parameters_read_the_parameters_cell():
+    assert declared_parameters(NOTEBOOK) == ["modes", "total_training_steps", "staleness_threshold",
+                                             "trigger_parameter_sync_step", "seed", "ray_address", "snapshot_dir"]
+    # a comment with quotes that papermill's own line parser gives up on
+    assert "task_names" in declared_parameters(REPO / "notebooks" / "04_sandboxed_agents.ipynb")
+
+
+def test_values_keep_their_types_for_papermill():
+    assert parse_value("(-1, 1)") == (-1, 1) and parse_value("abcd") == "abcd" and parse_value("null") is None
+    assert to_papermill(parse_value("(-1, 1)")) == [-1, 1]
+    assert to_papermill(parse_value("{'a': (1, 2), 'b': {3, 1}}")) == {"a": [1, 2], "b": [1, 3]}
+    with pytest.raises(BatchParameterError, match="'blob': a value of type bytes"):
+        to_papermill(parse_value("b'x'"), "blob")
+    with pytest.raises(BatchParameterError, match=r"'modes': a value of type complex"):
+        check_parameters(NOTEBOOK, {"modes": parse_value("1j")})
+
+
+def test_tuple_reaches_the_notebook_as_a_list_not_a_string(tmp_path):
+    """Papermill's own injection: ``pair = [-1, 1]`` (it used to write ``pair = "(-1, 1)"``)."""
+    import nbformat
+    from papermill.parameterize import parameterize_notebook
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("pair = (0, 0)\nnested = {}")
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    path = tmp_path / "p.ipynb"
+    nbformat.write(nb, path)
+    params = check_parameters(path, {"pair": parse_value("(-1, 1)"), "nested": parse_value("{'a': (1, 2)}")})
+    loaded = nbformat.read(path, as_version=4)
+    loaded.metadata["papermill"] = {}
+    injected = parameterize_notebook(loaded, params).cells[1].source
+    scope: dict = {}
+    exec(injected, scope)
+    assert scope["pair"] == [-1, 1] and scope["nested"] == {"a": [1, 2]}
+    with pytest.raises(BatchParameterError, match="unknown parameter 'pairs'.*did you mean 'pair'"):
+        check_parameters(path, {"pairs": 1})
+    bare = nbformat.v4.new_notebook()
+    nbformat.write(bare, tmp_path / "bare.ipynb")
+    with pytest.raises(BatchParameterError, match="has no cell tagged 'parameters'"):
+        check_parameters(tmp_path / "bare.ipynb", {"x": 1})
+    assert check_parameters(tmp_path / "bare.ipynb", {"snapshot_dir": "s"}) == {"snapshot_dir": "s"}
