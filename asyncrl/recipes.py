@@ -170,6 +170,30 @@ def longtail_grpo_cpu(colocated: bool = False) -> ExperimentConfig:
 
 RECIPES["longtail_grpo_cpu"] = longtail_grpo_cpu
 RECIPES["longtail_colocated_cpu"] = lambda: longtail_grpo_cpu(colocated=True)
+
+
+def terminus_grpo_cpu() -> ExperimentConfig:
+    """Harbor's Terminus-2 agent on the example tasks, served by the long-context embedded model.
+
+    Like :func:`swe_grpo_cpu` (pipeline demo, rewards ~0) but the agent is Harbor's real Terminus-2
+    (``harbor:terminus-2``, run out of process; needs ``scripts/setup_harbor_env.sh`` and tmux), whose
+    3,500+-token prompt needs the 8,192-position variant of the embedded model
+    (``asyncrl/models/tiny_qwen2_long``).
+    """
+    from asyncrl.models import LONG_CONTEXT_MODEL_DIR
+
+    cfg = swe_grpo_cpu()
+    cfg.trainer.experiment_name = "terminus_grpo_cpu"
+    cfg.actor_rollout_ref.model.path = str(LONG_CONTEXT_MODEL_DIR)
+    cfg.actor_rollout_ref.rollout.max_model_len = 8192
+    cfg.data.max_prompt_length = 4096
+    sb = cfg.actor_rollout_ref.rollout.agent.sandbox
+    sb.agent, sb.compact_prompt, sb.max_tokens_per_turn, sb.max_turns = "harbor:terminus-2", False, 48, 2
+    sb.agent_timeout_sec = 240.0
+    return cfg
+
+
+RECIPES["terminus_grpo_cpu"] = terminus_grpo_cpu
 TASK_RECIPES = {"arith": arith_grpo_cpu, "calc_tool": calc_tool_grpo_cpu, "swe_examples": swe_grpo_cpu,
                 "longtail": longtail_grpo_cpu}
 """``asyncrl train task=NAME`` starts from this recipe unless ``--recipe`` is given."""

@@ -120,3 +120,18 @@ def test_proxy_trajectory_with_forged_user_and_tool_text_matches_one_shot_render
     forged = asyncio.run(_session(tok, FORGED))
     clean = asyncio.run(_session(tok, "ok"))
     assert counts(tok, forged) == counts(tok, clean)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_consecutive_assistant_messages_keep_their_header(name):
+    """Segment rebuild of [user, assistant, assistant, user] equals the one-shot render (the second
+    assistant turn used to lose its ``<|im_start|>assistant`` header; found by the proxy fuzz test)."""
+    tok = tok_(name)
+    renderer = ChatRenderer(tok)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+            {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    ids = [i for s in renderer.segments(msgs, None) for i in s.ids]
+    if name == "qwen3":  # renders an assistant turn by its position (think block): headers are what we check
+        assert "a<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nb<|im_end|>" in tok.decode(ids)
+    else:
+        assert ids == renderer.render_ids(msgs, add_generation_prompt=True)

@@ -196,8 +196,6 @@ def test_a_callees_cancellation_fails_the_sample_and_rollout_continues(ray_sessi
         assert ro.agent_loops.workers[0].cancelled_trajectories == 1
         replica.gate.set()  # the slot came back: a third sample started; rollout fills the queue
         await _settle(ro, lambda: len(q.items) == 2)
-        snap = await ro.snapshot()
-        assert snap["recent_failures"][0]["type"] == "TrajectoryCancelled"
         acc = await ro.stop()
         assert acc["taken"] == acc["enqueued"] + acc["pending"] + sum(acc["dropped"].values()) + sum(acc["failed"].values())
         assert acc["enqueued"] == 2 and acc["failed"] == {"TrajectoryCancelled": 1}

@@ -13,6 +13,10 @@ from pathlib import Path
 EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent / "tiny_qwen2_arith"
 """Directory of the committed embedded checkpoint."""
 
+LONG_CONTEXT_MODEL_DIR = Path(__file__).resolve().parent / "tiny_qwen2_long"
+"""The embedded checkpoint with 8,192 rotary positions (for long agent prompts such as Harbor's
+Terminus-2); rebuild it with ``python scripts/build_long_context_model.py``."""
+
 
 def load_tokenizer(path: str | Path = EMBEDDED_MODEL_DIR):
     """Load a tokenizer (the embedded one by default) offline.
@@ -31,4 +35,4 @@ def load_tokenizer(path: str | Path = EMBEDDED_MODEL_DIR):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-__all__ = ["EMBEDDED_MODEL_DIR", "load_tokenizer"]
+__all__ = ["EMBEDDED_MODEL_DIR", "LONG_CONTEXT_MODEL_DIR", "load_tokenizer"]

@@ -186,6 +186,18 @@ class ChatRenderer:
             raise RenderError("assistant render does not start with the generation prompt")
         return full[len(self._anchor_gen):]
 
+    def _header_between(self, previous: dict, message: dict) -> list[int]:
+        """What the template writes between two consecutive assistant messages before the second's
+        body (Qwen: ``<|im_start|>assistant\n``, after the first one's tail)."""
+        one = self.text(_ANCHOR + [previous])
+        two = self.text(_ANCHOR + [previous, message])
+        body = self._assistant_text(message)
+        if two.startswith(one) and two.endswith(body):
+            return self.encode(two[len(one):len(two) - len(body)])
+        # templates that re-render earlier turns by position (Qwen3 drops the last turn's empty think
+        # block once another follows): the header is the generation prompt, as in incremental use
+        return self.encode(self.generation_prompt)
+
     def assistant_ids(self, message: dict) -> tuple[list[int], int]:
         """Ids of one assistant message after the generation prompt, and the body length.
 
@@ -210,6 +222,8 @@ class ChatRenderer:
         i = first
         while i < len(messages):
             if messages[i]["role"] == "assistant":
+                if i > first and messages[i - 1]["role"] == "assistant":  # no observation brought the header
+                    segs.append(Segment("observation", self._header_between(messages[i - 1], messages[i]), 0, i))
                 ids, body_len = self.assistant_ids(messages[i])
                 segs.append(Segment("assistant", ids, body_len, i))
                 i += 1
