@@ -31,14 +31,14 @@ def run_cli(capsys, *argv):
     (["train", "async_training.staleness_treshold=0.5"],
      "config error: unknown config key 'async_training.staleness_treshold' in override "
      "'async_training.staleness_treshold=0.5'; did you mean 'async_training.staleness_threshold'?"),
-    (["train", "task=arithh"], "config error: data.task: unknown task 'arithh'; valid names: "),
+    (["train", "task=arithh"], "config error: data.task='arithh' is not valid: unknown task 'arithh'; valid names: "),
     (["train", "--recipe", "nope"], "config error: unknown recipe 'nope'; known: "),
     (["train", "missing.yaml"], "config error: no config file 'missing.yaml'"),
     (["train", "actor_rollout_ref.rollout.name=vlm"],
-     "config error: actor_rollout_ref.rollout.name: unknown rollout backend 'vlm'; valid names: hf, vllm; "
-     "did you mean 'vllm'?"),
+     "config error: actor_rollout_ref.rollout.name='vlm' is not valid: unknown rollout backend 'vlm'; "
+     "valid names: hf, vllm; did you mean 'vllm'?"),
     (["train", "actor_rollout_ref.rollout.agent.default_agent_loop=tool"],
-     "config error: actor_rollout_ref.rollout.agent.default_agent_loop: unknown agent loop 'tool'"),
+     "config error: actor_rollout_ref.rollout.agent.default_agent_loop='tool' is not valid: unknown agent loop 'tool'"),
 ])
 def test_config_errors(capsys, argv, want):
     code, err = run_cli(capsys, *argv)
