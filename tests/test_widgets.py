@@ -466,3 +466,20 @@ def test_inspector_dropdown_labels_without_versions_say_nothing_about_versions()
     assert "None" not in insp._pick.options[0][0]
     insp.update([dict(traj, min_global_steps=2, max_global_steps=3)])
     assert insp._pick.options[0][0].endswith("v2-v3")
+
+
+def test_dashboard_header_shows_failures_by_type_with_the_latest_message():
+    """Issue 13.10: the rollouter keys failures by exception type and keeps the recent messages with the
+    sample uid; the dashboard shows both (and nothing when no sample failed)."""
+    from widgets.dashboard import header_model
+
+    snap = copy.deepcopy(load("done"))
+    assert "failed samples" not in Dashboard(snap, autostart=False)._header_html()
+    snap["rollouter"]["accounting"]["failed"] = {"TrajectoryCancelled": 1, "ValueError": 2}
+    snap["rollouter"]["recent_failures"] = [
+        {"uid": "u1", "type": "ValueError", "message": "bad row", "time": 1.0},
+        {"uid": "9f3a", "type": "TrajectoryCancelled", "message": "trajectory 9f3a-0: a callee raised <x>", "time": 2.0}]
+    assert header_model(snap)["last_failure"]["uid"] == "9f3a"
+    head = Dashboard(snap, autostart=False)._header_html()
+    assert "failed samples: TrajectoryCancelled 1, ValueError 2" in head
+    assert "latest: sample 9f3a: TrajectoryCancelled: trajectory 9f3a-0: a callee raised &lt;x&gt;" in head

@@ -49,7 +49,8 @@ def header_model(snapshot: dict) -> dict:
             "param_version": as_int(tr.get("param_version", ro.get("param_version"))),
             "trained": as_int(tr.get("trained")), "taken": as_int(acc.get("taken")),
             "enqueued": as_int(acc.get("enqueued")), "accuracy": evals[-1].get("accuracy") if evals else None,
-            "error": tr.get("error")}
+            "error": tr.get("error"), "failed": dict(acc.get("failed") or {}),
+            "last_failure": (ro.get("recent_failures") or [None])[-1]}
 
 
 class Dashboard(SnapshotView):
@@ -204,6 +205,13 @@ class Dashboard(SnapshotView):
         acc = "–" if h.get("accuracy") is None else f"{100 * h['accuracy']:.1f}%"
         live = self.poller.reason if self.poller is not None else "static"
         err = f'<div class="warn">trainer error: {html.escape(str(h["error"]))}</div>' if h.get("error") else ""
+        if h.get("failed"):  # failed samples by exception type, and the latest one's message
+            counts = ", ".join(f"{html.escape(str(k))} {v}" for k, v in sorted(h["failed"].items()))
+            last = h.get("last_failure") or {}
+            latest = (f" &middot; latest: sample {html.escape(str(last.get('uid')))}: "
+                      f"{html.escape(str(last.get('type')))}: {html.escape(str(last.get('message', ''))[:160])}"
+                      if last else "")
+            err += f'<div class="warn">failed samples: {counts}{latest}</div>'
         if self.poller is not None and self.poller.last_error and self.poller.errors:
             err += f'<div class="warn">snapshot fetch failing: {html.escape(self.poller.last_error)}</div>'
         name, state = html.escape(str(h.get("name", ""))), html.escape(str(h.get("state", "no snapshot yet")))
