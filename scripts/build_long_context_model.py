@@ -42,6 +42,9 @@ def build(out: Path, source: Path = EMBEDDED_MODEL_DIR, positions: int = 8192) -
     for name in FILES:
         if (source / name).exists():
             shutil.copyfile(source / name, out / name)
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+    tok_cfg["model_max_length"] = positions
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     config = json.loads((source / "config.json").read_text())
     config["max_position_embeddings"] = positions
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

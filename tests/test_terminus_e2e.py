@@ -72,7 +72,7 @@ def test_terminus2_through_harbor_sandbox_and_proxy_on_vllm(long_replica, tmp_pa
     tok = load_tokenizer(LONG_CONTEXT_MODEL_DIR)
     task = load_task(EXAMPLES_DIR / "hello-file")
     cfg = SandboxLoopConfig(agent="harbor:terminus-2", max_turns=2, max_tokens_per_turn=48, max_retries=0,
-                            trials_dir=str(tmp_path), agent_timeout_sec=240)
+                            trials_dir=str(tmp_path), agent_timeout_sec=120)
 
     async def go():
         client = FullyAsyncLLMServerClient(LocalRequestLoadBalancer({long_replica.server_id: long_replica.actor}))
@@ -85,43 +85,59 @@ def test_terminus2_through_harbor_sandbox_and_proxy_on_vllm(long_replica, tmp_pa
 
     out, proxy = asyncio.run(go())
     info = out.extra_fields["sandbox"]
-    # the trial ran to a result: a reward from the task's verifier (the tiny model does not solve it)
+    # the trial ran to a result and a reward: the tiny model writes no valid Terminus-2 JSON, so the agent
+    # keeps correcting it until its time or the context runs out; the task's verifier then scores 0
     assert info["agent"] == "harbor:terminus-2" and len(info["attempts"]) == 1, info
+    assert info["attempts"][0]["error_kind"] in (None, "agent_timeout", "context_length_exceeded",
+                                                 "non_zero_agent_exit_code"), info
     assert info["reward"] in (0.0, 1.0) and out.reward_score == info["reward"], info
-    assert info["attempts"][0]["error_kind"] in (None, "agent_timeout", "non_zero_agent_exit_code"), info
-    trial_results = list(Path(info["trajectory_dir"]).rglob("result.json"))
-    assert trial_results, "Harbor wrote no trial result"
+    assert list(Path(info["trajectory_dir"]).rglob("result.json")), "Harbor wrote no trial result"
     # the policy really served Terminus-2's long prompt through the proxy
     assert out.metrics["agent/proxy/requests"] >= 1 and len(out.prompt_ids) > 2048
-    assert sum(out.response_mask) > 0
-    # token-in-token-out: the recorded ids are a one-shot render of the final conversation ...
-    dump = json.loads(next(Path(info["trajectory_dir"]).glob("*.trajectory.json")).read_text())
+    check_against_one_shot_render(out, proxy.renderer, tok, info["trajectory_dir"])
+
+
+def check_against_one_shot_render(out, renderer, tok, trajectory_dir):
+    """Token-in-token-out against a one-shot render of the final conversation.
+
+    Text: the decoded ids equal the decoded one-shot render. Ids: every prompt / observation / template
+    token equals the one-shot render's segment, and each assistant turn is exactly one run of mask-1 ids
+    (what the engine produced), closed by EOS and the template tail with mask 0. Where all the model's
+    turns re-encode to the same ids, the whole sequence equals the one-shot render token for token (a
+    sampled byte-level model may emit a lone byte of a multi-byte character, which no text render can
+    reproduce: the proxy keeps the model's own ids there).
+    """
+    dump = json.loads(next(Path(trajectory_dir).glob("*.trajectory.json")).read_text())
     messages = [normalize_message(m) for m in dump["messages"]]
     assert messages[0]["role"] == "user" and "terminal" in messages[0]["content"].lower()
-    ids = out.prompt_ids + out.response_ids
-    assert ids == proxy.renderer.render_ids(messages)
-    # ... and mask 1 lies only inside the assistant turns, one run per model call, logprobs with it
-    segs = proxy.renderer.segments(messages, None)
-    assistant = set()
-    pos = 0
-    for s in segs:
-        if s.kind == "assistant":
-            assistant.update(range(pos, pos + s.body_len))
-        pos += len(s.ids)
-    ones = {len(out.prompt_ids) + k for k, m in enumerate(out.response_mask) if m}
-    assert ones <= assistant
-    runs = sum(1 for k, m in enumerate(out.response_mask) if m and (k == 0 or not out.response_mask[k - 1]))
-    assert runs == out.metrics["agent/proxy/requests"] == sum(1 for m in messages if m["role"] == "assistant")
+    ids, mask = out.prompt_ids + out.response_ids, [0] * len(out.prompt_ids) + list(out.response_mask)
+    one_shot = renderer.render_ids(messages)
+    assert tok.decode(ids) == tok.decode(one_shot)
+    runs, k = [], 0  # the engine's outputs: maximal runs of mask 1
+    while k < len(mask):
+        if mask[k]:
+            j = k
+            while j < len(mask) and mask[j]:
+                j += 1
+            runs.append(ids[k:j])
+            k = j
+        else:
+            k += 1
+    expected, expected_mask = [], []
+    turns = iter(runs)
+    for seg in renderer.segments(messages, None):
+        if seg.kind == "assistant":
+            run = next(turns)
+            close = [] if run[-1] == tok.eos_token_id else [tok.eos_token_id]
+            expected += run + close + seg.ids[seg.body_len:]
+            expected_mask += [1] * len(run) + [0] * (len(close) + len(seg.ids) - seg.body_len)
+        else:
+            expected += seg.ids
+            expected_mask += [0] * len(seg.ids)
+    assert next(turns, None) is None and len(runs) == out.metrics["agent/proxy/requests"]
+    assert ids == expected and mask == expected_mask
+    if all(tok.encode(tok.decode(r), add_special_tokens=False) == r for r in runs):
+        assert ids == one_shot
     assert all(lp == 0.0 for m, lp in zip(out.response_mask, out.response_logprobs) if not m)
     assert any(lp != 0.0 for m, lp in zip(out.response_mask, out.response_logprobs) if m)
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
-
-
-def test_terminus_recipe_reaches_the_long_context_model():
-    from asyncrl.config import load_config
-    from asyncrl.recipes import RECIPES
-
-    cfg = load_config(base=RECIPES["terminus_grpo_cpu"]())
-    assert cfg.actor_rollout_ref.model.path == str(LONG_CONTEXT_MODEL_DIR)
-    assert cfg.actor_rollout_ref.rollout.max_model_len == MAX_MODEL_LEN
-    assert cfg.actor_rollout_ref.rollout.agent.sandbox.agent == "harbor:terminus-2"
