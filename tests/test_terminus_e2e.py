@@ -141,3 +141,13 @@ def check_against_one_shot_render(out, renderer, tok, trajectory_dir):
     assert all(lp == 0.0 for m, lp in zip(out.response_mask, out.response_logprobs) if not m)
     assert any(lp != 0.0 for m, lp in zip(out.response_mask, out.response_logprobs) if m)
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
+
+
+def test_terminus_recipe_reaches_the_long_context_model():
+    from asyncrl.config import load_config
+    from asyncrl.recipes import RECIPES
+
+    cfg = load_config(base=RECIPES["terminus_grpo_cpu"]())
+    assert cfg.actor_rollout_ref.model.path == str(LONG_CONTEXT_MODEL_DIR)
+    assert cfg.actor_rollout_ref.rollout.max_model_len == MAX_MODEL_LEN
+    assert cfg.actor_rollout_ref.rollout.agent.sandbox.agent == "harbor:terminus-2"
