@@ -134,6 +134,8 @@ def test_vendor_fields_on_messages_and_metadata_are_accepted():
 
 # ------------------------------------------------------------------------------ item 3: parameters
 def test_stop_string_cuts_content_and_ids():
+    """The issue's case: stop=["\\n"] on "47+38=85\\n#### 85" answers "47+38=85"; the turn's ids end there
+    too (the stop string starts at a token boundary), so the trajectory equals the one-shot render."""
     tok = _tok()
     results, traj, engine, proxy = serve(tok, ["47+38=85\n#### 85"], [
         {"messages": USER, "stop": ["\n"], "logprobs": True, "return_token_ids": True}])
@@ -141,29 +143,36 @@ def test_stop_string_cuts_content_and_ids():
     choice = body["choices"][0]
     assert status == 200 and choice["message"]["content"] == "47+38=85" and choice["finish_reason"] == "stop"
     assert engine.calls[0][2].stop == ["\n"]  # the engine is asked to stop there too
-    want = tok.encode("47+38=85\n", add_special_tokens=False)
+    want = tok.encode("47+38=85", add_special_tokens=False)
     assert choice["token_ids"] == want and len(choice["logprobs"]["content"]) == len(want)
-    # the trajectory holds the kept ids (mask 1), then the EOS the engine did not produce (mask 0)
-    model = [i for i, m in zip(traj.response_ids, traj.response_mask) if m]
-    assert model == want and traj.response_ids[len(want)] == tok.eos_token_id
+    # the model's ids (mask 1), then the EOS the engine did not produce (mask 0): a one-shot render
+    assert [i for i, m in zip(traj.response_ids, traj.response_mask) if m] == want
+    final = [normalize_message(m) for m in USER + [choice["message"]]]
+    assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final)
 
 
-def test_stop_string_spanning_tokens_and_the_earliest_wins():
+def test_stop_string_inside_a_token_keeps_that_token():
     tok = _tok("qwen2.5")
-    (status, body), = serve(tok, ["The answer is 42. Done. More"], [{"messages": USER, "stop": ["Done", "is 4"]}])[0]
-    assert body["choices"][0]["message"]["content"] == "The answer "
+    text = "The answer is 42. Done. More"
+    (status, body), = serve(tok, [text], [{"messages": USER, "stop": ["Done", "is 4"], "return_token_ids": True}])[0]
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "The answer "  # the earliest stop string wins
+    kept = tok.decode(choice["token_ids"])
+    assert kept.startswith("The answer ") and "is 4" in kept and "Done" not in kept
 
 
-def test_stop_token_ids_reach_the_engine_and_end_the_text():
+def test_stop_token_ids_reach_the_engine_and_end_the_turn():
     tok = _tok()
     hash_id = tok.encode("#", add_special_tokens=False)[0]
-    results, traj, engine, _ = serve(tok, ["85 # and more"], [
+    results, traj, engine, proxy = serve(tok, ["85 # and more"], [
         {"messages": USER, "stop_token_ids": [hash_id], "return_token_ids": True}])
     (status, body), = results
     assert status == 200 and hash_id in engine.calls[0][2].stop_token_ids
     choice = body["choices"][0]
     assert choice["message"]["content"] == "85 " and choice["finish_reason"] == "stop"
-    assert choice["token_ids"] == tok.encode("85 #", add_special_tokens=False)  # the stop id ends the ids
+    assert choice["token_ids"] == tok.encode("85 ", add_special_tokens=False)  # the stop id is not the turn's
+    final = [normalize_message(m) for m in USER + [choice["message"]]]
+    assert traj.prompt_ids + traj.response_ids == proxy.renderer.render_ids(final)
 
 
 def test_logprob_bytes_are_the_tokens_own_utf8_bytes():

@@ -6,8 +6,11 @@ backends stop a request as soon as its generated ids complete a stop string (sav
 and the trajectory proxy cuts a completion at the same place for any engine (so the ids it records
 and the content it answers agree whether or not the engine stopped early).
 
-Semantics follow OpenAI / vLLM (``include_stop_str_in_output=False``): the kept ids end with the
-token that completes the first stop string; the returned *text* ends before that stop string.
+Semantics follow OpenAI / vLLM (``include_stop_str_in_output=False``): an engine stops at the token
+that completes the first stop string, and the returned *text* ends before that stop string. The proxy
+then ends the turn's ids where its text ends (:meth:`StopStrings.turn_end`), so the recorded ids and a
+re-render of the answered message agree (DESIGN.md invariant 4) whenever the stop string starts at a
+token boundary.
 """
 
 from __future__ import annotations
@@ -54,6 +57,25 @@ class StopStrings:
             if any(s in text for s in self.stops):
                 return k + 1
         return None
+
+    def turn_end(self, ids: Sequence[int]) -> Optional[tuple[int, str]]:
+        """Where a turn that hit a stop string ends, in ids and in text.
+
+        Returns:
+            ``(n_ids, text)``: ``text`` is the decoded output before the first stop string; ``n_ids``
+            is the number of ids that decode to exactly that text when the stop string starts at a token
+            boundary (the common case, e.g. ``"\n"``), else the ids up to the token that completes
+            the stop string (it starts inside a token, which cannot be split). ``None`` when no stop
+            string occurs.
+        """
+        keep = self.first_stop(ids)
+        if keep is None:
+            return None
+        before, _ = self.cut_text(self._text(ids[:keep]))
+        j = keep - 1
+        while j > 0 and len(self._text(ids[:j])) > len(before):
+            j -= 1
+        return (j, before) if self._text(ids[:j]) == before else (keep, before)
 
     def cut_text(self, text: str) -> tuple[str, Optional[str]]:
         """``(text before the earliest stop string, that stop string)``; ``(text, None)`` when none occurs."""

@@ -316,24 +316,31 @@ class TrajectoryProxy:
                           if req.logprobs else None)
 
     def _apply_stops(self, out: Any, req: ChatRequest) -> tuple[Any, str, bool]:
-        """Cut a generation at the request's first stop string; decode the answer text.
+        """End a generation where its answer ends: before the first stop string or stop token id.
 
         The engine stops at stop strings itself; the cut here makes the recorded ids and the content
-        agree for any engine. EOS and the request's ``stop_token_ids`` end the text, not part of it.
+        agree for any engine. A stop token id and a stop string are not part of the turn (the session
+        closes it with EOS, mask 0, as the template renders it); EOS itself stays (the template writes
+        it). A stop string that starts inside a token keeps that token (it cannot be split).
 
         Returns:
             ``(output with per-token lists cut, content text, whether a stop string or token ended it)``.
         """
-        stops = StopStrings(self.tokenizer, req.stop) if req.stop else None
-        keep = stops.first_stop(out.token_ids) if stops else None
-        at_id = next((k + 1 for k, i in enumerate(out.token_ids) if i in req.stop_token_ids), None)
-        keep = min((k for k in (keep, at_id) if k is not None), default=None)
-        if keep is not None:
-            out = truncate_output(out, keep)
         ids = list(out.token_ids)
-        stop_ids = {self.renderer.eos_token_id, *req.stop_token_ids}
-        text_ids = ids[:-1] if ids and ids[-1] in stop_ids else ids
+        ends = []
+        stops = StopStrings(self.tokenizer, req.stop) if req.stop else None
+        hit = stops.turn_end(ids) if stops else None
+        if hit is not None:
+            ends.append(hit[0])
+        at_id = next((k for k, i in enumerate(ids) if i in req.stop_token_ids and i != self.renderer.eos_token_id),
+                     None)
+        if at_id is not None:
+            ends.append(at_id)
+        if ends:
+            out = truncate_output(out, min(ends))
+            ids = list(out.token_ids)
+        text_ids = ids[:-1] if ids and ids[-1] == self.renderer.eos_token_id else ids
         text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
         if stops:
             text, _ = stops.cut_text(text)
-        return out, text, keep is not None or (len(text_ids) < len(ids))
+        return out, text, bool(ends) or len(text_ids) < len(ids)
