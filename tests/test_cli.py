@@ -49,13 +49,14 @@ def test_config_errors(capsys, argv, want):
 def test_dataset_errors_look_like_config_errors(capsys, tmp_path):
     import ray
 
+    ray_before = ray.is_initialized()  # another test of the session may have started one
     code, err = run_cli(capsys, "train", f"data.train_files={tmp_path / 'nope.jsonl'}")
     assert (code, err.strip()) == (2, f"dataset error: dataset file not found: {tmp_path / 'nope.jsonl'}")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"data_source": "arith", "prompt": [{"role": "user", "content": "1+1"}]}) + "\n")
     code, err = run_cli(capsys, "train", f"data.train_files={bad}")
     assert code == 2 and err.startswith(f"dataset error: {bad}") and "reward_model" in err
-    assert not ray.is_initialized()  # refused before anything started
+    assert ray.is_initialized() == ray_before  # refused before anything started
 
 
 def test_dataset_error_in_a_subprocess_has_no_traceback(tmp_path):
