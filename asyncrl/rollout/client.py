@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from asyncrl.rollout.base import SamplingParams, TokenOutput
 
@@ -30,7 +30,13 @@ logger = logging.getLogger(__name__)
 
 
 class GenerationAborted(RuntimeError):
-    """A request was aborted and ``partial_rollout`` is off: the sample must be dropped and counted."""
+    """A request was aborted and ``partial_rollout`` is off: the sample must be dropped and counted.
+
+    Attributes:
+        partial: the tokens generated before the abort (a ``ResumableOutput``), when known.
+    """
+
+    partial: Optional["ResumableOutput"] = None
 
 
 class ServerPool(Protocol):
@@ -153,7 +159,7 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             if not self.partial_rollout:
                 err = GenerationAborted(f"request {request_id} aborted after {len(result.token_ids)} tokens "
                                         "and partial_rollout is off")
-                err.partial = result  # type: ignore[attr-defined]
+                err.partial = result
                 raise err
             if result.num_aborts > self.max_resumes:
                 raise GenerationAborted(f"request {request_id} aborted {result.num_aborts} times")
