@@ -186,3 +186,63 @@ def test_registered_checkpoint_engines_and_senders_declare_the_protocol():
     for cls in (LocalWeightSender, TrainWorkerGroup):
         for m in protocol_methods(WeightSender):
             assert inspect.iscoroutinefunction(getattr(cls, m)), (cls, m)
+
+
+class _FakeActorMethod:
+    """``handle.method.remote(*args)`` -> an awaitable, like a Ray actor method (test-only)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        out = self.fn(*args)
+        return asyncio.ensure_future(out) if inspect.isawaitable(out) else _done(out)
+
+
+def _done(value):
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut
+
+
+class FakeReplicaHandle:
+    """The replica actor's weight methods over an in-process engine, without Ray (fake, tests only)."""
+
+    def __init__(self, engine):
+        self.num_weight_workers = _FakeActorMethod(lambda: engine.num_weight_workers)
+        self.init_nccl_receiver = _FakeActorMethod(engine.nccl_init)
+        self.receive_weights_nccl = _FakeActorMethod(engine.nccl_receive)
+        self.param_digests = _FakeActorMethod(engine.param_digests)
+
+
+def test_nccl_replica_engine_delivers_into_the_engines_own_tensors_over_gloo(random_model_dir):
+    """The ``nccl`` checkpoint engine's orchestration (connect, receivers launched, send, acks) into two
+    hf engines, over gloo; the engines' parameter tensors are the same objects before and after."""
+    from asyncrl.sync import get_engine_cls
+    from asyncrl.sync.sender import LocalWeightSender, verify_sync
+
+    engines = [HFEngine(str(random_model_dir)) for _ in range(2)]
+    trainer = CPUTrainEngine(str(random_model_dir), lr=1e-2, warmup=0, total_updates=1)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1.0)  # differs from what the engines loaded
+
+    async def main():
+        for e in engines:
+            await e.start()
+        ids_before = [{n: id(p) for n, p in e.model.named_parameters()} for e in engines]
+        handles = [FakeReplicaHandle(e) for e in engines]
+        ckpt = get_engine_cls("nccl")(handles, bucket_bytes=4096, backend="gloo", timeout_s=60)
+        sender = LocalWeightSender(trainer, ckpt)
+        for version in (1, 2):
+            m = await sender.send(version)
+            assert m["sync/buckets"] > 1 and (version > 1 or m["sync/connect_s"] > 0)
+            assert (await verify_sync(sender, handles))["sync/verified_tensors"] == len(dict(trainer.model.named_parameters()))
+        ids_after = [{n: id(p) for n, p in e.model.named_parameters()} for e in engines]
+        await sender.shutdown()
+        for e in engines:
+            await e.shutdown()  # closes the receivers' sockets (an open zmq socket keeps the process alive)
+        return ids_before, ids_after
+
+    ids_before, ids_after = asyncio.run(main())
+    assert ids_after == ids_before and all(e.param_version == 2 for e in engines)
