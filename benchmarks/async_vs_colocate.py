@@ -4,9 +4,9 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 
 * ``colocated``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train, sync, in
   turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
-* ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4) and ``keep`` (mode d with
-  ``partial_rollout_mode=keep``): the replica on core 0, the trainer on core 1 (CPU), or the replica
-  on GPU 0 and the trainer on GPU 1 (``--gpu``).
+* ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
+  ``d_s1`` (staleness 1: a whole batch of look-ahead), ``d_t2`` (two updates per sync): the replica on
+  core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``).
 
 Then rollout-only (the replica alone generates the workload at mode d's concurrency) and train-only
 (the train engine alone updates on those responses) throughput on the async resources give the ideal
@@ -54,6 +54,10 @@ MODES = {
     "d": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
     "keep": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.partial_rollout_mode": "keep"},
+    # mode d with more look-ahead: a whole batch (staleness 1), or two updates per sync
+    "d_s1": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True},
+    "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+             "async_training.trigger_parameter_sync_step": 2},
 }
 
 
@@ -180,7 +184,7 @@ def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
     groups = args.ideal_groups
     asyncio.run(measure_rollout(replica, cfg, rows, 8))  # warm-up
     gen_s, outputs = asyncio.run(measure_rollout(replica, cfg, rows, groups))
-    train = ray.remote(measure_train).options(num_cpus=0, max_calls=1)  # a fresh worker: it pins itself
+    train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker: it pins itself
     t = ray.get(train.remote(cfg, outputs))
     rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
     out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
@@ -212,7 +216,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
               flush=True)
     ro_s, outputs = asyncio.run(measure_rollout(replicas.get("split") or replicas["shared"], cfg, rows, 64))
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs in outputs for o in outs]
-    train = ray.remote(measure_train).options(num_cpus=0, max_calls=1)  # a fresh worker per placement
+    train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
     for kind, mode in (("split", "d"), ("shared", "colocated")):
         cal[f"train_s_per_token_{kind}"] = ray.get(train.remote(mode_config(mode, args), outputs))["s_per_token"]
     syncs = [r["sync/transfer_total_s"] for m in result["modes"].values() for r in m["history"] if "sync/transfer_total_s" in r]
@@ -320,10 +324,13 @@ def main() -> None:
         print(f"{args.task} ({args.backend}), {args.steps} steps per mode:", flush=True)
         for m in modes:
             result["modes"][m] = run_mode(m, replicas.get("shared" if m == "colocated" else "split"), args)
+            save(result, args)  # a later phase that fails loses nothing measured
         if args.ideal and "split" in replicas:
             result["ideal"] = ideal_bound(replicas["split"], args)
+            save(result, args)
         if args.simulate:
             result["calibration"] = calibrate(replicas, result, args)
+            save(result, args)
     finally:
         for r in replicas.values():
             r.shutdown()
@@ -332,7 +339,11 @@ def main() -> None:
         result["reference"] = run_reference(args.reference, args.reference_seconds)
     if args.simulate and "calibration" in result:
         result["simulated"] = simulate_modes(result, args)
+    save(result, args)
     report(result)
+
+
+def save(result: dict, args: argparse.Namespace) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
 
