@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import socket
+import time
 
 import pytest
 import torch
@@ -131,19 +132,42 @@ def hf_replicas(ray_session, random_model_dir):
 def test_cpu_engines_deliver_bit_exact(hf_replicas, name):
     from asyncrl.sync import get_engine_cls
 
-    fp32, bf16 = hf_replicas
+    fp32, _ = hf_replicas
     state = _hf_state(fp32)
     g = torch.Generator().manual_seed(hash(name) % 1000)
     sent = [(n, (t + torch.randn(t.shape, generator=g))) for n, t in state.items()]
-    engine = get_engine_cls(name)(hf_replicas, bucket_bytes=3001)
+    engine = get_engine_cls(name)([fp32], bucket_bytes=3001)
     metrics = asyncio.run(engine.send_weights(sent, version=5))
     asyncio.run(engine.shutdown())
     assert metrics["sync/bytes"] == sum(t.numel() * 4 for _, t in sent)
-    for rep, dtype in ((fp32, torch.float32), (bf16, torch.bfloat16)):
-        got = _hf_state(rep)
-        assert rep.param_version() == 5
-        for n, t in sent:
-            assert _bit_equal(got[n], t.to(dtype)), (rep.server_id, n)
+    got = _hf_state(fp32)
+    assert fp32.param_version() == 5
+    for n, t in sent:
+        assert _bit_equal(got[n], t), (fp32.server_id, n)
+
+
+@pytest.mark.parametrize("name", ["cpu", "gloo", "cpu_rpc"])
+def test_a_dtype_the_replica_does_not_hold_is_refused_without_a_hang(hf_replicas, name):
+    """One model dtype for trainer and rollout (``actor_rollout_ref.model.dtype``): float32 weights sent
+    to a bfloat16 replica are refused with the key to fix, the replica keeps its weights, and over gloo
+    the refusing receiver still takes part in every broadcast so the sender returns (it used to wait
+    out the 600 s gloo timeout) and the group stays usable for the next, correct sync."""
+    from asyncrl.sync import get_engine_cls
+
+    fp32, bf16 = hf_replicas
+    before = _hf_state(bf16)
+    wrong = [(n, t.float() + 1.0) for n, t in before.items()]
+    engine = get_engine_cls(name)([bf16], bucket_bytes=3001)
+    t0 = time.perf_counter()
+    with pytest.raises(Exception, match="actor_rollout_ref.model.dtype"):
+        asyncio.run(engine.send_weights(wrong, version=7))
+    assert time.perf_counter() - t0 < 60
+    assert all(_bit_equal(_hf_state(bf16)[n], t) for n, t in before.items())
+    right = [(n, t.float().add(0.5).to(torch.bfloat16)) for n, t in before.items()]
+    asyncio.run(engine.send_weights(right, version=8))
+    asyncio.run(engine.shutdown())
+    got = _hf_state(bf16)
+    assert bf16.param_version() == 8 and all(_bit_equal(got[n], t) for n, t in right)
 
 
 def test_bf16_trainer_weights_bit_exact(hf_replicas):

@@ -79,14 +79,15 @@ class ModelWeightReceiver:
             ValueError: a dtype or shape that differs from the live tensor's.
         """
         live = self.named_tensors()
-        for name, t in weights:
+        for name, t in weights:  # every tensor checked before any is copied
             dst = live.get(name)
             if dst is None:
                 raise KeyError(f"weight update has {name!r}, which the inference model does not have")
             if dst.dtype != t.dtype or dst.shape != t.shape:
                 raise ValueError(f"weight update {name!r}: {t.dtype} {tuple(t.shape)} does not match the inference "
                                  f"model's {dst.dtype} {tuple(dst.shape)} (actor_rollout_ref.model.dtype must match)")
-            dst.copy_(t, non_blocking=True)
+        for name, t in weights:
+            live[name].copy_(t, non_blocking=True)
         self._loaded += len(weights)
 
     # ------------------------------------------------------------------ RPC transport
@@ -119,15 +120,28 @@ class ModelWeightReceiver:
         return [base_rank]
 
     async def gloo_receive(self, plan: Sequence[Sequence[Any]]) -> int:
-        """One broadcast bucket per ``plan`` entry (ChunkMeta lists or their wire form)."""
+        """One broadcast bucket per ``plan`` entry (ChunkMeta lists or their wire form).
+
+        Raises:
+            KeyError / ValueError: from :meth:`copy_in` (a name, dtype or shape the model does not have),
+            after the last broadcast, so the sender and the other receivers finish the collective.
+        """
         if self._gloo is None:
             raise RuntimeError("gloo_receive() before gloo_init()")
         await self.begin()
+        refused: Optional[Exception] = None
         for metas in plan:
             metas = metas_from_wire(metas)
             buf = torch.empty(max(m.bucket_offset + m.nbytes for m in metas), dtype=torch.uint8)
             await asyncio.to_thread(gloo_broadcast, self._gloo, buf, 0)
-            await self.load_bucket(buf, metas)
+            if refused is None:  # after a refusal keep taking part in every broadcast: the sender never hangs
+                try:
+                    await self.load_bucket(buf, metas)
+                except (KeyError, ValueError) as exc:
+                    refused = exc
+        if refused is not None:
+            self._assembler = None
+            raise refused
         return await self.finish()
 
     # ------------------------------------------------------------------ NCCL broadcast
@@ -144,8 +158,19 @@ class ModelWeightReceiver:
         if self._nccl is None:
             raise RuntimeError("nccl_receive() before nccl_init()")
         self._loaded = 0
+        refused: list[Exception] = []
+
+        def copy_in(weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+            if not refused:  # after a refusal keep receiving every bucket: the sender never hangs
+                try:
+                    self.copy_in(weights)
+                except (KeyError, ValueError) as exc:
+                    refused.append(exc)
+
         async with self._locked():
-            await asyncio.to_thread(self._nccl.receive_weights, self.copy_in)
+            await asyncio.to_thread(self._nccl.receive_weights, copy_in)
+        if refused:
+            raise refused[0]
         return self._loaded
 
     async def close(self) -> None:
