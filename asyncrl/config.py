@@ -255,7 +255,7 @@ class RolloutConfig:
     concurrent_samples_per_replica: int = 256
     """In-flight samples per replica; ``max_concurrent_samples`` is capped by this times num_replicas."""
     max_num_seqs: int = 256
-    """vLLM scheduler batch size."""
+    """Sequences decoded together: vLLM's scheduler batch size; hf: the KV-cache slots."""
     max_model_len: int = 512
     """Prompt + response tokens per sequence (engine and trajectory proxy context limit)."""
     enable_prefix_caching: bool = False
@@ -263,11 +263,11 @@ class RolloutConfig:
     it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which
     broke the version accounting and spiked ppo_kl on calc_tool (its prompts share a 370-token prefix)."""
     gpu_memory_utilization: float = 0.5
-    """vLLM GPU memory fraction (ignored on CPU)."""
+    """GPU memory fraction of a replica (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
     cpu_kvcache_space_gb: float = 1.0
-    """vLLM CPU KV-cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    """CPU KV-cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; hf: caps the slots)."""
     enforce_eager: bool = True
-    """Skip graph capture / compilation (faster start on CPU)."""
+    """Skip graph capture / compilation (faster start on CPU); hf on CUDA: no CUDA-graph decode."""
     load_format: str = "auto"
     """Replica weights at start: ``auto`` (read the checkpoint) or ``dummy`` (random init from its
     config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""

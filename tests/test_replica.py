@@ -83,7 +83,7 @@ def test_hf_engine_seeded_sampling_is_reproducible(hf_engine):
 def test_hf_engine_abort_between_tokens(hf_engine):
     async def run():
         task = asyncio.create_task(hf_engine.generate("x", [4, 5], SamplingParams(max_tokens=400, temperature=1.5, ignore_eos=True)))
-        while hf_engine.num_inflight == 0 or not hf_engine._active:
+        while hf_engine.num_inflight == 0 or not hf_engine.batcher.num_active:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         n = await hf_engine.abort_all_requests()

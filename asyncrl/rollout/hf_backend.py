@@ -1,21 +1,29 @@
-"""transformers backend: :class:`HFEngine`, the fallback when vLLM is absent.
+"""transformers backend: :class:`HFEngine`, continuous batching on CPU or CUDA (no vLLM needed).
 
 ::
 
-    generate(req) ──► prefill (KV cache) ──► loop: [wait while paused] ─► sample ─► decode step
-                                                 ▲ abort flag checked between tokens
-    weights (cpu_rpc | gloo | nccl) ──► ModelWeightReceiver ──► param.copy_ under the model lock
+    generate(req) ─► waiting deque ─┐                       (one scheduler task on the event loop)
+    abort / pause / resume ─► flags ┴─► _run: settle aborts ─► admit into free slots ─► to_thread(
+                                           batcher.add(new) + batcher.step())  under the model lock
+                                           ─► finished ─► resolve each request's future
+    load_bucket ─► BucketAssembler ─► param.copy_ (in place) under the model lock, between steps
 
-Deliberately simple: one request per forward (no continuous batching), requests interleave at
-token granularity on the event loop, each forward runs in a worker thread under a lock. Same
-token-in-token-out contract as :class:`asyncrl.rollout.vllm_backend.VLLMEngine`, including
-the log-prob of the sampled token under the filtered distribution it was drawn from (vLLM's
-``processed_logprobs``; the filters are :mod:`asyncrl.rollout.sampling`'s, shared with the trainer).
+The batching, KV cache and CUDA graphs are in :mod:`asyncrl.rollout.hf_batch` /
+:mod:`asyncrl.rollout.hf_forward`; sampling in :mod:`asyncrl.rollout.hf_sampler`. This module
+keeps the :class:`~asyncrl.rollout.base.InferenceEngine` contract of the vLLM backend:
+token-in-token-out with per-token log-probs of the distribution sampled from, stop reasons
+``completed`` / ``length`` / ``aborted``, ``pause(mode=abort|wait|keep)`` / ``resume``, and weights
+copied into the model's own tensors (CUDA graphs keep their addresses), so the next step after a
+weight update uses the new weights (every transport goes through
+:class:`~asyncrl.sync.receiver.ModelWeightReceiver`). Requests queued when ``pause`` is called are
+treated like vLLM's waiting queue: ``abort`` aborts them too, ``wait`` and ``keep`` hold them until
+``resume``. Stop strings and top logprobs are served; penalties are refused by name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import Any, Literal, Optional, Sequence
 
@@ -23,38 +31,14 @@ import torch
 
 from asyncrl.api import InferenceEngine
 from asyncrl.rollout.base import SamplingParams, TokenOutput, UnsupportedSamplingParam
-from asyncrl.rollout.sampling import GREEDY_EPS, apply_sampling_filters
+from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
+from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.rollout.vllm_backend import eos_token_ids
 from asyncrl.sync.bucket import ChunkMeta
 from asyncrl.sync.receiver import ModelWeightReceiver, model_tensors
 
 logger = logging.getLogger(__name__)
-
-
-def sample_token(logits: torch.Tensor, sp: SamplingParams, generator: Optional[torch.Generator]) -> tuple[int, float]:
-    """Pick the next id from ``(vocab,)`` float logits; returns ``(id, logprob)``.
-
-    Greedy when ``temperature == 0`` (logprob of the raw distribution); otherwise samples from
-    the distribution of :func:`asyncrl.rollout.sampling.apply_sampling_filters` (temperature,
-    min-p, top-k, top-p in vLLM's order) and reports the log-prob under that same filtered
-    distribution (vLLM's ``processed_logprobs``), which is what the trainer recomputes.
-    """
-    filtered = apply_sampling_filters(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p)
-    logp = torch.log_softmax(filtered, -1)
-    if sp.temperature < GREEDY_EPS:
-        tok = int(torch.argmax(filtered))
-    else:
-        tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
-    return tok, float(logp[tok])
-
-
-def top_logprobs(logits: torch.Tensor, sp: SamplingParams, k: int) -> list[tuple[int, float]]:
-    """The ``k`` most likely ids of the distribution :func:`sample_token` reports logprobs of (ids the
-    filters removed are left out, as vLLM reports them at ``-inf``)."""
-    logp = torch.log_softmax(apply_sampling_filters(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p), -1)
-    vals, idx = torch.topk(logp, min(k, logp.numel()))
-    return [(int(i), float(v)) for i, v in zip(idx, vals) if float(v) > -1e3]
 
 
 def _refuse_penalties(sp: SamplingParams) -> None:
@@ -64,134 +48,163 @@ def _refuse_penalties(sp: SamplingParams) -> None:
                                                  f"(use actor_rollout_ref.rollout.name=vllm)")
 
 
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda*`` without CUDA raises ``ValueError``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"rollout device {device!r} but torch sees no CUDA device; "
+                         "set actor_rollout_ref.rollout.device=cpu (or auto)")
+    return dev
+
+
 class HFEngine(InferenceEngine):
-    """A transformers ``AutoModelForCausalLM`` serving token ids (implements :class:`InferenceEngine`).
+    """A transformers ``AutoModelForCausalLM`` serving token ids with continuous batching.
 
     Args:
-        model_path: HF model directory.
-        dtype: ``float32`` | ``bfloat16``.
-        device: torch device (``cpu`` by default).
-        seed: base seed; requests without their own seed draw from one engine generator.
+        model_path: HF model directory (Llama-family architecture, see :mod:`asyncrl.rollout.hf_forward`).
+        dtype: ``float32`` | ``bfloat16`` | ``float16``.
+        device: ``cpu`` | ``cuda`` | ``cuda:N`` | ``auto``.
+        seed: base seed; requests without their own seed get one drawn from it.
         torch_threads: intra-op threads for this process (``None`` leaves torch's default).
-        max_num_seqs: accepted for config symmetry with vLLM; unused (no batching).
+        max_num_seqs: KV-cache slots, i.e. sequences decoded together (vLLM's name).
+        max_model_len: positions per slot (prompt + generated); longer prompts are refused.
+            ``None``: the model's ``max_position_embeddings``, at most 4096.
+        kv_cache_gb: KV-cache budget in GiB on CPU; fewer slots than ``max_num_seqs`` are made
+            when they would not fit (logged). ``None``: no cap.
+        gpu_memory_utilization: on CUDA, the fraction of the device's memory this engine may hold
+            (weights, KV cache, and a reserve for logits / prefill activations); sizes the slots
+            like ``kv_cache_gb``. ``None``: no cap.
+        cuda_graphs: replay the decode step from CUDA graphs on CUDA (verl/vLLM: ``not enforce_eager``).
+        max_prefill_tokens: padded prompt tokens per prefill forward.
         load_format: ``auto`` reads the checkpoint; ``dummy`` random-inits from its config.json
             (vLLM's name; the first weight sync delivers the weights).
     """
 
+    num_weight_workers = 1
+
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 torch_threads: Optional[int] = None, max_num_seqs: int = 0, load_format: str = "auto", **_: Any):
+                 torch_threads: Optional[int] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
+                 kv_cache_gb: Optional[float] = None, gpu_memory_utilization: Optional[float] = None,
+                 cuda_graphs: bool = True, max_prefill_tokens: int = 16384, load_format: str = "auto", **_: Any):
         self.model_path = str(model_path)
         self.load_format = load_format
         self.dtype = getattr(torch, dtype)
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.seed = seed
         self.torch_threads = torch_threads
+        self.max_num_seqs = max(1, int(max_num_seqs or 256))
+        self.max_model_len = max_model_len
+        self.kv_cache_gb = kv_cache_gb
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.cuda_graphs = cuda_graphs
+        self.max_prefill_tokens = max_prefill_tokens
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
         self.model: Any = None
         self._tok: Any = None
-        self._lock = asyncio.Lock()
-        self._admit = asyncio.Event()  # cleared by pause(): new requests wait
-        self._admit.set()
-        self._running = asyncio.Event()  # cleared by pause("keep"): admitted requests freeze
-        self._running.set()
+        self.batcher: Optional[ContinuousBatcher] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # see _ensure_loop
+        self._admitting = True  # False after pause(): queued requests stay queued
+        self._frozen = False  # True after pause("keep"): admitted requests freeze
+        self._waiting: collections.deque[SlotRequest] = collections.deque()
+        self._futures: dict[str, asyncio.Future] = {}
         self._aborted: set[str] = set()
-        self._inflight: set[str] = set()  # inside generate(), admitted or queued
-        self._active: set[str] = set()  # admitted
-        self._drained = asyncio.Condition()
-        self._generator = torch.Generator().manual_seed(seed)
-        self._weights = ModelWeightReceiver(lambda: model_tensors(self.model), self._lock)
+        self._rng = torch.Generator().manual_seed(seed)
+        self._task: Optional[asyncio.Task] = None
+        self._lock: asyncio.Lock
+        self._wake: asyncio.Event
+        self._drained: asyncio.Condition
+        self._weights = ModelWeightReceiver(lambda: model_tensors(self.model))  # lock: see _ensure_loop
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _kv_budget_bytes(self) -> Optional[float]:
+        if self.device.type == "cuda" and self.gpu_memory_utilization is not None:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            vocab = self.model.config.vocab_size
+            reserve = 8 * self.max_num_seqs * vocab * 4 + (1 << 30)  # fp32 logits + sampling temporaries, prefill
+            return self.gpu_memory_utilization * total - torch.cuda.memory_allocated(self.device) - reserve
+        return None if self.kv_cache_gb is None else self.kv_cache_gb * (1 << 30)
+
+    def _num_slots(self) -> int:
+        return num_kv_slots(self.model.config, self.max_model_len, self.dtype, self.max_num_seqs, self._kv_budget_bytes())
 
     async def start(self) -> None:
         import transformers
 
         if self.torch_threads:
             torch.set_num_threads(self.torch_threads)
-        def load() -> Any:
+
+        def load() -> None:
             if self.load_format == "dummy":  # weights come with the first sync
                 cfg = transformers.AutoConfig.from_pretrained(self.model_path)
                 with torch.device(self.device):
-                    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=self.dtype).eval()
-            return transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+                    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=self.dtype)
+            else:
+                model = transformers.AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+            self.model = model.to(self.device).eval().requires_grad_(False)
+            if self.max_model_len is None:
+                self.max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096)), 4096)
+            self.max_model_len = int(self.max_model_len)
+            lm = StaticCacheLM(self.model, self._num_slots(), self.max_model_len)
+            self.batcher = ContinuousBatcher(lm, cuda_graphs=self.cuda_graphs, max_prefill_tokens=self.max_prefill_tokens)
 
-        self.model = await asyncio.to_thread(load)
-        logger.info("HF engine ready: %s", self.model_path)
+        await asyncio.to_thread(load)
+        self._ensure_loop()
+        logger.info("HF engine ready: %s on %s, %d slots x %d positions, cuda_graphs=%s", self.model_path,
+                    self.device, self.batcher.lm.num_slots, self.max_model_len, self.batcher.cuda_graphs)
+
+    def _ensure_loop(self) -> None:
+        """Bind the scheduler task and asyncio primitives to the running event loop.
+
+        A Ray actor uses one loop for its life; a script or test may call ``asyncio.run`` once per
+        call. Rebinding is only possible with nothing in flight (work lives on the old loop).
+        """
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._futures:
+            raise RuntimeError("HFEngine used from a second event loop while requests are in flight")
+        self._loop = loop
+        self._lock = asyncio.Lock()  # one model user at a time: a step, or a weight copy
+        self._weights.lock = self._lock
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Condition()
+        self._task = loop.create_task(self._run())
 
     async def shutdown(self) -> None:
-        await self.abort_all_requests()
+        if self._loop is asyncio.get_running_loop():
+            await self.abort_all_requests()
+            async with self._drained:
+                await self._drained.wait_for(lambda: not self._futures)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._loop = None
         await self._weights.close()
+        self.batcher = None
         self.model = None
 
     @property
     def num_inflight(self) -> int:
-        return len(self._inflight)
-
-    num_weight_workers = 1
+        return len(self._futures)
 
     # ------------------------------------------------------------------ generation
 
-    async def _forward(self, ids: torch.Tensor, past: Any) -> tuple[torch.Tensor, Any, int]:
-        """One forward under the lock; returns ``(last logits, cache, param_version of the weights used)``."""
-        def step() -> tuple[torch.Tensor, Any]:
-            with torch.no_grad():
-                out = self.model(input_ids=ids.to(self.device), past_key_values=past, use_cache=True)
-            return out.logits[0, -1].float().cpu(), out.past_key_values
-
-        async with self._lock:  # weight loads hold it too: the version read here is the one used
-            version = self.param_version
-            logits, cache = await asyncio.to_thread(step)
-            return logits, cache, version
-
-    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
-        """See :meth:`InferenceEngine.generate`; abort is honoured between tokens."""
-        if self.model is None:
-            raise RuntimeError("HFEngine is not started (call `await engine.start()`)")
-        if request_id in self._inflight:
-            raise ValueError(f"request_id {request_id!r} is already in flight")
-        sp = sampling_params
-        _refuse_penalties(sp)
-        gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else self._generator
-        stops = (set() if sp.ignore_eos else set(self.eos_token_ids)) | set(sp.stop_token_ids)
-        ids: list[int] = []
-        lps: list[float] = []
-        top: list[list[tuple[int, float]]] = []
-        k_top = sp.top_logprobs if sp.logprobs else 0
-        stop_strings = StopStrings(self._tokenizer(), sp.stop) if sp.stop else None
-        versions: list[int] = []
-        stop = "length"
-        self._inflight.add(request_id)
-        try:
-            await self._admit.wait()
-            self._active.add(request_id)
-            past = None
-            nxt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-            while len(ids) < sp.max_tokens:
-                if request_id in self._aborted:
-                    stop = "aborted"
-                    break
-                logits, past, version = await self._forward(nxt, past)
-                tok, lp = sample_token(logits, sp, gen)
-                ids.append(tok)
-                lps.append(lp)
-                versions.append(version)
-                if k_top > 0:
-                    top.append(top_logprobs(logits, sp, k_top))
-                if tok in stops or (stop_strings and stop_strings.first_stop(ids, len(ids) - 1)):
-                    stop = "completed"
-                    break
-                nxt = torch.tensor([[tok]], dtype=torch.long)
-                if not self._running.is_set():  # pause(mode="keep"): freeze here
-                    await self._running.wait()
-            else:
-                stop = "length"
-        finally:
-            self._inflight.discard(request_id)
-            self._active.discard(request_id)
-            self._aborted.discard(request_id)
-            async with self._drained:
-                self._drained.notify_all()
-        return TokenOutput(token_ids=ids, log_probs=lps if sp.logprobs else None, stop_reason=stop,  # type: ignore[arg-type]
-                           response_versions=versions, top_logprobs=top if k_top > 0 else None)
+    def _slot_request(self, request_id: str, prompt_ids: Sequence[int], sp: SamplingParams) -> SlotRequest:
+        n = len(prompt_ids)
+        if not 1 <= n < self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens: the hf engine needs 1 <= len(prompt_ids) < max_model_len "
+                             f"({self.max_model_len}); raise actor_rollout_ref.rollout.max_model_len")
+        seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
+        stops = ([] if sp.ignore_eos else list(self.eos_token_ids)) + list(sp.stop_token_ids)
+        strings = StopStrings(self._tokenizer(), sp.stop) if sp.stop else None
+        check = (lambda ids: strings.first_stop(ids, len(ids) - 1) is not None) if strings else None
+        return SlotRequest(request_id, list(prompt_ids), int(sp.max_tokens), seed % 2**64, temperature=sp.temperature,
+                           top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, stop_token_ids=stops, stop_check=check,
+                           top_logprobs=sp.top_logprobs if sp.logprobs else 0)
 
     def _tokenizer(self) -> Any:
         """The model's tokenizer (for stop strings), loaded on first use."""
@@ -201,37 +214,149 @@ class HFEngine(InferenceEngine):
             self._tok = AutoTokenizer.from_pretrained(self.model_path)
         return self._tok
 
+    async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        """See :meth:`InferenceEngine.generate`; aborts are honoured between decode steps.
+
+        Raises:
+            RuntimeError: the engine is not started.
+            ValueError: ``request_id`` already in flight, or an empty / too long prompt.
+        """
+        if self.batcher is None:
+            raise RuntimeError("HFEngine is not started (call `await engine.start()`)")
+        if request_id in self._futures:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        self._ensure_loop()
+        sp = sampling_params
+        _refuse_penalties(sp)
+        req = self._slot_request(request_id, prompt_ids, sp)
+        if sp.max_tokens <= 0:
+            return TokenOutput(token_ids=[], log_probs=[] if sp.logprobs else None, stop_reason="length",
+                               top_logprobs=[] if req.top_logprobs else None)
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[request_id] = fut
+        self._waiting.append(req)
+        self._wake.set()
+        try:
+            done: Finished = await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the caller went away: free the slot
+            self._aborted.add(request_id)
+            self._wake.set()
+            raise
+        return TokenOutput(token_ids=done.token_ids, log_probs=done.log_probs if sp.logprobs else None,
+                           stop_reason=done.stop_reason,  # type: ignore[arg-type]
+                           response_versions=done.versions, top_logprobs=done.top_logprobs)
+
+    def _resolve(self, finished: Sequence[Finished]) -> None:
+        for f in finished:
+            fut = self._futures.pop(f.request_id, None)
+            self._aborted.discard(f.request_id)
+            if fut is not None and not fut.done():
+                fut.set_result(f)
+
+    def _settle_aborts(self) -> None:
+        """Abort flagged requests: queued ones at once (no tokens), active ones through the batcher."""
+        if not self._aborted:
+            return
+        queued = [r for r in self._waiting if r.request_id in self._aborted]
+        self._waiting = collections.deque(r for r in self._waiting if r.request_id not in self._aborted)
+        self._resolve([Finished(r.request_id, [], [], [], "aborted", [] if r.top_logprobs else None) for r in queued])
+        self._resolve(self.batcher.abort(self._aborted))
+        self._aborted.intersection_update(self._futures)
+
+    async def _run(self) -> None:
+        """The scheduler: one iteration = admit what fits, then one decode step for all active slots."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while True:
+                async with self._lock:
+                    self._settle_aborts()
+                    admit: list[SlotRequest] = []
+                    if self._admitting and not self._frozen:
+                        while self._waiting and len(admit) < self.batcher.num_free:
+                            admit.append(self._waiting.popleft())
+                    stepping = not self._frozen and (self.batcher.num_active > 0 or bool(admit))
+                    if stepping:
+                        try:
+                            finished = await asyncio.to_thread(self._iterate, admit)
+                        except Exception as exc:  # a failed step fails its requests, not the engine
+                            logger.exception("HF engine step failed")
+                            self._fail(admit, exc)
+                            finished = []
+                        self._resolve(finished)
+                async with self._drained:
+                    self._drained.notify_all()
+                if not stepping:
+                    break
+                await asyncio.sleep(0)  # let new requests / pause calls in
+
+    def _iterate(self, admit: list[SlotRequest]) -> list[Finished]:
+        version = self.param_version  # weight loads wait for the lock: this is the version used
+        finished = self.batcher.add(admit, version) if admit else []
+        return finished + self.batcher.step(version)
+
+    def _fail(self, admit: list[SlotRequest], exc: Exception) -> None:
+        ids = {r.request_id for r in admit} | set(self.batcher.active_ids())
+        self.batcher.abort(ids)
+        for rid in ids:
+            fut = self._futures.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+
     async def abort_all_requests(self) -> int:
-        ids = list(self._inflight)
+        if self.batcher is None:
+            return 0
+        self._ensure_loop()
+        ids = list(self._futures)
         self._aborted.update(ids)
+        self._wake.set()
         return len(ids)
 
     async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
-        """Same modes as vLLM's ``pause_generation``; returns once in-flight work is settled."""
-        self._admit.clear()
+        """vLLM's ``pause_generation`` modes; returns once in-flight work is settled.
+
+        ``abort``: in-flight requests (queued or running) return ``aborted`` with their tokens so
+        far; ``wait``: running ones finish, queued ones wait; ``keep``: running ones freeze with
+        their KV cache after the current step.
+        """
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"pause mode must be abort | wait | keep, got {mode!r}")
+        self._ensure_loop()
+        self._admitting = False
         if mode == "keep":
-            self._running.clear()
-            return
+            self._frozen = True
+            async with self._lock:  # the step in progress, if any, completes first
+                return
         if mode == "abort":
-            self._aborted.update(self._active)
+            self._aborted.update(self._futures)
+        self._wake.set()
         async with self._drained:
-            await self._drained.wait_for(lambda: not self._active)
+            await self._drained.wait_for(lambda: self.batcher is None or self.batcher.num_active == 0 and (
+                mode == "wait" or not self._aborted))
 
     async def resume(self) -> None:
-        self._admit.set()
-        self._running.set()
+        self._ensure_loop()
+        self._admitting = True
+        self._frozen = False
+        self._wake.set()
 
     # ------------------------------------------------------------------ weights
 
+    async def _set_version(self, version: int) -> None:
+        async with self._lock:  # steps read the version under the lock: tokens are attributed exactly
+            self.param_version = int(version)
+
     async def begin_weight_update(self) -> None:
+        self._ensure_loop()
         await self._weights.begin()
 
     async def load_bucket(self, bucket: Any, metas: Sequence[ChunkMeta]) -> None:
+        self._ensure_loop()
         await self._weights.load_bucket(bucket, metas)
 
     async def finish_weight_update(self, version: int) -> int:
         loaded = await self._weights.finish()
-        self.param_version = int(version)
+        await self._set_version(version)
         return loaded
 
     async def load_weight_buckets(self, buckets: list, version: int) -> None:
@@ -245,8 +370,9 @@ class HFEngine(InferenceEngine):
         return await self._weights.gloo_init(host, port, base_rank, world_size, timeout_s)
 
     async def gloo_receive(self, plan: Sequence[Sequence[ChunkMeta]], version: int) -> int:
+        self._ensure_loop()
         loaded = await self._weights.gloo_receive(plan)
-        self.param_version = int(version)
+        await self._set_version(version)
         return loaded
 
     async def nccl_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
@@ -254,8 +380,9 @@ class HFEngine(InferenceEngine):
                                              device=str(self.device) if self.device.index is not None else None)
 
     async def nccl_receive(self, version: int) -> int:
+        self._ensure_loop()
         loaded = await self._weights.nccl_receive()
-        self.param_version = int(version)
+        await self._set_version(version)
         return loaded
 
     async def param_checksums(self) -> dict[str, float]:

@@ -67,10 +67,13 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
     arr = cfg.actor_rollout_ref
     kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
                               max_num_seqs=arr.rollout.max_num_seqs)
-    if arr.rollout.name == "hf" and on_gpu:
-        kw["device"] = "cuda"
-    if arr.rollout.name == "hf" and arr.rollout.load_format != "auto":
-        kw["load_format"] = arr.rollout.load_format
+    if arr.rollout.name == "hf":
+        kw.update(max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
+                  gpu_memory_utilization=arr.rollout.gpu_memory_utilization, cuda_graphs=not arr.rollout.enforce_eager)
+        if on_gpu:
+            kw["device"] = "cuda"
+        if arr.rollout.load_format != "auto":
+            kw["load_format"] = arr.rollout.load_format
     if arr.rollout.name == "vllm":
         extra = {} if arr.rollout.load_format == "auto" else {"load_format": arr.rollout.load_format}
         kw.update(engine_kwargs={"enable_prefix_caching": arr.rollout.enable_prefix_caching, **extra},
