@@ -22,7 +22,8 @@ import argparse
 import common
 
 GPU_KEYS = ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
-            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+            "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            "actor_rollout_ref.rollout.enforce_eager=false"]
 CPU_KEYS = ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
             "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
             "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.backend=gloo",

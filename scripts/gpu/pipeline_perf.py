@@ -46,7 +46,7 @@ def main(args: argparse.Namespace, result: dict) -> None:
             "trainer.test_freq=0", "data.val_size=1", f"trainer.total_time_s={args.budget_s}",
             "trainer.total_training_steps=1000", "trainer.default_local_dir=/tmp/asyncrl-gpu-runs", "trainer.progress_bar=false"]
     if cuda:
-        keys += ["trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
+        keys += ["trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.enforce_eager=false",
                  "actor_rollout_ref.actor.fsdp_config.use_torch_compile=true",
                  "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"]
     else:
