@@ -5,11 +5,12 @@ Probabilities of the 5-token case ``[2, 1, 0.5, 0, -1]``: softmax = .5630 .2071 
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.hf_backend import sample_token
+from asyncrl.rollout.hf_sampler import sample, seeded_uniforms
 from asyncrl.rollout.sampling import (LOGP_FLOOR, SamplingFilters, apply_sampling_filters, filtered_entropy,
                                       token_log_probs)
 
@@ -66,17 +67,14 @@ def test_log_probs_gradient_only_through_kept_tokens():
 
 
 def test_hf_sampler_reports_filtered_log_probs_and_respects_the_filter():
-    g = torch.Generator().manual_seed(0)
-    sp = SamplingParams(temperature=1.0, top_p=0.7)
-    seen = set()
-    for _ in range(200):
-        tok, lp = sample_token(X, sp, g)
-        seen.add(tok)
-        want = torch.log_softmax(apply_sampling_filters(X, 1.0, top_p=0.7), -1)[tok]
-        assert lp == pytest.approx(float(want))
-    assert seen == {0, 1}
-    tok, lp = sample_token(X, SamplingParams(temperature=0.0, top_k=2), g)
-    assert tok == 0 and lp == pytest.approx(float(torch.log_softmax(X, -1)[0]))
+    n = 200
+    u = torch.from_numpy(seeded_uniforms(np.arange(n, dtype=np.uint64), np.zeros(n, dtype=np.int64)))
+    toks, lps, _ = sample(X.repeat(n, 1), u, torch.zeros(n, dtype=torch.long), ((1.0, -1, 0.7, 0.0),), plain=True)
+    want = torch.log_softmax(apply_sampling_filters(X, 1.0, top_p=0.7), -1)
+    assert set(toks.tolist()) == {0, 1}
+    torch.testing.assert_close(lps, want[toks])
+    tok, lp, _ = sample(X[None], u[:1], torch.tensor([-1]), (), plain=False)  # greedy row: argmax, raw log-prob
+    assert tok.item() == 0 and lp.item() == pytest.approx(float(torch.log_softmax(X, -1)[0]))
 
 
 # ---------------------------------------------------------------------- against the real vLLM engine

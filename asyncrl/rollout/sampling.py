@@ -4,7 +4,7 @@ The rollout samples from a *filtered* distribution, and the trainer must compute
 (old / current / reference) from the same distribution, or every importance ratio is off. So the
 transform lives here once and is used by
 
-- the transformers backend's sampler (``asyncrl.rollout.hf_backend.sample_token``),
+- the transformers backend's batched sampler (``asyncrl.rollout.hf_sampler.sample``),
 - the trainer engines' log-prob computation (``asyncrl.trainer.engine``, ``asyncrl.trainer.fsdp_engine``),
 
 and it reproduces what vLLM's v1 sampler does with ``logprobs_mode="processed_logprobs"``
