@@ -16,6 +16,7 @@ stall <= 60 ms (transfer alone measured 44 ms for 15.2 GB in benchmarks/RESULTS.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -64,7 +65,7 @@ def main(args: argparse.Namespace, result: dict) -> None:
     cuda = args.device == "cuda"
     model_dir = common.save_model(Path(tempfile.mkdtemp(prefix="asyncrl-7b-")), common.QWEN25_7B if cuda else common.TINY,
                                   "bfloat16", weights=False)
-    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(common.REPO)}})
+    ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})  # REPO + carried wheels
     try:
         gpu = {"num_gpus": 1} if cuda else {}
         replica = RolloutReplica("hf", {"model_path": str(model_dir), "dtype": "bfloat16", "load_format": "dummy",
