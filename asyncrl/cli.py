@@ -9,7 +9,8 @@ are accepted (``task=arith`` -> ``data.task=arith``).
 Every user error has one style: ``<kind> error: <message>`` on stderr and exit status 2, with kind
 ``config`` (unknown key or value, naming the closest valid key; unknown recipe / task / registered
 name), ``dataset`` (unreadable file, missing field), ``batch`` (notebook not found, undeclared or
-unpassable parameter) or ``models fetch``. Anything else is a bug and keeps its traceback.
+unpassable parameter) or ``models fetch``. A run whose trainer raised mid-run prints its summary and
+``training failed: ...`` and exits 1. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -96,9 +97,21 @@ def _train(args: argparse.Namespace) -> int:
             get_task_rows(cfg.data.task, "test", 1, cfg.trainer.seed, cfg.data.operators, **task_options(cfg.data))
         except (KeyError, ValueError) as exc:  # unknown task, DatasetError, bad task knobs
             raise UserError("config", f"data.task: {exc}") from None
-    # a bad dataset file fails here before any process starts; start-time config checks (e.g. GPUs asked
-    # for vs the Ray cluster's) raise ConfigError
-    summary = Experiment(cfg).run()
+    from asyncrl.checkpoint import CheckpointError
+    from asyncrl.experiment import TrainerError
+
+    try:
+        exp = Experiment(cfg)
+    except CheckpointError as exc:  # resume_mode=resume_path at a missing / unreadable checkpoint
+        raise UserError("config", f"trainer.resume_from_path: {exc}") from None
+    # a bad dataset file fails here before any process starts; start-time config checks (GPUs asked for vs
+    # the Ray cluster's, data that can never fill a trainer step) raise ConfigError
+    try:
+        summary = exp.run()
+    except TrainerError as exc:  # the trainer raised mid-run: the summary of what was done, exit status 1
+        print(exc.summary)
+        print(f"training failed: {exc}", file=sys.stderr)
+        return 1
     print(summary)
     print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
     return 0

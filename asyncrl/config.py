@@ -277,6 +277,9 @@ class RolloutConfig:
     """CPU cores of each replica, e.g. ``"0"`` (Linux list syntax): pins the replica process and, for
     vLLM-CPU, one OpenMP thread per core (``VLLM_CPU_OMP_THREADS_BIND``); ``""`` pins nothing. Keeps
     the engine off the trainer's cores on a small CPU box (:mod:`asyncrl.cpu_affinity`)."""
+    max_restarts: int = 3
+    """Times Ray restarts a replica actor that died; a restarted replica rejoins the pool with the
+    current weights (0 = a dead replica stays out)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Settings of the multi-turn ``tool_agent`` loop."""
@@ -368,6 +371,23 @@ class TrainerConfig:
     """Trainer GPUs per node; 0 = the CPU trainer. With ``device=cpu``: gloo processes per node."""
     device: str = "cuda"
     """Device of ``strategy=fsdp2``: ``cuda``, or ``cpu`` (FSDP2 over gloo: tests, debugging)."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Metric loggers (verl's list): ``console`` (an INFO line per step), ``tensorboard``, ``wandb``;
+    ``metrics.csv`` is always streamed."""
+    wandb_mode: Optional[str] = None
+    """W&B mode: ``online`` | ``offline`` (no network; ``wandb sync`` later) | ``disabled``; ``None``: ``$WANDB_MODE``."""
+    save_freq: int = -1
+    """Checkpoint every this many trainer steps, and when the run stops (-1 = never)."""
+    resume_mode: str = "auto"
+    """``auto``: continue from the latest checkpoint of this experiment and seed if one exists;
+    ``disable``: always start fresh; ``resume_path``: continue from ``trainer.resume_from_path``."""
+    resume_from_path: Optional[str] = None
+    """A checkpoint directory ``.../checkpoints/global_step_N`` (with ``resume_mode=resume_path``)."""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    """Keep the last K checkpoints (``None`` = all)."""
+    watchdog_timeout_s: float = 300.0
+    """Seconds without a completed trainer step before the funnel state and the binding limit are
+    logged (and shown in ``status()["watchdog"]``); 0 = off."""
 
 
 @dataclass
@@ -468,6 +488,9 @@ def load_config(
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, _, value = item.partition("=")
+        if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
+            item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
         cfg = _merge(cfg, OmegaConf.from_dotlist([item]), f"override {item!r}")
     out = OmegaConf.to_object(cfg)
     validate(out)
@@ -512,6 +535,8 @@ CHOICES: dict[str, Any] = {
     "actor_rollout_ref.rollout.checkpoint_engine.backend": RegistryChoice("asyncrl.sync.base", "CHECKPOINT_ENGINES"),
     "actor_rollout_ref.rollout.load_format": ("auto", "dummy"),
     "trainer.device": ("cuda", "cpu"),
+    "trainer.resume_mode": ("auto", "disable", "resume_path"),
+    "trainer.wandb_mode": (None, "online", "offline", "disabled"),
     **ALGORITHM_CHOICES,
 }
 HINTS: dict[tuple, str] = {**ALGORITHM_HINTS,
@@ -593,6 +618,32 @@ def validate(cfg: ExperimentConfig) -> None:
                                       or (lw.max_tokens and lw.max_tokens < lw.min_tokens)):
         raise ConfigError("data.length_workload needs min_tokens >= 1, median > 0, sigma >= 0, alpha > 0 and "
                           "max_tokens = 0 or >= min_tokens")
+    for name, value in [
+        ("actor_rollout_ref.rollout.concurrent_samples_per_replica", ro.concurrent_samples_per_replica),
+        ("actor_rollout_ref.rollout.max_num_seqs", ro.max_num_seqs),
+        ("actor_rollout_ref.rollout.agent.sandbox.max_concurrent_sandboxes", ro.agent.sandbox.max_concurrent_sandboxes),
+    ]:
+        if value < 1:
+            raise ConfigError(f"{name}={value} can never start a sample, so no trainer step would ever complete; "
+                              "set it to >= 1")
+    _validate_trainer(cfg)
+
+
+def _validate_trainer(cfg: ExperimentConfig) -> None:
+    tr = cfg.trainer
+    from asyncrl.tracking import LOGGERS  # one list of valid names
+
+    bad = [x for x in tr.logger if x not in LOGGERS]
+    if bad:
+        raise ConfigError(f"trainer.logger: unknown logger(s) {bad}; valid: {list(LOGGERS)} (e.g. trainer.logger=[console,tensorboard])")
+    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
+        raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<run dir>/checkpoints/global_step_N")
+    if tr.save_freq == 0 or tr.save_freq < -1:
+        raise ConfigError(f"trainer.save_freq={tr.save_freq}; use a step count >= 1, or -1 for no checkpoints")
+    if tr.max_actor_ckpt_to_keep is not None and tr.max_actor_ckpt_to_keep < 1:
+        raise ConfigError(f"trainer.max_actor_ckpt_to_keep={tr.max_actor_ckpt_to_keep}; use >= 1, or null to keep all")
+    if cfg.actor_rollout_ref.rollout.max_restarts < 0:
+        raise ConfigError("actor_rollout_ref.rollout.max_restarts must be >= 0")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -9,7 +9,10 @@
     Experiment.wait()   progress bar until the trainer is done -> finish() -> Summary
     Experiment.stop()   abort generation, shut the queue, kill actors, free engines and ports
 
-``run()`` = start + wait + stop. Nothing here blocks a notebook's event loop except ``wait`` /
+``trainer.resume_mode`` (auto | disable | resume_path) picks a checkpoint at construction; the run
+then continues in that checkpoint's run directory (metrics.csv keeps its rows up to the step).
+A trainer error stops the run cleanly (:class:`TrainerError` after the accounting and artifacts
+are written; the last checkpoint stays usable). ``run()`` = start + wait + stop. Nothing here blocks a notebook's event loop except ``wait`` /
 ``run``; use ``start`` + ``status_async`` from notebooks.
 """
 
@@ -19,67 +22,18 @@ import asyncio
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import ray
 
+from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.staleness import sample_budget
+from asyncrl.summary import Summary, TrainerError  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Summary:
-    """What a finished run reports (also written to ``summary.json``).
-
-    Attributes:
-        run_dir: artifact directory.
-        steps: trainer fit steps done; ``param_version``: weight syncs done.
-        accuracy_before: held-out greedy accuracy at version 0 (0..1).
-        accuracy_after: mean of the last ``trainer.eval_average_last`` evaluations (0..1).
-        accounting: prompts taken vs trained / dropped / failed, with reasons (invariant 1).
-        wall_s: seconds from start to the end of the final evaluation.
-    """
-
-    run_dir: str
-    steps: int
-    param_version: int
-    accuracy_before: Optional[float]
-    accuracy_after: Optional[float]
-    accounting: dict
-    wall_s: float
-    evals: list = field(default_factory=list)
-    lag_counts: dict = field(default_factory=dict)
-    staleness_bound: int = 0
-    stop_reason: str = ""
-
-    def __str__(self) -> str:
-        def pct(x: Optional[float]) -> str:
-            return "n/a" if x is None else f"{100 * x:.1f}%"
-        a = self.accounting
-        drops = ", ".join(f"{k} {v}" for k, v in sorted(a.get("dropped", {}).items())) or "none"
-        return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s"
-                f" (stopped: {self.stop_reason or 'n/a'})\n"
-                f"  held-out greedy accuracy: before {pct(self.accuracy_before)} -> after {pct(self.accuracy_after)}"
-                f" (mean of last evals)\n"
-                f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
-                f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
-                f"  dropped by reason: {drops}\n"
-                f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
-                + self._tool_lines())
-
-    def _tool_lines(self) -> str:
-        """Before/after of the evaluations' tool metrics (``eval/tool_*``, tool-using tasks) and the
-        well-formed answer rate (``eval/format``, rules that report it)."""
-        if not self.evals:
-            return ""
-        first, last = self.evals[0], self.evals[-1]
-        keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")))
-        return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
 
 
 def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
@@ -114,6 +68,8 @@ class Experiment:
 
     Raises:
         asyncrl.config.ConfigError: on an invalid config (at construction).
+        asyncrl.checkpoint.CheckpointError: ``resume_mode=resume_path`` names a missing or
+            incomplete checkpoint.
     """
 
     def __init__(self, config: Optional[ExperimentConfig] = None, replicas: Optional[list] = None):
@@ -122,8 +78,17 @@ class Experiment:
         self.config = config or ExperimentConfig()
         validate(self.config)
         self.budget = sample_budget(self.config)
-        self.name = run_name(self.config.trainer.experiment_name, self.config.trainer.seed)
-        self.run_dir = Path(self.config.trainer.default_local_dir) / self.name
+        from asyncrl.checkpoint import find_resume_checkpoint
+
+        tr = self.config.trainer
+        self.resume_from = find_resume_checkpoint(tr.default_local_dir, tr.experiment_name, tr.seed, tr.resume_mode,
+                                                  tr.resume_from_path)
+        if self.resume_from is not None:  # continue in the checkpoint's run directory
+            self.run_dir = self.resume_from.parent.parent
+            self.name = self.run_dir.name
+        else:
+            self.name = run_name(tr.experiment_name, tr.seed)
+            self.run_dir = Path(tr.default_local_dir) / self.name
         self._started_ray = False
         self.replicas: dict[str, Any] = {}
         self._external_replicas = list(replicas) if replicas else None
@@ -143,7 +108,9 @@ class Experiment:
 
         Raises:
             KeyError / asyncrl.data.DatasetError: unknown ``data.task`` or a bad dataset file.
-            asyncrl.config.ConfigError: the run asks for more GPUs than the Ray cluster has.
+            asyncrl.config.ConfigError: the run asks for more GPUs than the Ray cluster has, or the data
+                can never fill one trainer step (fewer prompts than ``required_samples``, or too few
+                within ``data.max_prompt_length``).
         """
         from asyncrl.data.dataset import get_task_rows, load_rows, task_options
         from asyncrl.message_queue import MessageQueue
@@ -158,6 +125,7 @@ class Experiment:
         opts = task_options(d)
         train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators, **opts)
         val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators, **opts)
+        self._check_data(train)  # a run that can never complete a step stops here, with the reason
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
@@ -173,14 +141,26 @@ class Experiment:
         else:  # agent loops run inside the rollouter: route in-process, no actor hop per request
             self.lb = LocalRequestLoadBalancer(self.replicas)
         self.mq = MessageQueue(self.budget.max_required_samples)
+        resume = None
+        if self.resume_from is not None:
+            from asyncrl.checkpoint.trainer_state import rollouter_resume
+
+            resume = rollouter_resume(self.resume_from)
+            logger.info("resuming %s from %s", self.name, self.resume_from)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
-            cfg, train, val, self.replicas, self.lb, self.mq)
+            cfg, train, val, self.replicas, self.lb, self.mq, resume)
         worker_opts = [self.placement.actor_options(s) for s in layout.trainer] if self.placement else None
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64).remote(
-            cfg, self.mq, self.rollouter, self.replicas, worker_opts)
-        if self._external_replicas or cfg.actor_rollout_ref.rollout.load_format == "dummy":
-            ray.get(self.trainer.initial_sync.remote())  # replicas hold other (or random) weights
-        ray.get(self.rollouter.start_evaluation.remote())  # version-0 "before" accuracy
+            cfg, self.mq, self.rollouter, self.replicas, worker_opts, str(self.run_dir),
+            str(self.resume_from) if self.resume_from else None, logging.getLogger("asyncrl").getEffectiveLevel())
+        ray.get(self.rollouter.attach_trainer.remote(self.trainer))  # restarted replicas rejoin through it
+        if (self._external_replicas or cfg.actor_rollout_ref.rollout.load_format == "dummy"
+                or self.resume_from is not None):  # replicas hold other (random, older) weights than the trainer
+            ray.get(self.trainer.initial_sync.remote())  # the trainer's weights (and version) everywhere
+        if self.resume_from is None:
+            ray.get(self.rollouter.start_evaluation.remote())  # version-0 "before" accuracy
         ray.get(self.rollouter.start.remote())
         self._fit_ref = self.trainer.fit.remote()
         logger.info("experiment %s started: %s", self.name, self.budget)
@@ -196,6 +176,13 @@ class Experiment:
             self.placement = Placement(layout)
             logger.info("placement groups: %s", layout.groups)
         return layout
+
+    def _check_data(self, train: list[dict]) -> None:
+        from asyncrl.models import load_tokenizer
+        from asyncrl.watchdog import check_can_fill_batch
+
+        m = self.config.actor_rollout_ref.model
+        check_can_fill_batch(train, self.config, load_tokenizer(m.tokenizer_path or m.path))
 
     # ------------------------------------------------------------------ live state
     async def status_async(self) -> dict:
@@ -215,6 +202,7 @@ class Experiment:
 
     def _status(self, ro: dict, tr: dict, mq: Any) -> dict:
         return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": time.time() - self.t_start,
+                "watchdog": tr.get("watchdog"),
                 "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq),
                 "load_balancer": ro.pop("load_balancer", {}), "budget": dataclasses.asdict(self.budget)}
 
@@ -238,7 +226,15 @@ class Experiment:
             if ready:
                 break
         bar.close()
-        ray.get(self._fit_ref)  # re-raise a trainer error here
+        return self._finish_or_raise()
+
+    def _finish_or_raise(self) -> Summary:
+        try:
+            ray.get(self._fit_ref)
+        except ray.exceptions.RayTaskError as exc:  # the trainer raised: stop cleanly, then report
+            summary = self.finish(failed=True)
+            raise TrainerError(f"{summary.stop_reason}; prompts balanced: {summary.accounting['balanced']}; "
+                               f"resume from: {summary.last_checkpoint or 'no checkpoint written'}", summary) from exc
         return self.finish()
 
     async def wait_async(self, poll_s: float = 1.0) -> Summary:
@@ -246,22 +242,28 @@ class Experiment:
         (widgets keep updating), then runs :meth:`finish` in a worker thread."""
         while not (await self.trainer.status.remote())["done"]:
             await asyncio.sleep(poll_s)
-        await self._fit_ref  # re-raise a trainer error here
-        return await asyncio.to_thread(self.finish)
+        return await asyncio.to_thread(self._finish_or_raise)
 
-    def finish(self) -> Summary:
-        """Stop rollout, push the last weights, evaluate, account every prompt, write artifacts."""
+    def finish(self, failed: bool = False) -> Summary:
+        """Stop rollout, push the last weights, evaluate, account every prompt, checkpoint (with
+        ``trainer.save_freq > 0``), write artifacts. ``failed``: the trainer raised, so its state is
+        not trusted: no final sync, evaluation or checkpoint; the last checkpoint stays the one to use."""
         ray.get(self.rollouter.stop.remote())
         ray.get(self.rollouter.wait_evaluation.remote())
-        ray.get([r.abort_all_requests.remote() for r in self.replicas.values()])  # orphaned training requests
-        ray.get(self.trainer.final_sync.remote())
-        ray.get(self.rollouter.wait_evaluation.remote())
-        ro = ray.get(self.rollouter.snapshot.remote())
-        if not ro["eval_history"] or ro["eval_history"][-1]["version"] != ro["param_version"]:
-            ray.get(self.rollouter.evaluate.remote())
+        self._abort_live_replicas()  # orphaned training requests (a dead replica is skipped)
+        if not failed:
+            ray.get(self.trainer.final_sync.remote())
+            ray.get(self.rollouter.wait_evaluation.remote())
+            ro = ray.get(self.rollouter.snapshot.remote())
+            if not ro["eval_history"] or ro["eval_history"][-1]["version"] != ro["param_version"]:
+                ray.get(self.rollouter.evaluate.remote())
         self.mq.shutdown()
+        if not failed and self.config.trainer.save_freq > 0:
+            ray.get(self.trainer.save_checkpoint.remote())  # at stop: nothing in flight any more
+        ray.get(self.trainer.close.remote())
         ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
-        accounting = self._accounting(ro["accounting"], tr, dataclasses.asdict(self.mq.stats()))
+        accounting = self.accounting()
+        accounting["in_flight_left"] = ro["accounting"]["pending"] + ro["accounting"]["active"]
         evals = ro["eval_history"]
         k = self.config.trainer.eval_average_last
         after_evals = [e for e in evals if e["version"] > 0][-k:]
@@ -270,24 +272,27 @@ class Experiment:
             accuracy_before=evals[0]["accuracy"] if evals and evals[0]["version"] == 0 else None,
             accuracy_after=sum(e["accuracy"] for e in after_evals) / len(after_evals) if after_evals else None,
             accounting=accounting, wall_s=time.time() - self.t_start, evals=evals,
-            lag_counts=tr["lag_counts"], staleness_bound=tr["staleness_bound"], stop_reason=tr.get("stop_reason", ""))
+            lag_counts=tr["lag_counts"], staleness_bound=tr["staleness_bound"], stop_reason=tr.get("stop_reason", ""),
+            last_checkpoint=tr.get("last_checkpoint"), resumed_from=str(self.resume_from) if self.resume_from else None)
         history = tr["history"]
-        write_run_artifacts(self.run_dir, history, evals, to_yaml(self.config), dataclasses.asdict(self.summary))
+        write_run_artifacts(self.run_dir, history, evals, to_yaml(self.config), dataclasses.asdict(self.summary),
+                            write_metrics=False)  # metrics.csv was streamed step by step
         return self.summary
 
-    @staticmethod
-    def _accounting(ro: dict, tr: dict, mq: dict) -> dict:
-        """Invariant 1: taken == trained + dropped + failed, every drop and failure with a reason."""
-        dropped: dict[str, int] = {}
-        for src in (ro["dropped"], mq["drop_reasons"]):
-            for k, v in src.items():
-                dropped[k] = dropped.get(k, 0) + v
-        failed = dict(ro["failed"])
-        out = {"taken": ro["taken"], "trained": tr["trained"], "dropped": dropped, "failed": failed,
-               "dropped_total": sum(dropped.values()), "failed_total": sum(failed.values()),
-               "in_flight_left": ro["pending"] + ro["active"]}
-        out["balanced"] = out["taken"] == out["trained"] + out["dropped_total"] + out["failed_total"]
-        return out
+    def _abort_live_replicas(self) -> None:
+        for sid, r in self.replicas.items():
+            try:
+                ray.get(r.abort_all_requests.remote(), timeout=60)
+            except Exception as exc:  # died, or restarting
+                logger.warning("abort on replica %s: %s", sid, type(exc).__name__)
+
+    def accounting(self) -> dict:
+        """Invariant 1 from the per-sample ledger: ``taken == trained + dropped + failed``, every drop
+        and failure with a reason, no seq lost or accounted twice (see :mod:`asyncrl.accounting`).
+        Exact once the run is stopped; while it runs, samples in flight show as ``lost``."""
+        ro_parts, tr_part, taken = ray.get([self.rollouter.ledger_parts.remote(), self.trainer.ledger_dict.remote(),
+                                            self.rollouter.taken.remote()])
+        return final_accounting(taken, [*ro_parts, tr_part])
 
     def stop(self) -> None:
         """Shut everything down: no actors, engine processes or ports left behind. Idempotent."""
@@ -317,7 +322,10 @@ class Experiment:
             self.mq = None
         if not self._external_replicas:
             for r in getattr(self, "_replica_objs", []):
-                r.shutdown()
+                try:
+                    r.shutdown()
+                except Exception as exc:  # a replica that died (and was not restarted) is gone already
+                    logger.warning("replica %s shutdown: %s", r.server_id, type(exc).__name__)
         self._replica_objs, self.replicas = [], {}
         if self.lb is not None:
             self.lb.shutdown()

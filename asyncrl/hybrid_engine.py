@@ -49,10 +49,10 @@ async def generate_batch(rollouter: Any, k: int, max_attempts_factor: int = 4) -
             if started >= max_attempts_factor * k:
                 raise RuntimeError(f"hybrid engine: {started} prompt groups started for a batch of {k}; "
                                    f"failed: {dict(rollouter.failed)}, dropped: {dict(rollouter.dropped)}")
-            index, taken_at = await rollouter.pending_queue.get()
+            held = await rollouter.pending_queue.get()  # (seq, index, taken_at)
             async with rollouter.cond:
                 rollouter.staleness_samples += 1
-            running.add(rollouter._launch(index, taken_at))
+            running.add(rollouter._launch(*held))
             started += 1
         if not running:
             break

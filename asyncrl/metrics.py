@@ -1,6 +1,7 @@
 """Metric namespace, run naming and run artifacts (table, plot, resolved config, summary).
 
-Glossary (one row per trainer step in ``metrics.csv``; seconds unless said otherwise):
+Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as the step ends by
+:class:`asyncrl.tracking.Tracking`; seconds unless said otherwise):
 
 ==================================  =========================================================
 ``reward/mean``                     mean rule reward of the step's responses (0..1)
@@ -28,6 +29,7 @@ Glossary (one row per trainer step in ``metrics.csv``; seconds unless said other
 ``trainer/dropped_stale``           prompt groups dropped for staleness so far
 ``trainer/dropped_dapo_no_signal``  prompt groups dropped by DAPO's ``filter_groups`` so far
 ``sync/*``                          weight-sync phase timings (pause, transfer, resume, total)
+``sync/replica_faults``             1 when a replica died during the sync (resent to the live ones)
 ``timing/*``                        trainer step phases (fetch, update, step; gen with hybrid_engine)
 ``reward/<key>``                    extras of a dict-valued rule reward, mean over the step's
                                     responses (``word_problems``: ``reward/acc``, ``reward/format``)
@@ -80,9 +82,10 @@ def plot_run(history: pd.DataFrame, evals: pd.DataFrame, path: Path) -> Path:
 
 
 def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[dict], config_yaml: str,
-                        summary: dict[str, Any]) -> dict[str, Path]:
+                        summary: dict[str, Any], write_metrics: bool = True) -> dict[str, Path]:
     """Write ``metrics.csv``, ``eval.csv``, ``config.yaml``, ``summary.json`` and ``plot.png``.
 
+    ``write_metrics=False`` leaves ``metrics.csv`` as streamed by :class:`asyncrl.tracking.Tracking`.
     Returns the paths by kind. Raises ``OSError`` if ``run_dir`` cannot be written.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +97,8 @@ def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[d
         evals["step"] = [0 if v == 0 else first_step.get(v, hist["step"].max()) for v in evals["version"]]
     paths = {"metrics": run_dir / "metrics.csv", "eval": run_dir / "eval.csv", "config": run_dir / "config.yaml",
              "summary": run_dir / "summary.json", "plot": run_dir / "plot.png"}
-    hist.to_csv(paths["metrics"], index=False)
+    if write_metrics:
+        hist.to_csv(paths["metrics"], index=False)
     evals.to_csv(paths["eval"], index=False)
     paths["config"].write_text(config_yaml)
     paths["summary"].write_text(json.dumps(summary, indent=2, default=str))

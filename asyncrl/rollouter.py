@@ -20,7 +20,8 @@ Semantics and names from the verl fully-async design (seed ``003`` chapter 6): `
 counts samples started since the last sync plus those still outstanding; ``reset_staleness()`` sets
 it to ``len(active_tasks) + len(MessageQueue)`` after each sync. Every prompt taken from the
 dataloader is accounted for: enqueued (later trained or dropped by the trainer), dropped with a
-reason, or failed with a reason (invariant 1).
+reason, or failed with a reason (invariant 1), per sample by its ``seq`` in a ledger; the data order
+is a function of ``(trainer.seed, epoch)``, its position is checkpointed (``CheckpointedRollouter``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import random
 import time
 import uuid
 from typing import Any, Optional
@@ -36,12 +36,14 @@ from typing import Any, Optional
 import ray
 
 from asyncrl.agent_loop.worker import AgentLoopManager
+from asyncrl.checkpoint.trainer_state import CheckpointedRollouter
 from asyncrl.config import ExperimentConfig
 from asyncrl.data.length_workload import LengthWorkload
 from asyncrl.failures import FailureLog, own_cancellation
 from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import GenerationAborted
+from asyncrl.rollout.health import ReplicaHealthMixin, call_live
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget
 
@@ -54,7 +56,7 @@ def _group(exc: BaseException) -> dict:
     return {"trajectories": dict(group)} if isinstance(group, dict) else {}
 
 
-class FullyAsyncRollouter:
+class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
     """Ray actor body (made remote by :class:`~asyncrl.experiment.Experiment` with ``num_cpus=0``).
 
     Args:
@@ -64,10 +66,12 @@ class FullyAsyncRollouter:
         replicas: ``{server_id: RolloutReplica actor handle}``.
         load_balancer: GlobalRequestLoadBalancer wrapper (acquire/release).
         message_queue: :class:`~asyncrl.message_queue.MessageQueue`.
+        resume: a checkpoint's state (``rollouter_resume``); its samples in flight are counted as
+            dropped (``in_flight_at_checkpoint``).
     """
 
     def __init__(self, config: ExperimentConfig, train_rows: list[dict], val_rows: list[dict],
-                 replicas: dict, load_balancer: Any, message_queue: Any):
+                 replicas: dict, load_balancer: Any, message_queue: Any, resume: Optional[dict] = None):
         from asyncrl.models import load_tokenizer  # tokenizers are loaded per actor, never shipped
 
         self.cfg = config
@@ -98,6 +102,7 @@ class FullyAsyncRollouter:
         self.recent: collections.deque = collections.deque(maxlen=512)  # per-sample summaries for widgets
         self.partial_spans: collections.deque = collections.deque(maxlen=512)
         self.recent_trajectories: collections.deque = collections.deque(maxlen=32)  # for the mask inspector
+        self._init_ledger(len(train_rows), resume)  # ledger, data sampler; a checkpoint's state restored
         eos = self.tokenizer.eos_token_id
         ro = config.actor_rollout_ref.rollout
         self.sp = SamplingParams(max_tokens=ro.response_length, temperature=ro.temperature, top_p=ro.top_p,
@@ -113,6 +118,8 @@ class FullyAsyncRollouter:
         self._loops = [asyncio.create_task(self._feed_loop())]
         if not self.cfg.actor_rollout_ref.hybrid_engine:
             self._loops.append(asyncio.create_task(self._processor_loop()))
+        if self.monitor is not None:  # restarted replicas rejoin (asyncrl.rollout.health)
+            self.monitor.start()
 
     async def generate_batch(self, k: int) -> dict:
         """Colocated mode: generate ``k`` prompt groups now and return once they are enqueued
@@ -124,6 +131,8 @@ class FullyAsyncRollouter:
     async def stop(self) -> dict:
         """Stop admitting work, abort generation, and account every unfinished prompt as dropped."""
         self.stopping = True
+        if self.monitor is not None:
+            await self.monitor.stop()
         async with self.cond:
             self.cond.notify_all()
         for t in self._loops:
@@ -134,8 +143,7 @@ class FullyAsyncRollouter:
             t.cancel()
         await asyncio.gather(*active, return_exceptions=True)
         while not self.pending_queue.empty():
-            self.pending_queue.get_nowait()
-            self.dropped["unstarted_at_shutdown"] += 1
+            self._drop("unstarted_at_shutdown", self.pending_queue.get_nowait()[0])
         return self.accounting()
 
     async def shutdown(self) -> None:
@@ -144,16 +152,10 @@ class FullyAsyncRollouter:
 
     # ------------------------------------------------------------------ loops
     async def _feed_loop(self) -> None:
-        rng = random.Random(self.cfg.trainer.seed)
-        epoch = 0
-        while not self.stopping:
-            order = list(range(len(self.train_rows)))
-            if self.cfg.data.shuffle:
-                rng.shuffle(order)
-            for i in order:
-                await self.pending_queue.put((i, time.time()))
-                self.counts["taken"] += 1
-            epoch += 1
+        while not self.stopping:  # taken / position change together, after the put (no await between)
+            await self.pending_queue.put((self.counts["taken"], self.sampler.peek(), time.time()))
+            self.sampler.advance()
+            self.counts["taken"] += 1
 
     def _can_start(self) -> bool:
         return (not self.paused and len(self.active_tasks) < self.budget.max_concurrent_samples
@@ -173,14 +175,15 @@ class FullyAsyncRollouter:
                 held = None
         finally:
             if held is not None:
-                self.dropped["unstarted_at_shutdown"] += 1
+                self._drop("unstarted_at_shutdown", held[0])
 
-    def _launch(self, index: int, taken_at: float) -> asyncio.Task:
-        """Start one prompt group (its staleness slot already taken) at the current version."""
+    def _launch(self, seq: int, index: int, taken_at: float) -> asyncio.Task:
+        """Start one prompt group (a ``pending_queue`` item; its staleness slot already taken) at the
+        current version."""
         if self._idle_since is not None:
             self.idle_s += time.time() - self._idle_since
             self._idle_since = None
-        task = asyncio.create_task(self._process_sample(index, taken_at, self.param_version))
+        task = asyncio.create_task(self._process_sample(seq, index, taken_at, self.param_version))
         self.active_tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
@@ -202,15 +205,15 @@ class FullyAsyncRollouter:
             self.cond.notify_all()
 
     # ------------------------------------------------------------------ one prompt group
-    async def _process_sample(self, index: int, taken_at: float, version: int) -> None:
+    async def _process_sample(self, seq: int, index: int, taken_at: float, version: int) -> None:
         row = self.train_rows[index]
         uid = uuid.uuid4().hex[:12]
-        started = time.time()
+        started = self.started_at[seq] = time.time()
         try:
             from asyncrl.agent_loop.single_turn import render_prompt_ids
             prompt_ids = render_prompt_ids(self.tokenizer, list(row["prompt"]), row.get("tools"))
             if len(prompt_ids) > self.cfg.data.max_prompt_length:
-                self.dropped["prompt_too_long"] += 1
+                self._drop("prompt_too_long", seq)
                 await self.release_budget()
                 return
             n = self.cfg.actor_rollout_ref.rollout.n
@@ -218,7 +221,7 @@ class FullyAsyncRollouter:
             outs = await self.agent_loops.generate_sequences_single(row, uid, sp, n, prompt_ids)
             gt = row["reward_model"]["ground_truth"]
             finished = time.time()
-            sample = RolloutSample(uid=uid, index=index, data_source=row.get("data_source", ""), ground_truth=gt,
+            sample = RolloutSample(uid=uid, seq=seq, index=index, data_source=row.get("data_source", ""), ground_truth=gt,
                                    outputs=list(outs), start_version=version,
                                    timings={"taken": taken_at, "started": started, "finished": finished})
             sample.metrics = {"rollouter/processing_s": finished - started,
@@ -228,31 +231,35 @@ class FullyAsyncRollouter:
             sample.timings["enqueued"] = time.time()
             await self.mq.put_sample_async(ray.put(sample))
             self.counts["enqueued"] += 1
+            self.ledger.record("enqueued", seq)
             self.recent_trajectories.append(self._trajectory_view(sample))
             self.recent.append({"uid": uid, "reward_mean": sum(sample.rewards) / len(outs),
                                 "min_v": sample.min_global_steps, "max_v": sample.max_global_steps,
                                 "processing_s": finished - started})
         except asyncio.CancelledError as exc:
             if self.stopping or own_cancellation():  # stop() cancelled this task: a shutdown
-                self.dropped["aborted_at_shutdown"] += 1
+                self._drop("aborted_at_shutdown", seq)
                 raise
             # a callee's cancellation (an engine request, a Ray task): this sample failed, the run goes on
             logger.error("sample %s (row %d) failed: a callee raised CancelledError", uid, index)
-            self.failed[self.failures.record(exc, uid, index=index, reason="cancelled by a callee")] += 1
+            self._fail(self.failures.record(exc, uid, index=index, reason="cancelled by a callee"), seq)
             await self.release_budget()
         except GenerationAborted:
-            self.dropped["aborted_no_partial_rollout"] += 1
+            self._drop("aborted_no_partial_rollout", seq)
             await self.release_budget()
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.as_instanceof_cause(), QueueShutdown):
-                return  # the MessageQueue counted it as dropped ("queue_shutdown")
+                self._drop("queue_shutdown", seq, count=False)  # the MessageQueue counted it
+                return
             logger.error("sample %s (row %d) failed: %s", uid, index, exc)
-            self.failed[self.failures.record(exc, uid, index=index, **_group(exc))] += 1
+            self._fail(self.failures.record(exc, uid, index=index, **_group(exc)), seq)
             await self.release_budget()
         except Exception as exc:  # reported and accounted, never silently lost
             logger.exception("sample %s (row %d) failed", uid, index)
-            self.failed[self.failures.record(exc, uid, index=index, **_group(exc))] += 1
+            self._fail(self.failures.record(exc, uid, index=index, **_group(exc)), seq)
             await self.release_budget()
+        finally:
+            self.started_at.pop(seq, None)
 
     # ------------------------------------------------------------------ sync protocol
     async def pause_for_sync(self) -> dict:
@@ -264,8 +271,8 @@ class FullyAsyncRollouter:
             await asyncio.gather(self._eval_task, return_exceptions=True)
         t_eval = time.time()
         if self.cfg.async_training.partial_rollout:  # abort (resubmitted later) or keep (frozen in place)
-            mode = self.cfg.async_training.partial_rollout_mode
-            await asyncio.gather(*[r.pause.remote(mode) for r in self.replicas.values()])
+            await call_live(await self.live_replicas(), "pause", self.cfg.async_training.partial_rollout_mode,
+                            pool=self.lb)
         else:
             while self.active_tasks:
                 await asyncio.wait(set(self.active_tasks))
@@ -276,7 +283,7 @@ class FullyAsyncRollouter:
         t0 = time.time()
         self.param_version = version
         if self.cfg.async_training.partial_rollout:
-            await asyncio.gather(*[r.resume.remote() for r in self.replicas.values()])
+            await call_live(await self.live_replicas(), "resume", pool=self.lb)
         await self.reset_staleness()
         if self.cfg.trainer.test_freq > 0 and version % self.cfg.trainer.test_freq == 0:
             self.start_evaluation()
@@ -367,6 +374,8 @@ class FullyAsyncRollouter:
             "idle_ratio": min(1.0, (self.idle_s + (time.time() - self._idle_since if self._idle_since else 0.0)) / wall),
             "accounting": self.accounting(),
             "recent_failures": self.failures.snapshot(),
+            "data_position": {**self.sampler.position.state_dict(), "rows": len(self.train_rows)},
+            "replica_health": self.replica_health(),
             "eval_history": list(self.eval_history),
             "partial_spans": list(self.partial_spans)[-64:],
             "recent": list(self.recent)[-64:],

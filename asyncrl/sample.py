@@ -18,6 +18,8 @@ class RolloutSample:
 
     Attributes:
         uid: unique id of this prompt group (also the request-id prefix of its responses).
+        seq: position of the prompt in the stream taken from the dataloader (0, 1, ...; continues
+            across a resume); the key of :class:`~asyncrl.accounting.Ledger`.
         index: dataset row index the prompt came from.
         data_source: the row's ``data_source`` (selects the reward function).
         ground_truth: ``reward_model.ground_truth`` of the row.
@@ -29,6 +31,7 @@ class RolloutSample:
     """
 
     uid: str
+    seq: int
     index: int
     data_source: str
     ground_truth: Any

@@ -50,7 +50,8 @@ def header_model(snapshot: dict) -> dict:
             "trained": as_int(tr.get("trained")), "taken": as_int(acc.get("taken")),
             "enqueued": as_int(acc.get("enqueued")), "accuracy": evals[-1].get("accuracy") if evals else None,
             "error": tr.get("error"), "failed": dict(acc.get("failed") or {}),
-            "last_failure": (ro.get("recent_failures") or [None])[-1]}
+            "last_failure": (ro.get("recent_failures") or [None])[-1],
+            "watchdog": (snapshot.get("watchdog") or tr.get("watchdog") or {}).get("message")}
 
 
 class Dashboard(SnapshotView):
@@ -212,6 +213,8 @@ class Dashboard(SnapshotView):
                       f"{html.escape(str(last.get('type')))}: {html.escape(str(last.get('message', ''))[:160])}"
                       if last else "")
             err += f'<div class="warn">failed samples: {counts}{latest}</div>'
+        if h.get("watchdog"):  # no trainer step for trainer.watchdog_timeout_s: the binding limit
+            err += f'<div class="warn">watchdog: {html.escape(str(h["watchdog"]))}</div>'
         if self.poller is not None and self.poller.last_error and self.poller.errors:
             err += f'<div class="warn">snapshot fetch failing: {html.escape(self.poller.last_error)}</div>'
         name, state = html.escape(str(h.get("name", ""))), html.escape(str(h.get("state", "no snapshot yet")))

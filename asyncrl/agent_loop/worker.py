@@ -153,13 +153,14 @@ class AgentLoopWorker:
 
     def stats(self) -> dict:
         """``{"worker_id", "active_samples", "active_trajectories", "done_samples", "cancelled_trajectories",
-        "sandboxes"?}`` for the funnel.
+        "replica_faults", "sandboxes"?}`` for the funnel.
 
         ``sandboxes`` (``{"active", "limit", "waiting", "started"}``) appears once a sandboxed loop ran here.
         """
         out = {"worker_id": self.worker_id, "active_samples": self.active_samples,
                "active_trajectories": self.active_trajectories, "done_samples": self.done_samples,
-               "cancelled_trajectories": self.cancelled_trajectories}
+               "cancelled_trajectories": self.cancelled_trajectories,
+               "replica_faults": self.client.replica_faults_total}
         import sys
 
         if "asyncrl.agent_loop.sandbox.loop" in sys.modules:  # never import the sandbox just to report

@@ -8,6 +8,9 @@
                release_server(server_id, request_id) in finally
                stop_reason == "aborted"?  -> partial_rollout: resubmit after the replica resumes
                                              otherwise: raise GenerationAborted (sample is dropped)
+               replica fault (died / restarting)?  -> report it (the balancer stops routing there),
+                                             resubmit prompt + tokens so far on another replica
+                                             (waits while the pool is empty; at most max_replica_faults)
         returns one TokenOutput whose tokens may span several parameter versions
         (response_versions: the engine's version of each token, carried across resumes)
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
 
 from asyncrl.rollout.base import SamplingParams, TokenOutput
+from asyncrl.rollout.health import ReplicaFault, is_replica_fault, report_failure
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +57,12 @@ class ResumableOutput(TokenOutput):
     Attributes:
         num_aborts: how many times the request was aborted and resumed.
         server_ids: replica that served each engine call (sticky routing keeps them equal).
+        replica_faults: calls lost to a failed replica and resubmitted elsewhere.
     """
 
     num_aborts: int = 0
     server_ids: list[Any] = field(default_factory=list)
+    replica_faults: int = 0
 
 
 async def _call_replica(handle: Any, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
@@ -89,6 +95,11 @@ class LLMServerClient:
         server_id, handle = await self.pool.acquire_server_async(request_id)
         try:
             return await _call_replica(handle, request_id, prompt_ids, sp), server_id
+        except Exception as exc:
+            if is_replica_fault(exc):
+                await report_failure(self.pool, server_id, exc)
+                raise ReplicaFault(server_id, exc) from exc
+            raise
         finally:
             await self.pool.release_server_async(server_id, request_id)
 
@@ -113,12 +124,47 @@ class FullyAsyncLLMServerClient(LLMServerClient):
         pool: load balancer.
         partial_rollout: resume aborted requests (True) or raise :class:`GenerationAborted` (False).
         max_resumes: safety bound on resubmissions of one request.
+        max_replica_faults: replica failures one request survives before it fails (with the fault).
+        replica_wait_s: how long a request waits for a replica while the pool is empty (all failed,
+            restarting).
     """
 
-    def __init__(self, pool: ServerPool, partial_rollout: bool = True, max_resumes: int = 1000):
+    def __init__(self, pool: ServerPool, partial_rollout: bool = True, max_resumes: int = 1000,
+                 max_replica_faults: int = 3, replica_wait_s: float = 300.0):
         super().__init__(pool)
         self.partial_rollout = partial_rollout
         self.max_resumes = max_resumes
+        self.max_replica_faults = max_replica_faults
+        self.replica_wait_s = replica_wait_s
+        self.replica_faults_total = 0  # engine calls lost to a failed replica, all requests
+
+    async def _call(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                    result: "ResumableOutput") -> tuple[TokenOutput, Any]:
+        """One engine call that survives replica faults (resubmitted elsewhere) and an empty pool
+        (waits, with backoff, up to ``replica_wait_s``).
+
+        Raises:
+            ReplicaFault: after ``max_replica_faults`` faults of this request.
+            NoServerAvailableError: the pool stayed empty for ``replica_wait_s``.
+        """
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+        from asyncrl.rollout.load_balancer import NoServerAvailableError
+
+        while True:
+            try:
+                async for attempt in AsyncRetrying(retry=retry_if_exception_type(NoServerAvailableError),
+                                                   wait=wait_exponential(multiplier=0.2, max=5.0),
+                                                   stop=stop_after_delay(self.replica_wait_s), reraise=True):
+                    with attempt:
+                        return await self._once(request_id, prompt_ids, sp)
+            except ReplicaFault as fault:
+                result.replica_faults += 1
+                self.replica_faults_total += 1
+                if result.replica_faults > self.max_replica_faults:
+                    raise
+                logger.warning("request %s: %s; resubmitting %d tokens elsewhere", request_id, fault,
+                               len(result.token_ids))
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> ResumableOutput:
         """Generate up to ``sampling_params.max_tokens`` tokens in total, across aborts.
@@ -140,7 +186,7 @@ class FullyAsyncLLMServerClient(LLMServerClient):
                 return result
             sp = dataclasses.replace(sampling_params, max_tokens=remaining,
                                      stop_token_ids=list(sampling_params.stop_token_ids))
-            out, server_id = await self._once(request_id, prompt + result.token_ids, sp)
+            out, server_id = await self._call(request_id, prompt + result.token_ids, sp, result)
             new = list(out.token_ids)[:remaining]
             result.token_ids.extend(new)
             if result.log_probs is not None:

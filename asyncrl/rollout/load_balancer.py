@@ -77,6 +77,8 @@ class RequestLoadBalancer:
         self.full_determinism = full_determinism
         self.sticky_hits = 0
         self.invalidations = 0
+        self.failed: dict[str, str] = {}  # server id -> reason, while out of the pool after a failure
+        self.failures = 0
         self.add_servers(dict(servers or {}))
 
     def acquire_server(self, request_id: str) -> tuple[str, Any]:
@@ -146,6 +148,7 @@ class RequestLoadBalancer:
         incarnation, counts kept); a removed id added again is a new incarnation starting at 0."""
         for sid, handle in servers.items():
             self._handles[sid] = handle
+            self.failed.pop(sid, None)
             if sid not in self._in_flight:
                 self._in_flight[sid] = 0
                 self._next_incarnation += 1
@@ -163,6 +166,18 @@ class RequestLoadBalancer:
         """Server ids in the pool (insertion order)."""
         return list(self._handles)
 
+    def report_failure(self, server_id: str, reason: str) -> bool:
+        """A call to ``server_id`` failed with a replica fault: take it out of the pool (its leases
+        end with this incarnation) and list it under ``failed`` until it is added again. Returns
+        True when this report removed it (later reports of the same failure are no-ops)."""
+        if server_id not in self._handles:
+            return False
+        self.remove_servers([server_id])
+        self.failed[server_id] = reason
+        self.failures += 1
+        logger.warning("rollout server %s removed from the pool after a failure: %s", server_id, reason)
+        return True
+
     def snapshot(self) -> dict[str, Any]:
         """State for widgets / metrics: per-server in-flight counts and cache statistics."""
         return {
@@ -173,6 +188,8 @@ class RequestLoadBalancer:
             "invalidations": self.invalidations,
             "open_leases": sum(len(v) for v in self._leases.values()),
             "stale_releases": self.stale_releases,
+            "failed": sorted(self.failed),
+            "failures": self.failures,
         }
 
 
@@ -195,6 +212,9 @@ class LocalRequestLoadBalancer(RequestLoadBalancer):
 
     async def servers_async(self) -> list[str]:
         return self.servers()
+
+    async def report_failure_async(self, server_id: str, reason: str) -> bool:
+        return self.report_failure(server_id, reason)
 
     async def snapshot_async(self) -> dict[str, Any]:
         return self.snapshot()
@@ -283,6 +303,10 @@ class GlobalRequestLoadBalancer:
     async def servers_async(self) -> list[str]:
         """Awaitable :meth:`servers`."""
         return await _unwrap(self.actor.servers.remote())
+
+    async def report_failure_async(self, server_id: str, reason: str) -> bool:
+        """Awaitable :meth:`RequestLoadBalancer.report_failure`."""
+        return await _unwrap(self.actor.report_failure.remote(server_id, reason))
 
     def snapshot(self) -> dict[str, Any]:
         """Per-server in-flight counts and cache statistics (see :meth:`RequestLoadBalancer.snapshot`)."""

@@ -86,6 +86,8 @@ class _ReplicaActor:
     """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
 
     def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int, cpu_affinity: str = ""):
+        import ray
+
         from asyncrl.cpu_affinity import pin_rollout_engine
 
         pin_rollout_engine(cpu_affinity)  # before the engine (and its processes) start
@@ -94,6 +96,10 @@ class _ReplicaActor:
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
         self._start_task: Optional[asyncio.Future] = None
         self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0}
+        # Ray restarted this actor after a crash (rollout.max_restarts): its engine holds the initial
+        # checkpoint, not the current weights, so it serves nothing until it has been given them.
+        self.restarted = bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
+        self.weights_current = not self.restarted
 
     async def start(self) -> None:
         """Start the engine once; concurrent / repeated calls await the same start."""
@@ -106,6 +112,11 @@ class _ReplicaActor:
         return True
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
+        if not self.weights_current:
+            from asyncrl.rollout.health import ReplicaUnavailable
+
+            raise ReplicaUnavailable(f"replica {self.replica_rank} was restarted and has not received the current "
+                                     "weights yet")
         out = await self.engine.generate(request_id, prompt_ids, sampling_params)
         self._stats["requests"] += 1
         self._stats["generated_tokens"] += len(out.token_ids)
@@ -135,6 +146,7 @@ class _ReplicaActor:
         return self._loaded(await engine.finish_weight_update(version), t0)
 
     def _loaded(self, n: int, t0: float) -> int:
+        self.weights_current = True
         self._stats["weight_updates"] += 1
         self._stats["last_sync_s"] = time.perf_counter() - t0
         return n
@@ -166,7 +178,7 @@ class _ReplicaActor:
 
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "replica_rank": self.replica_rank, "param_version": self.param_version(),
-                "num_inflight": self.num_inflight(), **self._stats}
+                "num_inflight": self.num_inflight(), "restarted": self.restarted, **self._stats}
 
     async def param_checksums(self) -> dict[str, float]:
         return await self.engine.param_checksums()
@@ -220,7 +232,11 @@ class RolloutReplica:
         get_backend_cls(backend)  # fail fast in the caller's process
         if "model_path" in kwargs and os.path.exists(kwargs["model_path"]):
             kwargs["model_path"] = os.path.abspath(kwargs["model_path"])  # the actor's cwd differs
-        opts = {"num_cpus": 0, "max_concurrency": 10_000, **(actor_options or {})}
+        # A replica that dies is restarted by Ray (rollout.max_restarts); calls in flight fail (no task
+        # retries): the client moves them to another replica (asyncrl.rollout.health).
+        restarts = 0 if isinstance(config_or_backend, str) else config_or_backend.actor_rollout_ref.rollout.max_restarts
+        opts = {"num_cpus": 0, "max_concurrency": 10_000, "max_restarts": restarts, "max_task_retries": 0,
+                **(actor_options or {})}
         self.backend = backend
         self.replica_rank = replica_rank
         self.server_id = server_id or f"replica_{replica_rank}"

@@ -301,6 +301,20 @@ class TrainEngine:
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
 
+    def save_checkpoint(self, actor_dir: str, source_model_dir: str | None = None) -> None:
+        """HF weights (+ the source dir's tokenizer), optimizer, LR schedule and RNG under ``actor_dir``
+        (layout: :mod:`asyncrl.checkpoint.engine_io`)."""
+        from asyncrl.checkpoint.engine_io import save_engine
+
+        save_engine(self, actor_dir, source_model_dir)
+
+    def load_checkpoint(self, actor_dir: str, load_weights: bool = True) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; ``load_weights=False`` when the engine was
+        already built from ``actor_dir/huggingface``."""
+        from asyncrl.checkpoint.engine_io import load_engine
+
+        load_engine(self, actor_dir, load_weights)
+
 
 def warmup_linear_decay(warmup: int, total_updates: int) -> Callable[[int], float]:
     """LR multiplier: linear warm-up over ``warmup`` updates, then linear decay to 0 at ``total_updates``."""

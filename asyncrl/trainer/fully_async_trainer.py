@@ -13,6 +13,8 @@
         advantage  token rewards (- beta * KL when use_kl_in_reward) -> algorithm.adv_estimator
         update     critic, then actor: require_batches mini-batches x ppo_epochs optimizer steps
         sync       every trigger_parameter_sync_step steps: ParameterSynchronizer -> param_version += 1
+    after a step: the row streams to metrics.csv + trainer.logger (Tracking); every trainer.save_freq
+        steps a checkpoint (asyncrl.checkpoint); every sample's outcome goes to the Ledger by seq
 
 Heavy tensor work runs in a worker thread so status snapshots stay responsive. Semantics from the
 verl fully-async design (seed ``003`` chapter 6, ``FullyAsyncTrainer``); the maths is in
@@ -25,21 +27,24 @@ import asyncio
 import collections
 import logging
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from asyncrl.accounting import Ledger
 from asyncrl.config import ExperimentConfig
 from asyncrl.cpu_affinity import pin_process
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, token_lags
-from asyncrl.sync.sender import verify_sync
 from asyncrl.sync.synchronizer import ParameterSynchronizer
 from asyncrl.trainer.advantages import compute_advantages
+from asyncrl.checkpoint.trainer_state import CheckpointedRun
 from asyncrl.trainer.engine import Batch, collate
 from asyncrl.trainer.factory import build_train_engine, optim_kwargs
+from asyncrl.trainer.fault_tolerance import FaultTolerantSync
 from asyncrl.trainer.rewards import has_signal, make_kl_controller, shaped_scores, token_level_rewards
 from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
@@ -47,7 +52,7 @@ from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
 logger = logging.getLogger(__name__)
 
 
-class FullyAsyncTrainer:
+class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
     """Ray actor body (made remote by the Experiment).
 
     Args:
@@ -57,10 +62,19 @@ class FullyAsyncTrainer:
         replicas: ``{server_id: RolloutReplica handle}`` receiving weights.
         worker_options: ``ray.remote`` options of the fsdp2 ranks (placement, GPUs); see
             :func:`asyncrl.trainer.factory.build_train_engine`.
+        run_dir: artifact directory: ``metrics.csv`` and the loggers stream there, checkpoints go to
+            ``<run_dir>/checkpoints``; ``None`` keeps the rows in memory only.
+        resume_dir: a ``global_step_<N>`` checkpoint to continue from (step ``N + 1`` is next).
+        log_level: level of the ``asyncrl`` loggers in this actor (the driver's, so ``console``
+            lines show with ``--log-level INFO``).
     """
 
     def __init__(self, config: ExperimentConfig, message_queue: Any, rollouter: Any, replicas: dict,
-                 worker_options: Optional[list] = None):
+                 worker_options: Optional[list] = None, run_dir: Optional[str] = None,
+                 resume_dir: Optional[str] = None, log_level: Optional[int] = None):
+        if log_level is not None:
+            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            logging.getLogger("asyncrl").setLevel(log_level)
         torch.set_num_threads(config.trainer.torch_threads)
         pin_process(config.trainer.cpu_affinity, torch_threads=False)  # CPU runs: off the engine's cores
         self.cfg = config
@@ -80,7 +94,8 @@ class FullyAsyncTrainer:
                                        dtype=config.actor_rollout_ref.model.dtype,
                                        micro_batch_size=cr.ppo_micro_batch_size, seed=config.trainer.seed)
         self.kl_ctrl = make_kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None
-        self.synchronizer = ParameterSynchronizer(rollouter, self.weight_sender)
+        # syncs reach the live replicas only; restarted ones rejoin (asyncrl.trainer.fault_tolerance)
+        self.synchronizer = ParameterSynchronizer(rollouter, self._init_replicas(replicas, self.weight_sender))
         self.param_version = 0
         self.global_steps = 0
         self.t_start = time.time()
@@ -90,13 +105,36 @@ class FullyAsyncTrainer:
         self.dropped: collections.Counter = collections.Counter()  # stale, dapo_no_signal
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
         self.trained_token_versions: list[tuple[int, int, int]] = []  # (trainer version, min, max) per sample
+        self.trained_rows: list[tuple[int, int, int]] = []  # (step, seq, dataset row) per trained sample
         self.done = False
         self.error: Optional[str] = None
         self.stop_reason = ""
+        self.ledger = Ledger()  # trained / dropped / failed by seq, plus "fetched"
+        self._in_step: list[int] = []  # seqs fetched by the running step, not trained yet
+        self.synced_step = 0  # global_steps when the replicas last got the weights
+        self.phase, self.phase_since, self.last_step_t = "fetch", time.time(), time.time()
+        self.watchdog = None
+        if config.trainer.watchdog_timeout_s > 0:
+            from asyncrl.watchdog import HangWatchdog
+
+            self.watchdog = HangWatchdog(config.trainer.watchdog_timeout_s, self.budget, lambda: self.last_step_t,
+                                         self._funnel_state)
+        self.checkpoints = self.tracking = None
+        self.last_checkpoint: Optional[str] = None
+        if resume_dir:  # the engines were built from the base model (the KL reference); weights load over it
+            from asyncrl.checkpoint.trainer_state import restore_trainer
+
+            restore_trainer(self, Path(resume_dir))
+            self.last_checkpoint = str(resume_dir)
+        if run_dir is not None:
+            self._open_run_dir(Path(run_dir), resume=resume_dir is not None)
 
     # ------------------------------------------------------------------ main loop
     async def fit(self) -> dict:
         """Run until ``total_training_steps`` / ``total_time_s`` / shutdown; returns the final status."""
+        self.last_step_t = time.time()
+        if self.watchdog is not None:
+            self.watchdog.start()
         try:
             self.stop_reason = f"trainer.total_training_steps={self.cfg.trainer.total_training_steps} reached"
             while self.global_steps < self.cfg.trainer.total_training_steps:
@@ -106,28 +144,41 @@ class FullyAsyncTrainer:
                     logger.info(self.stop_reason)
                     break
                 gen = await generate_round(self) if self.cfg.actor_rollout_ref.hybrid_engine else {}
-                if not await self.fit_step():
+                if not await self.fit_step(gen):
                     self.stop_reason = "the MessageQueue was shut down"
                     break
-                if gen:  # colocated: the step also waited for its batch to be generated
-                    self.history[-1]["timing/step_s"] += gen["timing/gen_s"]
-                    self.history[-1].update(gen)
+                if self.cfg.trainer.save_freq > 0 and self.global_steps % self.cfg.trainer.save_freq == 0:
+                    self._set_phase("checkpoint")
+                    await self.save_checkpoint()
+                self._set_phase("fetch")
+                self.last_step_t = time.time()
         except Exception as exc:
-            logger.exception("trainer failed")
+            logger.exception("trainer failed at step %d", self.global_steps + 1)
             self.error = f"{type(exc).__name__}: {exc}"
+            self.stop_reason = f"trainer error at step {self.global_steps + 1}: {self.error}"
+            for seq in self._in_step:  # fetched for the failed step, never trained
+                self.ledger.record(f"failed/trainer_error: {type(exc).__name__}", seq)
+            self._in_step = []
             raise
         finally:
             self.done = True
+            if self.watchdog is not None:
+                self.watchdog.stop()
         return self.status()
 
-    async def fit_step(self) -> bool:
-        """One trainer step, readable top to bottom. Returns False when the queue was shut down."""
+    async def fit_step(self, gen: Optional[dict] = None) -> bool:
+        """One trainer step, readable top to bottom. Returns False when the queue was shut down.
+        ``gen``: colocated mode's ``timing/gen_s`` when the step also waited for its batch to be generated."""
         cfg, al = self.cfg, self.cfg.algorithm
         t0 = time.time()
         # 1. fetch `required_samples` prompt groups (stale and, with filter_groups, no-signal ones replaced)
+        self._in_step = []
         samples = await self._fetch_batch(self.budget.required_samples)
-        if samples is None:
+        if samples is None:  # shut down while a batch was being gathered: what it held is dropped
+            self.ledger.extend("dropped/fetched_at_shutdown", self._in_step)
+            self._in_step = []
             return False
+        self._set_phase("update")
         t_fetched = time.time()
         batch = collate([o for s in samples for o in s.outputs], [s.uid for s in samples for _ in s.outputs])
         metrics: dict[str, float] = {}
@@ -161,17 +212,21 @@ class FullyAsyncTrainer:
         metrics.update(kl_metrics)
         metrics.update(self._advantage_metrics(batch, scores, advantages, returns))
         # 6. update the critic, then the actor: require_batches mini-batches x ppo_epochs
-        metrics.update(await asyncio.to_thread(self._update, batch))
+        async with self._weights_lock:  # a replica rejoining now waits for the step's weights
+            metrics.update(await asyncio.to_thread(self._update, batch))
         self.global_steps += 1
         lags = self._record_versions(samples, batch)  # versions at training time, before the sync
+        self.ledger.extend("trained", self._in_step)
+        self._in_step = []
         t_updated = time.time()
         # 7. sync weights every trigger_parameter_sync_step steps
         sync_metrics: dict[str, float] = {}
         if self.global_steps % cfg.async_training.trigger_parameter_sync_step == 0:
+            self._set_phase("sync")
             sync_metrics = await self._sync_weights()
         self._log_step(samples, batch, lags, metrics, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
-                        "timing/step_s": time.time() - t0})
+                        "timing/step_s": time.time() - t0 + (gen or {}).get("timing/gen_s", 0.0), **(gen or {})})
         return True
 
     # ------------------------------------------------------------------ steps
@@ -191,14 +246,18 @@ class FullyAsyncTrainer:
                 return None
             for s in new:
                 s.timings["dequeued"] = time.time()
+                self.ledger.record("fetched", s.seq)
                 lag = self.param_version - (s.min_global_steps if s.min_global_steps is not None else self.param_version)
                 reason = ("stale" if lag > bound else
                           "dapo_no_signal" if fg.enable and not has_signal(self._filter_values(s)) else None)
                 if reason is None:
                     got.append(s)
+                    self._in_step.append(s.seq)  # fetched, not trained yet (failed if the step raises)
                     continue
                 self.dropped[reason] += 1
-                await self.mq.actor.record_drop.remote("stale_at_trainer" if reason == "stale" else reason)
+                drop = "stale_at_trainer" if reason == "stale" else reason
+                self.ledger.record(f"dropped/{drop}", s.seq)
+                await self.mq.actor.record_drop.remote(drop)
                 await self.rollouter.release_budget.remote()
                 filtered += reason == "dapo_no_signal"
             if fg.enable and fg.max_num_gen_batches > 0 and filtered >= fg.max_num_gen_batches * n:
@@ -236,14 +295,6 @@ class FullyAsyncTrainer:
                 "critic/advantages_abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
                 "critic/returns_mean": float(returns[m].mean()) if adv.numel() else 0.0}
 
-    async def _sync_weights(self) -> dict:
-        version = self.param_version + 1
-        metrics = await self.synchronizer.sync(version)
-        if self.cfg.actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync:
-            metrics.update(await verify_sync(self.weight_sender, list(self.replicas.values())))
-        self.param_version = version
-        return metrics
-
     # ------------------------------------------------------------------ bookkeeping
     def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
         """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
@@ -252,6 +303,7 @@ class FullyAsyncTrainer:
         self.lag_counts.update(int(x) for x in lags.tolist())
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
+            self.trained_rows.append((self.global_steps, s.seq, s.index))
         return lags.float()
 
     def _log_step(self, samples: list[RolloutSample], batch: Batch, lags: torch.Tensor, upd: dict, sync: dict,
@@ -283,7 +335,10 @@ class FullyAsyncTrainer:
         row.update(upd)
         row.update(sync)
         row.update(timing)
-        self.history.append(row)
+        if self.tracking is not None:
+            self.tracking.log(row)  # metrics.csv + loggers, flushed now; appends to self.history
+        else:
+            self.history.append(row)
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict:
@@ -292,7 +347,10 @@ class FullyAsyncTrainer:
         return {"global_steps": self.global_steps, "param_version": self.param_version, "trained": self.trained,
                 "dropped": dict(self.dropped), "idle_ratio": min(1.0, self.idle_s / wall), "done": self.done,
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
-                "staleness_bound": self.budget.staleness_bound, "history": list(self.history)}
+                "staleness_bound": self.budget.staleness_bound, "history": list(self.history),
+                "last_checkpoint": self.last_checkpoint, "phase": self.phase,
+                "replica_events": list(self.replica_events),
+                "watchdog": self.watchdog.diagnosis.to_dict() if self.watchdog and self.watchdog.diagnosis else None}
 
     def history_since(self, n: int) -> list[dict]:
         return self.history[n:]
@@ -300,10 +358,20 @@ class FullyAsyncTrainer:
     def trained_versions(self) -> list[tuple[int, int, int]]:
         return list(self.trained_token_versions)
 
+    def trained_samples(self) -> list[tuple[int, int, int]]:
+        """``(step, seq, dataset row index)`` of every sample trained by this process."""
+        return list(self.trained_rows)
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase, self.phase_since = phase, time.time()
+
     async def initial_sync(self) -> dict:
-        """Push the starting weights as version 0 (replicas reused from an earlier run, or a
-        trainer that starts from a different checkpoint than the replicas loaded)."""
-        return await self.weight_sender.send(0)
+        """Push the starting weights as the current version (0, or a resumed checkpoint's): for
+        replicas reused from an earlier run, random (``load_format=dummy``) ones, or a trainer that
+        starts from a checkpoint."""
+        metrics = await self.weight_sender.send(self.param_version)
+        self.synced_step = self.global_steps
+        return metrics
 
     async def shutdown(self) -> None:
         """Release the weight-sync transport and, with fsdp2, the trainer workers."""

@@ -104,6 +104,24 @@ class TrainWorker:
         if self.rank == 0:
             self.sender = make_checkpoint_engine(self.cfg, replicas)
 
+    async def set_receivers(self, replicas: Sequence[Any]) -> None:
+        """Rank 0: a new checkpoint engine into ``replicas`` (the live ones after a replica fault)."""
+        from asyncrl.sync.sender import make_checkpoint_engine
+
+        if self.rank == 0:
+            old, self.sender = self.sender, make_checkpoint_engine(self.cfg, replicas)
+            try:
+                if old is not None:
+                    await old.shutdown()
+            except Exception as exc:  # a transport whose peer died may fail to close
+                logger.debug("closing the old weight transport: %s", exc)
+
+    def save_checkpoint(self, actor_dir: str, source_model_dir: Optional[str] = None) -> None:
+        self.engine.save_checkpoint(actor_dir, source_model_dir)  # a collective: every rank
+
+    def load_checkpoint(self, actor_dir: str, load_weights: bool = True) -> None:
+        self.engine.load_checkpoint(actor_dir, load_weights)
+
     def update(self, batch: Batch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         return self.engine.update(batch, loss_fn, with_entropy=with_entropy)
 
@@ -199,6 +217,21 @@ class TrainWorkerGroup:
         import ray
 
         ray.get([w.load_state_dict.remote(state) for w in self.workers])
+
+    def save_checkpoint(self, actor_dir: str, source_model_dir: Optional[str] = None) -> None:
+        """HF weights from rank 0, the optimizer sharded (:mod:`asyncrl.checkpoint.engine_io`); every rank."""
+        import ray
+
+        ray.get([w.save_checkpoint.remote(str(actor_dir), source_model_dir) for w in self.workers])
+
+    def load_checkpoint(self, actor_dir: str, load_weights: bool = True) -> None:
+        import ray
+
+        ray.get([w.load_checkpoint.remote(str(actor_dir), load_weights) for w in self.workers])
+
+    async def set_receivers(self, replicas: Sequence[Any]) -> None:
+        """Sync into ``replicas`` from now on (asyncrl.trainer.fault_tolerance)."""
+        await asyncio.gather(*[w.set_receivers.remote(list(replicas)) for w in self.workers])
 
     async def send(self, version: int) -> dict[str, float]:
         """:class:`asyncrl.api.WeightSender`: all ranks gather, rank 0 sends into every replica."""

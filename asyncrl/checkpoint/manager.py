@@ -1,0 +1,188 @@
+"""Checkpoint directories: atomic writes, the last K kept, and finding what to resume from.
+
+Layout (verl's names where verl has one)::
+
+    <run_dir>/checkpoints/
+        latest_checkpointed_iteration.txt      the step of the newest complete checkpoint
+        global_step_<N>/
+            actor/huggingface/                 model weights + config + tokenizer (transformers / vLLM load it)
+            actor/optim.pt, actor/rng.pt       optimizer, LR schedule, RNG states (engine-specific)
+            trainer_state.json                 global_steps, param_version, counters, lag histogram
+            rollouter_state.json               data position (epoch, offset), taken, counters, evals
+            ledger.json                        outcome of every sample taken so far, by seq
+            meta.json                          written last: its presence marks a complete checkpoint
+
+A checkpoint is written into ``.tmp_global_step_<N>_<id>/`` and renamed into place, so a crash
+mid-write leaves no half checkpoint under the final name; temp dirs of crashed writes are removed
+at the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest_checkpointed_iteration.txt"
+META = "meta.json"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or unreadable (the message names the path and the fix)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON through a temp file and an atomic rename (fsynced)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from None
+
+
+class CheckpointManager:
+    """Saves ``global_step_<N>`` directories under ``root`` and keeps the last ``max_to_keep``.
+
+    Args:
+        root: the checkpoints directory (``<run_dir>/checkpoints``).
+        max_to_keep: how many complete checkpoints to keep (``None`` = all).
+    """
+
+    def __init__(self, root: str | Path, max_to_keep: Optional[int] = None):
+        self.root = Path(root)
+        self.max_to_keep = max_to_keep
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f"global_step_{step}"
+
+    def save(self, step: int, write: Callable[[Path], dict]) -> Path:
+        """Write a checkpoint of ``step`` atomically.
+
+        Args:
+            step: the trainer's ``global_steps``.
+            write: ``write(tmp_dir) -> meta`` fills ``tmp_dir``; ``meta`` (a JSON-able dict) is
+                written last as ``meta.json``.
+
+        Returns:
+            The final directory ``global_step_<step>``.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(".tmp_global_step_*"):  # leftovers of a crashed write
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = self.root / f".tmp_global_step_{step}_{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            meta = dict(write(tmp) or {})
+            meta["global_steps"] = step
+            write_json(tmp / META, meta)
+            _fsync_dir(tmp)
+            final = self.step_dir(step)
+            if final.exists():  # re-saving a step (e.g. at stop right after a periodic save)
+                old = self.root / f".tmp_replaced_{step}_{uuid.uuid4().hex[:8]}"
+                os.replace(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        (self.root / f".{LATEST}.tmp").write_text(str(step))
+        os.replace(self.root / f".{LATEST}.tmp", self.root / LATEST)
+        self._prune()
+        logger.info("checkpoint saved: %s", final)
+        return final
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints (``meta.json`` present), ascending."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _STEP_DIR.match(p.name)
+            if m and (p / META).exists():
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def latest(self) -> Optional[Path]:
+        """The newest complete checkpoint, or ``None``."""
+        steps = self.steps()
+        return self.step_dir(steps[-1]) if steps else None
+
+    def _prune(self) -> None:
+        if self.max_to_keep is None:
+            return
+        for step in self.steps()[:-self.max_to_keep]:
+            shutil.rmtree(self.step_dir(step), ignore_errors=True)
+            logger.info("checkpoint removed (max_actor_ckpt_to_keep=%d): global_step_%d", self.max_to_keep, step)
+
+
+def check_checkpoint(path: str | Path) -> Path:
+    """Validate a ``global_step_<N>`` directory; returns it as a Path.
+
+    Raises:
+        CheckpointError: it does not exist or is incomplete (no ``meta.json``).
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint {p} does not exist (expected <run dir>/checkpoints/global_step_N)")
+    if not (p / META).exists():
+        raise CheckpointError(f"checkpoint {p} is incomplete (no {META}); resume from an earlier global_step_N")
+    return p
+
+
+def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, seed: int, resume_mode: str,
+                           resume_from_path: Optional[str] = None) -> Optional[Path]:
+    """The checkpoint a run resumes from (verl's ``trainer.resume_mode`` semantics).
+
+    Args:
+        default_local_dir: where run directories live (``trainer.default_local_dir``).
+        experiment_name, seed: ``auto`` looks at run directories ``<experiment_name>__<seed>__*``.
+        resume_mode: ``disable`` (``None``), ``resume_path`` (``resume_from_path``), or ``auto``
+            (the newest complete checkpoint among those run directories, if any).
+        resume_from_path: a ``global_step_<N>`` directory.
+
+    Raises:
+        CheckpointError: ``resume_path`` names a missing or incomplete checkpoint.
+    """
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        return check_checkpoint(resume_from_path or "")
+    best: tuple[float, Path] | None = None
+    base = Path(default_local_dir)
+    if not base.is_dir():
+        return None
+    for run in base.glob(f"{experiment_name}__{seed}__*"):
+        latest = CheckpointManager(run / "checkpoints").latest()
+        if latest is not None:
+            key = (latest / META).stat().st_mtime
+            if best is None or key > best[0]:
+                best = (key, latest)
+    return best[1] if best else None

@@ -1,0 +1,218 @@
+"""Save and restore a FullyAsyncTrainer run: the pieces of one checkpoint and who owns each.
+
+::
+
+    FullyAsyncTrainer.save_checkpoint()   (between steps, under the weights lock)
+        rollouter.checkpoint_state()      data position, taken, counters, evals, ledger parts (atomic)
+        + trainer ledger                  -> ledger.json: terminal outcomes by seq + seqs in flight
+        engine.save_checkpoint(actor/)    HF weights, optimizer, LR schedule, RNG
+        trainer_state.json                global_steps, param_version, synced?, counters, lag histogram
+        CheckpointManager.save            temp dir -> rename; keep the last K
+    resume: Experiment finds the checkpoint -> trainer restores engine + counters,
+            rollouter restores position + counters (in-flight seqs become dropped/in_flight_at_checkpoint),
+            the trainer pushes the checkpoint weights to the replicas (``resume_version``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncrl.accounting import checkpoint_ledger
+from asyncrl.checkpoint.manager import CheckpointError, read_json, write_json
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def trainer_state(tr: Any) -> dict:
+    """The trainer's counters (JSON-able)."""
+    return {"global_steps": tr.global_steps, "param_version": tr.param_version,
+            "synced": tr.synced_step == tr.global_steps, "trained": tr.trained, "dropped": dict(tr.dropped),
+            "lag_counts": {str(k): v for k, v in tr.lag_counts.items()}, "idle_s": tr.idle_s,
+            "updates": getattr(tr.engine, "updates", None), "saved_at": time.time()}
+
+
+async def write_checkpoint(tr: Any) -> Path:
+    """Write ``global_step_<tr.global_steps>`` for a trainer between steps; returns its path."""
+    from asyncrl.config import to_yaml
+
+    ro = await tr.rollouter.checkpoint_state.remote()
+    ledger = checkpoint_ledger(ro["taken"], ro.pop("ledger_parts") + [tr.ledger.to_dict()])
+    state = trainer_state(tr)
+    cfg = tr.cfg
+
+    def write(tmp: Path) -> dict:
+        model = cfg.actor_rollout_ref.model  # the tokenizer files come from where the run reads them
+        tr.engine.save_checkpoint(tmp / "actor", source_model_dir=model.tokenizer_path or model.path)
+        if getattr(tr, "critic", None) is not None:  # GAE's value model: weights + its own optimizer
+            tr.critic.save_checkpoint(tmp / "critic")
+        write_json(tmp / "trainer_state.json", state)
+        write_json(tmp / "rollouter_state.json", ro)
+        write_json(tmp / "ledger.json", ledger)
+        (tmp / "config.yaml").write_text(to_yaml(cfg))
+        return {"format": FORMAT, "param_version": state["param_version"], "synced": state["synced"],
+                "taken": ledger["taken"], "in_flight": len(ledger["in_flight"]), "time": time.time()}
+
+    return await asyncio.to_thread(tr.checkpoints.save, tr.global_steps, write)
+
+
+def restore_trainer(tr: Any, ckpt: Path) -> None:
+    """Counters and engine state: weights, optimizer, LR schedule, RNG (the engine was built from the
+    base model, which stays the KL reference)."""
+    st = read_json(Path(ckpt) / "trainer_state.json")
+    tr.engine.load_checkpoint(Path(ckpt) / "actor", load_weights=True)
+    if getattr(tr, "critic", None) is not None:
+        if not (Path(ckpt) / "critic").is_dir():
+            raise CheckpointError(f"{ckpt} has no critic/ (saved without algorithm.adv_estimator=gae); "
+                                  "resume with the estimator it was saved with, or trainer.resume_mode=disable")
+        tr.critic.load_checkpoint(Path(ckpt) / "critic", load_weights=True)
+    tr.global_steps = tr.synced_step = st["global_steps"]
+    tr.param_version = st["param_version"]
+    if not st["synced"]:  # the weights are newer than the replicas' version: they become a new one
+        tr.param_version += 1
+    tr.trained = st["trained"]
+    tr.dropped = collections.Counter(st["dropped"])
+    tr.lag_counts = collections.Counter({int(k): v for k, v in st["lag_counts"].items()})
+    tr.idle_s = st["idle_s"]
+
+
+def rollouter_state(ro: Any) -> dict:
+    """A rollouter's part of a checkpoint (``rollouter_state.json`` + its ledger parts)."""
+    return {"taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"], "position": ro.sampler.position.state_dict(),
+            "param_version": ro.param_version, "dropped": dict(ro.dropped), "failed": dict(ro.failed),
+            "eval_history": list(ro.eval_history), "ledger_parts": ro.ledger_parts()}
+
+
+def restore_rollouter(ro: Any, state: dict) -> None:
+    """Inverse of :func:`rollouter_state` given :func:`rollouter_resume`'s dict: the samples in
+    flight at the checkpoint become ``dropped/in_flight_at_checkpoint``."""
+    from asyncrl.accounting import Ledger
+    from asyncrl.data.sampler import DataPosition
+
+    ro.counts["taken"], ro.counts["enqueued"] = state["taken"], state["enqueued"]
+    ro.sampler.position = DataPosition.from_state(state["position"])
+    ro.dropped.update(state["dropped"])
+    ro.failed.update(state["failed"])
+    ro.eval_history = list(state["eval_history"])
+    ro.param_version = state["param_version"]
+    ro.restored = Ledger(state["ledger"]["outcomes"])
+    if state["ledger"]["in_flight"]:
+        ro.dropped["in_flight_at_checkpoint"] += len(state["ledger"]["in_flight"])
+        ro.restored.extend("dropped/in_flight_at_checkpoint", state["ledger"]["in_flight"])
+
+
+def rollouter_resume(ckpt: Path) -> dict:
+    """The ``resume`` argument of :class:`~asyncrl.rollouter.FullyAsyncRollouter`."""
+    state = read_json(Path(ckpt) / "rollouter_state.json")
+    state["ledger"] = read_json(Path(ckpt) / "ledger.json")
+    state["param_version"] = resume_version(ckpt)
+    return state
+
+
+def resume_version(ckpt: Path) -> int:
+    """The parameter version the replicas get the checkpoint's weights as."""
+    st = read_json(Path(ckpt) / "trainer_state.json")
+    return st["param_version"] + (0 if st["synced"] else 1)
+
+
+class CheckpointedRollouter:
+    """A rollouter's per-sample ledger and its part of a checkpoint (mixed into
+    :class:`~asyncrl.rollouter.FullyAsyncRollouter`; uses its ``counts``, ``dropped``, ``failed``,
+    ``ledger`` and ``restored``)."""
+
+    cfg: Any
+    counts: collections.Counter
+    dropped: collections.Counter
+    failed: collections.Counter
+    ledger: Any
+    restored: Any
+
+    def _init_ledger(self, rows: int, resume: Optional[dict]) -> None:
+        from asyncrl.accounting import Ledger
+        from asyncrl.data.sampler import ResumableSampler
+
+        cfg = self.cfg
+        self.ledger = Ledger()  # outcomes of the samples taken by this process, by seq
+        self.restored = Ledger()  # outcomes before the checkpoint this run resumed from
+        self.sampler = ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle)
+        self.started_at: dict[int, float] = {}  # seq -> start time of the samples generating now
+        if resume is not None:
+            restore_rollouter(self, resume)
+
+    def _drop(self, reason: str, seq: int, count: bool = True) -> None:
+        if count:
+            self.dropped[reason] += 1
+        self.ledger.record(f"dropped/{reason}", seq)
+
+    def _fail(self, reason: str, seq: int) -> None:
+        self.failed[reason] += 1
+        self.ledger.record(f"failed/{reason}", seq)
+
+    def checkpoint_state(self) -> dict:
+        """Data position, ``taken``, counters, evaluations and ledger parts, taken atomically (one
+        call on the actor's loop); see :func:`rollouter_state`."""
+        return rollouter_state(self)
+
+    def taken(self) -> int:
+        return self.counts["taken"]
+
+    def ledger_parts(self) -> list[dict]:
+        """``[outcomes before the resume, outcomes since]`` as ``{outcome: [seq, ...]}``."""
+        return [self.restored.to_dict(), self.ledger.to_dict()]
+
+    async def funnel_state(self) -> dict:
+        """What the hang watchdog diagnoses (see :func:`asyncrl.watchdog.rollouter_funnel_state`)."""
+        from asyncrl.watchdog import rollouter_funnel_state
+
+        return await rollouter_funnel_state(self)
+
+
+class CheckpointedRun:
+    """The trainer's run directory: metric stream, checkpoints, ledger and the watchdog's view
+    (mixed into :class:`~asyncrl.trainer.fully_async_trainer.FullyAsyncTrainer`)."""
+
+    def _open_run_dir(self, run_dir: Path, resume: bool) -> None:
+        from asyncrl.checkpoint import CheckpointManager
+        from asyncrl.config import to_dict
+        from asyncrl.tracking import Tracking, run_id
+
+        tr = self.cfg.trainer
+        self.checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_actor_ckpt_to_keep)
+        self.tracking = Tracking(run_dir, tr.logger, tr.project_name, run_dir.name, to_dict(self.cfg),
+                                 resume_step=self.global_steps if resume else None, wandb_mode=tr.wandb_mode,
+                                 run_id=run_id(run_dir.name))
+        self.history = self.tracking.history  # one stream: the dashboard reads what metrics.csv gets
+
+    def ledger_dict(self) -> dict:
+        """This trainer's ledger part ``{outcome: [seq, ...]}`` (see :mod:`asyncrl.accounting`)."""
+        return self.ledger.to_dict()
+
+    async def _funnel_state(self) -> dict:
+        ro, mq = await asyncio.gather(self.rollouter.funnel_state.remote(), self.mq.stats_async())
+        return {**ro, "queue_size": mq.size, "queue_max": mq.maxsize, "global_steps": self.global_steps,
+                "trainer_phase": self.phase, "trainer_phase_s": time.time() - self.phase_since}
+
+    async def save_checkpoint(self) -> Optional[str]:
+        """Write ``<run_dir>/checkpoints/global_step_<global_steps>`` (between steps; also at stop).
+
+        Returns the path, or ``None`` without a run directory.
+        """
+        if self.checkpoints is None:
+            return None
+        t0 = time.time()
+        async with self._weights_lock:
+            path = await write_checkpoint(self)
+        self.last_checkpoint = str(path)
+        logger.info("checkpoint global_step_%d written in %.2f s", self.global_steps, time.time() - t0)
+        return self.last_checkpoint
+
+    def close(self) -> None:
+        """Flush and close the metric loggers."""
+        if self.tracking is not None:
+            self.tracking.close()

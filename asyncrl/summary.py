@@ -1,0 +1,70 @@
+"""What a finished run reports: :class:`Summary` (also ``summary.json``) and :class:`TrainerError`
+(a run whose trainer raised, stopped cleanly, with its summary). Built by :meth:`asyncrl.experiment.Experiment.finish`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Summary:
+    """What a finished run reports (also written to ``summary.json``).
+
+    Attributes:
+        run_dir: artifact directory.
+        steps: trainer fit steps done; ``param_version``: weight syncs done.
+        accuracy_before: held-out greedy accuracy at version 0 (0..1).
+        accuracy_after: mean of the last ``trainer.eval_average_last`` evaluations (0..1).
+        accounting: prompts taken vs trained / dropped / failed, with reasons (invariant 1).
+        wall_s: seconds from start to the end of the final evaluation.
+    """
+
+    run_dir: str
+    steps: int
+    param_version: int
+    accuracy_before: Optional[float]
+    accuracy_after: Optional[float]
+    accounting: dict
+    wall_s: float
+    evals: list = field(default_factory=list)
+    lag_counts: dict = field(default_factory=dict)
+    staleness_bound: int = 0
+    stop_reason: str = ""
+    last_checkpoint: Optional[str] = None
+    resumed_from: Optional[str] = None
+
+    def __str__(self) -> str:
+        def pct(x: Optional[float]) -> str:
+            return "n/a" if x is None else f"{100 * x:.1f}%"
+        a = self.accounting
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(a.get("dropped", {}).items())) or "none"
+        return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s"
+                f" (stopped: {self.stop_reason or 'n/a'})\n"
+                f"  held-out greedy accuracy: before {pct(self.accuracy_before)} -> after {pct(self.accuracy_after)}"
+                f" (mean of last evals)\n"
+                f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
+                f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
+                f"  dropped by reason: {drops}\n"
+                f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
+                + self._tool_lines())
+
+    def _tool_lines(self) -> str:
+        """Before/after of the evaluations' tool metrics (``eval/tool_*``, tool-using tasks) and the
+        well-formed answer rate (``eval/format``, rules that report it)."""
+        if not self.evals:
+            return ""
+        first, last = self.evals[0], self.evals[-1]
+        keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")))
+        return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
+
+
+class TrainerError(RuntimeError):
+    """The trainer raised; the run was stopped cleanly. ``summary`` holds the balanced accounting and
+    ``last_checkpoint`` the checkpoint to resume from (``None`` if none was written)."""
+
+    def __init__(self, message: str, summary: "Summary"):
+        super().__init__(message)
+        self.summary = summary
+        self.last_checkpoint = summary.last_checkpoint

@@ -1,0 +1,204 @@
+"""Hang watchdog and start-time checks: say which limit keeps the trainer from completing a step.
+
+::
+
+    HangWatchdog (a task in the trainer actor; wakes every few seconds)
+        no step completed for trainer.watchdog_timeout_s?
+          -> rollouter.funnel_state() + MessageQueue stats + the trainer's phase
+          -> diagnose()  -> Diagnosis(binding, message, funnel)
+          -> logger.warning(message) once per timeout period; status()["watchdog"] (the dashboard)
+    check_can_fill_batch(rows, cfg, tokenizer)   at Experiment.start, before any actor:
+          a dataset smaller than one step, or prompts all longer than data.max_prompt_length
+          -> ConfigError naming the numbers and the keys to change (instead of waiting forever)
+
+Binding limits, in the order they are checked (the first that holds is named): the trainer itself
+(stuck updating / syncing / checkpointing), no replica in the pool, the rollouter paused for a sync,
+the staleness budget (``staleness_samples >= max_required_samples``), every recent prompt dropped or
+failed, the concurrency limit (``active >= max_concurrent_samples``: generation is the bottleneck),
+an empty feed, otherwise generation in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Awaitable, Callable, Optional
+
+from asyncrl.config import ConfigError, ExperimentConfig
+from asyncrl.staleness import SampleBudget, sample_budget
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Diagnosis:
+    """Why no trainer step completed.
+
+    Attributes:
+        binding: ``trainer_<phase>`` | ``no_replica`` | ``paused`` | ``staleness_budget`` | ``dropped`` |
+            ``failed`` | ``concurrency`` | ``feed`` | ``generation``.
+        message: one line naming the limit, its numbers and its config key.
+        waited_s: seconds since the last completed step (or the start).
+        funnel: the state it was derived from (pending, active, queue size, paused, staleness ...).
+    """
+
+    binding: str
+    message: str
+    waited_s: float
+    funnel: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _top(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
+
+
+def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[dict] = None) -> Diagnosis:
+    """Name the binding limit from a funnel state.
+
+    Args:
+        f: ``rollouter.funnel_state()`` plus ``queue_size`` and ``trainer_phase`` / ``trainer_phase_s``.
+        budget: the run's :class:`~asyncrl.staleness.SampleBudget`.
+        waited_s: seconds without a completed step.
+        previous: the funnel state of the previous check (for "every prompt since was dropped").
+    """
+    need, q = budget.required_samples, f.get("queue_size", 0)
+    head = f"no trainer step for {waited_s:.0f} s (step {f.get('global_steps', 0) + 1} needs {need} samples, queue has {q})"
+
+    def d(binding: str, why: str) -> Diagnosis:
+        return Diagnosis(binding, f"{head}: {why}", waited_s, dict(f))
+
+    phase = f.get("trainer_phase", "fetch")
+    if phase != "fetch":
+        return d(f"trainer_{phase}", f"the trainer has been in '{phase}' for {f.get('trainer_phase_s', 0):.0f} s")
+    if f.get("replicas_in_pool", 1) == 0:
+        return d("no_replica", f"no rollout replica is in the load balancer's pool (0 of {f.get('replicas_total')}; "
+                               f"failed replicas rejoin after Ray restarts them, actor_rollout_ref.rollout.max_restarts)")
+    if f.get("paused"):
+        return d("paused", "the rollouter is paused for a weight sync")
+    if f.get("staleness_samples", 0) >= budget.max_required_samples:
+        return d("staleness_budget", f"staleness budget exhausted: staleness_samples {f['staleness_samples']} >= "
+                                     f"max_required_samples {budget.max_required_samples} (async_training."
+                                     f"staleness_threshold / trigger_parameter_sync_step); no new sample starts until a sync")
+    if previous is not None:
+        taken = f.get("taken", 0) - previous.get("taken", 0)
+        enq = f.get("enqueued", 0) - previous.get("enqueued", 0)
+        dropped = {k: v - previous.get("dropped", {}).get(k, 0) for k, v in f.get("dropped", {}).items()}
+        failed = {k: v - previous.get("failed", {}).get(k, 0) for k, v in f.get("failed", {}).items()}
+        dropped, failed = {k: v for k, v in dropped.items() if v}, {k: v for k, v in failed.items() if v}
+        if taken > 0 and enq == 0 and (dropped or failed) and f.get("active", 0) == 0:
+            if sum(dropped.values()) >= sum(failed.values()):
+                hint = " (data.max_prompt_length)" if "prompt_too_long" in dropped else ""
+                return d("dropped", f"every prompt taken since the last check was dropped: {_top(dropped)}{hint}")
+            return d("failed", f"every prompt taken since the last check failed: {_top(failed)}")
+    if f.get("active", 0) >= budget.max_concurrent_samples:
+        return d("concurrency", f"all max_concurrent_samples={budget.max_concurrent_samples} slots are generating "
+                                f"(actor_rollout_ref.rollout.concurrent_samples_per_replica x num_replicas); "
+                                f"the oldest for {f.get('oldest_active_s', 0):.0f} s: generation is the bottleneck")
+    if f.get("pending", 0) == 0 and f.get("active", 0) == 0:
+        return d("feed", "nothing pending or generating: the feed from the dataset is not producing prompts")
+    return d("generation", f"{f.get('active', 0)} samples generating, {f.get('pending', 0)} pending; "
+                           f"the oldest running for {f.get('oldest_active_s', 0):.0f} s")
+
+
+async def rollouter_funnel_state(ro: Any) -> dict:
+    """A :class:`~asyncrl.rollouter.FullyAsyncRollouter`'s funnel, as :func:`diagnose` reads it."""
+    now = time.time()
+    return {"pending": ro.pending_queue.qsize(), "active": len(ro.active_tasks), "paused": ro.paused,
+            "staleness_samples": ro.staleness_samples, "taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"],
+            "dropped": dict(ro.dropped), "failed": dict(ro.failed), "replicas_in_pool": len(await ro.lb.servers_async()),
+            "replicas_total": len(ro.replicas), "oldest_active_s": max((now - t for t in ro.started_at.values()), default=0.0),
+            "param_version": ro.param_version}
+
+
+class HangWatchdog:
+    """Checks progress every ``min(10, timeout / 4)`` s; logs and keeps the last :class:`Diagnosis`.
+
+    Args:
+        timeout_s: ``trainer.watchdog_timeout_s`` (> 0).
+        budget: the run's sample budget.
+        last_progress: ``() -> time of the last completed step`` (or of the start).
+        funnel: ``async () -> funnel state dict`` (see :func:`diagnose`).
+    """
+
+    def __init__(self, timeout_s: float, budget: SampleBudget, last_progress: Callable[[], float],
+                 funnel: Callable[[], Awaitable[dict]]):
+        self.timeout_s, self.budget = timeout_s, budget
+        self.last_progress, self.funnel = last_progress, funnel
+        self.diagnosis: Optional[Diagnosis] = None
+        self._previous: Optional[dict] = None
+        self._last_warning = 0.0
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def check(self) -> Optional[Diagnosis]:
+        """One check now; returns the diagnosis when the trainer is overdue (else ``None``)."""
+        waited = time.time() - self.last_progress()
+        if waited < self.timeout_s:
+            self.diagnosis, self._previous = None, None
+            return None
+        state = await self.funnel()
+        self.diagnosis = diagnose(state, self.budget, waited, self._previous)
+        self._previous = state
+        if time.time() - self._last_warning >= self.timeout_s:
+            logger.warning("watchdog: %s", self.diagnosis.message)
+            self._last_warning = time.time()
+        return self.diagnosis
+
+    async def _run(self) -> None:
+        period = max(0.5, min(10.0, self.timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never let the watchdog take the trainer down
+                logger.debug("watchdog check failed: %s", exc)
+
+
+def check_can_fill_batch(rows: list[dict], cfg: ExperimentConfig, tokenizer: Any) -> int:
+    """Refuse, before anything starts, a run whose data can never fill one trainer step.
+
+    Prompts are rendered in the first epoch's order until ``required_samples`` fit in
+    ``data.max_prompt_length`` (usually the first ``required_samples`` rows), so the check is cheap
+    when it passes.
+
+    Returns:
+        The number of prompts checked.
+
+    Raises:
+        ConfigError: fewer rows than ``required_samples``, or fewer usable prompts than that.
+    """
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+    from asyncrl.data.sampler import epoch_order
+
+    b = sample_budget(cfg)
+    ac = cfg.actor_rollout_ref.actor
+    need = (f"one trainer step needs required_samples = ppo_mini_batch_size {ac.ppo_mini_batch_size} x "
+            f"async_training.require_batches {cfg.async_training.require_batches} = {b.required_samples} prompts")
+    if len(rows) < b.required_samples:
+        raise ConfigError(f"the training data has {len(rows)} prompts but {need}; lower "
+                          "actor_rollout_ref.actor.ppo_mini_batch_size or async_training.require_batches, or add data")
+    usable, longest, checked = 0, 0, 0
+    for i in epoch_order(len(rows), cfg.trainer.seed, 0, cfg.data.shuffle):
+        n = len(render_prompt_ids(tokenizer, list(rows[i]["prompt"]), rows[i].get("tools")))
+        checked += 1
+        longest = max(longest, n)
+        usable += n <= cfg.data.max_prompt_length
+        if usable >= b.required_samples:
+            return checked
+    raise ConfigError(f"only {usable} of {len(rows)} prompts fit data.max_prompt_length={cfg.data.max_prompt_length} "
+                      f"tokens (the longest is {longest}) but {need}; raise data.max_prompt_length or shorten the prompts")

@@ -1,0 +1,126 @@
+"""Checkpoint pieces without Ray: atomic directories and last-K retention, resume lookup, the train
+engine's state round trip (weights, optimizer, LR schedule, RNG), the resumable data order, the
+per-sample ledger. The live resume runs are in tests/test_resume.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from asyncrl.accounting import audit, checkpoint_ledger, final_accounting
+from asyncrl.checkpoint import CheckpointError, CheckpointManager, find_resume_checkpoint
+from asyncrl.data.sampler import DataPosition, ResumableSampler, epoch_order
+
+
+def _write(text):
+    def write(tmp):
+        (tmp / "payload.txt").write_text(text)
+        return {"note": text}
+    return write
+
+
+def test_saves_are_atomic_and_only_the_last_k_are_kept(tmp_path):
+    mgr = CheckpointManager(tmp_path / "checkpoints", max_to_keep=2)
+    for step in (2, 4, 6):
+        mgr.save(step, _write(f"s{step}"))
+    assert mgr.steps() == [4, 6] and (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "6"
+    assert (mgr.latest() / "payload.txt").read_text() == "s6"
+
+    def crash(tmp):
+        (tmp / "payload.txt").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        mgr.save(8, crash)
+    assert mgr.steps() == [4, 6] and not list((tmp_path / "checkpoints").glob(".tmp*"))
+    os.makedirs(tmp_path / "checkpoints" / "global_step_10")  # a dir without meta.json is not a checkpoint
+    assert mgr.latest().name == "global_step_6"
+    mgr.save(6, _write("again"))  # re-saving a step replaces it
+    assert (mgr.latest() / "payload.txt").read_text() == "again"
+
+
+def test_find_resume_checkpoint_modes(tmp_path):
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "auto") is None
+    old = CheckpointManager(tmp_path / "exp__0__20260101-000000" / "checkpoints").save(3, _write("old"))
+    new = CheckpointManager(tmp_path / "exp__0__20260102-000000" / "checkpoints").save(5, _write("new"))
+    CheckpointManager(tmp_path / "exp__1__20260103-000000" / "checkpoints").save(9, _write("other seed"))
+    os.utime(old / "meta.json", (1, 1))
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "auto") == new
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "disable") is None
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(old)) == old
+    with pytest.raises(CheckpointError, match="does not exist"):
+        find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(tmp_path / "nope"))
+
+
+def _engine(path, **kw):
+    from asyncrl.trainer.engine import TrainEngine
+
+    return TrainEngine(str(path), lr=1e-3, warmup=2, total_updates=10, **kw)
+
+
+def _step(engine, seed):
+    from asyncrl.trainer.engine import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 40, (2, 12), generator=g)
+    ri = torch.arange(6, 12).expand(2, 6)
+    b = Batch(ids, torch.ones_like(ids), ri, torch.ones(2, 6), torch.zeros(2, 6), torch.zeros(2), [0, 1],
+              torch.zeros(2, 6, dtype=torch.long))
+    return engine.update(b, lambda lp, mb: (-(lp * mb.response_mask).sum() / mb.response_mask.sum(), {}))
+
+
+def test_engine_state_round_trip_continues_exactly(tmp_path, model_dir):
+    """Saved after 3 updates and reloaded, the engine's 4th and 5th updates equal the original's:
+    weights, Adam moments, the LR schedule and the RNG all continue."""
+    from transformers import AutoModelForCausalLM
+
+    a = _engine(model_dir)
+    for s in range(3):
+        _step(a, s)
+    a.save_checkpoint(str(tmp_path / "actor"), source_model_dir=str(model_dir))
+    hf = tmp_path / "actor" / "huggingface"
+    assert (hf / "model.safetensors").exists() and (hf / "config.json").exists()
+    AutoModelForCausalLM.from_pretrained(hf)  # transformers loads it (vLLM reads the same files)
+    if (model_dir / "tokenizer.json").exists():
+        assert (hf / "tokenizer.json").exists()
+    want = [_step(a, s) for s in (3, 4)]
+    rng_after = torch.rand(3)
+
+    b = _engine(model_dir)  # built from the base model (as a resumed trainer is: it stays the KL reference)
+    b.load_checkpoint(str(tmp_path / "actor"), load_weights=True)
+    got = [_step(b, s) for s in (3, 4)]
+    assert [g["actor/lr"] for g in got] == [w["actor/lr"] for w in want]
+    assert [g["actor/grad_norm"] for g in got] == [w["actor/grad_norm"] for w in want]
+    for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(p, q), n
+    assert b.updates == a.updates == 5
+    assert torch.equal(torch.rand(3), rng_after)
+
+
+def test_data_order_is_a_function_of_seed_and_epoch_and_resumes():
+    assert epoch_order(10, 0, 1) == epoch_order(10, 0, 1) != epoch_order(10, 0, 2)
+    assert epoch_order(5, 0, 0, shuffle=False) == [0, 1, 2, 3, 4]
+    full = ResumableSampler(7, seed=3)
+    stream = [full.advance() for _ in range(20)]  # crosses two epoch boundaries
+    assert sorted(stream[:7]) == list(range(7)) and stream[7:14] == epoch_order(7, 3, 1)
+    part = ResumableSampler(7, seed=3)
+    for _ in range(9):
+        part.advance()
+    resumed = ResumableSampler(7, seed=3, position=DataPosition.from_state(part.position.state_dict()))
+    assert part.position == DataPosition(1, 2)
+    assert [resumed.advance() for _ in range(11)] == stream[9:]
+    with pytest.raises(ValueError, match="empty"):
+        ResumableSampler(0, seed=0)
+
+
+def test_ledger_audit_finds_lost_and_twice_trained():
+    ok = audit(4, [{"trained": [0, 2], "enqueued": [0, 2]}, {"dropped/prompt_too_long": [1], "failed/x": [3]}])
+    assert ok.ok and ok.totals() == {"trained": 2, "dropped": 1, "failed": 1}
+    bad = audit(4, [{"trained": [0, 2, 2]}, {"dropped/x": [1], "failed/y": [7]}])
+    assert bad.lost == [3] and bad.duplicated == {2: ["trained", "trained"]} and bad.unknown == [7]
+    ck = checkpoint_ledger(5, [{"enqueued": [0, 1, 2], "dropped/x": [4]}, {"fetched": [0, 1], "trained": [0, 1]}])
+    assert ck["in_flight"] == [2, 3] and ck["outcomes"] == {"dropped/x": [4], "trained": [0, 1]}
+    acc = final_accounting(3, [{"enqueued": [0, 1, 2]}, {"fetched": [0], "trained": [0]}])
+    assert acc["dropped"] == {"unconsumed_at_shutdown": 2} and acc["balanced"] and acc["lost"] == 0
