@@ -68,7 +68,7 @@ def _step(engine, seed):
     ri = torch.arange(6, 12).expand(2, 6)
     b = Batch(ids, torch.ones_like(ids), ri, torch.ones(2, 6), torch.zeros(2, 6), torch.zeros(2), [0, 1],
               torch.zeros(2, 6, dtype=torch.long))
-    return engine.update(b, lambda lp, mb: (-(lp * mb.response_mask).sum() / mb.response_mask.sum(), {}))
+    return engine.update(b, lambda lp, mb, scale, entropy: (-(lp * mb.response_mask).sum() / mb.response_mask.sum(), {}))
 
 
 def test_engine_state_round_trip_continues_exactly(tmp_path, model_dir):
