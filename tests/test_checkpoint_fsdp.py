@@ -32,7 +32,7 @@ def _worker(rank, world, port, device_type, ckpt, q):
         ids = torch.randint(1, 160, (4, 12), generator=g).to(dev)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": torch.ones(4, 6, device=dev)}
 
-        def loss_fn(lp, mb):
+        def loss_fn(lp, mb, scale=None, entropy=None):
             loss = -(lp * mb["response_mask"]).sum() / mb["response_mask"].sum()
             return loss, {"loss": loss.detach()}
 
