@@ -127,10 +127,15 @@ def _merge(parts: Iterable[Mapping[str, Iterable[int]]]) -> tuple[dict[str, list
     return dict(terminal), enqueued, fetched
 
 
-def checkpoint_ledger(taken: int, parts: Iterable[Mapping[str, Iterable[int]]]) -> dict:
+def checkpoint_ledger(taken: int, parts: Iterable[Mapping[str, Iterable[int]]], final: bool = False) -> dict:
     """What ``ledger.json`` holds: terminal outcomes so far and the seqs still in flight (pending,
-    generating, or in the MessageQueue), which a resumed run counts as dropped."""
-    terminal, _, _ = _merge(parts)
+    generating, or in the MessageQueue), which a resumed run counts as dropped. ``final``: the run
+    has stopped, so what is left in the (shut down) queue is ``dropped/unconsumed_at_shutdown``."""
+    terminal, enqueued, fetched = _merge(parts)
+    if final:
+        left = queue_residual(enqueued, fetched)
+        if left:
+            terminal.setdefault("dropped/unconsumed_at_shutdown", []).extend(left)
     done = {s for seqs in terminal.values() for s in seqs}
     return {"taken": taken, "outcomes": terminal, "in_flight": [s for s in range(taken) if s not in done]}
 

@@ -259,7 +259,7 @@ class Experiment:
                 ray.get(self.rollouter.evaluate.remote())
         self.mq.shutdown()
         if not failed and self.config.trainer.save_freq > 0:
-            ray.get(self.trainer.save_checkpoint.remote())  # at stop: nothing in flight any more
+            ray.get(self.trainer.save_checkpoint.remote(True))  # at stop: nothing in flight any more
         ray.get(self.trainer.close.remote())
         ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
         accounting = self.accounting()

@@ -122,5 +122,8 @@ def test_ledger_audit_finds_lost_and_twice_trained():
     assert bad.lost == [3] and bad.duplicated == {2: ["trained", "trained"]} and bad.unknown == [7]
     ck = checkpoint_ledger(5, [{"enqueued": [0, 1, 2], "dropped/x": [4]}, {"fetched": [0, 1], "trained": [0, 1]}])
     assert ck["in_flight"] == [2, 3] and ck["outcomes"] == {"dropped/x": [4], "trained": [0, 1]}
+    fin = checkpoint_ledger(5, [{"enqueued": [0, 1, 2], "dropped/x": [4]}, {"fetched": [0, 1], "trained": [0, 1]}],
+                            final=True)  # at stop, what the queue held is dropped, not in flight
+    assert fin["in_flight"] == [3] and fin["outcomes"]["dropped/unconsumed_at_shutdown"] == [2]
     acc = final_accounting(3, [{"enqueued": [0, 1, 2]}, {"fetched": [0], "trained": [0]}])
     assert acc["dropped"] == {"unconsumed_at_shutdown": 2} and acc["balanced"] and acc["lost"] == 0

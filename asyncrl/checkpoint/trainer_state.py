@@ -38,12 +38,13 @@ def trainer_state(tr: Any) -> dict:
             "updates": getattr(tr.engine, "updates", None), "saved_at": time.time()}
 
 
-async def write_checkpoint(tr: Any) -> Path:
-    """Write ``global_step_<tr.global_steps>`` for a trainer between steps; returns its path."""
+async def write_checkpoint(tr: Any, final: bool = False) -> Path:
+    """Write ``global_step_<tr.global_steps>`` for a trainer between steps (``final``: the run has
+    stopped); returns its path."""
     from asyncrl.config import to_yaml
 
     ro = await tr.rollouter.checkpoint_state.remote()
-    ledger = checkpoint_ledger(ro["taken"], ro.pop("ledger_parts") + [tr.ledger.to_dict()])
+    ledger = checkpoint_ledger(ro["taken"], ro.pop("ledger_parts") + [tr.ledger.to_dict()], final)
     state = trainer_state(tr)
     cfg = tr.cfg
 
@@ -198,8 +199,8 @@ class CheckpointedRun:
         return {**ro, "queue_size": mq.size, "queue_max": mq.maxsize, "global_steps": self.global_steps,
                 "trainer_phase": self.phase, "trainer_phase_s": time.time() - self.phase_since}
 
-    async def save_checkpoint(self) -> Optional[str]:
-        """Write ``<run_dir>/checkpoints/global_step_<global_steps>`` (between steps; also at stop).
+    async def save_checkpoint(self, final: bool = False) -> Optional[str]:
+        """Write ``<run_dir>/checkpoints/global_step_<global_steps>`` (between steps; ``final`` at stop).
 
         Returns the path, or ``None`` without a run directory.
         """
@@ -207,7 +208,7 @@ class CheckpointedRun:
             return None
         t0 = time.time()
         async with self._weights_lock:
-            path = await write_checkpoint(self)
+            path = await write_checkpoint(self, final)
         self.last_checkpoint = str(path)
         logger.info("checkpoint global_step_%d written in %.2f s", self.global_steps, time.time() - t0)
         return self.last_checkpoint
