@@ -167,6 +167,11 @@ class _ReplicaActor:
         t0 = time.perf_counter()
         return self._loaded(await self.engine.nccl_receive(version), t0)
 
+    def health(self) -> dict:
+        """``{"restarted", "weights_current"}``: a restarted replica is out of the sync group until
+        it has been given the current weights (asyncrl.trainer.fault_tolerance)."""
+        return {"restarted": self.restarted, "weights_current": self.weights_current}
+
     def num_weight_workers(self) -> int:
         return int(self.engine.num_weight_workers)
 

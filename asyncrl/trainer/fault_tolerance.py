@@ -8,8 +8,10 @@ replica gets the current weights before it rejoins (see :mod:`asyncrl.rollout.he
     rejoin_replica(sid)   under the weights lock (never during an update, sync or checkpoint):
         trainer weights == current version (and in this process)?  -> send them to sid alone (RPC)
         otherwise (trigger_parameter_sync_step > 1, mid-window) -> a full sync: version + 1 everywhere
-    _sync_weights()       a send that fails because a replica died: probe the live set, drop the
-                          dead ones (reported to the rollouter, so they rejoin later), resend, resume
+    _sync_weights()       first a health probe of the live set (one small call per replica): dead,
+                          unanswering or restarted-without-weights replicas leave it (reported to the
+                          rollouter, so they rejoin later); a send that still fails because one died
+                          mid-sync: probe again, drop it, resend, resume
 
 Mixed into :class:`~asyncrl.trainer.fully_async_trainer.FullyAsyncTrainer`, which provides ``cfg``,
 ``engine``, ``weight_sender`` (:class:`asyncrl.api.WeightSender`), ``synchronizer``, ``rollouter``,
@@ -91,6 +93,7 @@ class FaultTolerantSync:
         from asyncrl.sync.sender import verify_sync
 
         version = self.param_version + 1
+        await self._drop_dead_replicas()  # a replica that died since the last sync leaves before the send
         if self._sender_stale:
             await self._rebuild_sender()
         try:
@@ -110,15 +113,17 @@ class FaultTolerantSync:
         self.synced_step = self.global_steps
         return metrics
 
-    async def _drop_dead_replicas(self, timeout_s: float = 10.0) -> list[str]:
-        """Probe the live replicas; the ones that do not answer leave the live set (and the pool)."""
+    async def _drop_dead_replicas(self, timeout_s: float = 5.0) -> list[str]:
+        """Probe the live replicas; the ones that died, do not answer, or were restarted without the
+        current weights leave the live set (and the pool, so the monitor brings them back)."""
         from asyncrl.rollout.health import is_replica_fault
 
         names = list(self.live)
-        results = await asyncio.gather(*[asyncio.wait_for(self.live[n].param_version.remote(), timeout_s)
+        results = await asyncio.gather(*[asyncio.wait_for(self.live[n].health.remote(), timeout_s)
                                          for n in names], return_exceptions=True)
-        dead = [n for n, r in zip(names, results) if isinstance(r, BaseException)
-                and (is_replica_fault(r) or isinstance(r, asyncio.TimeoutError))]
+        dead = [n for n, r in zip(names, results)
+                if (isinstance(r, BaseException) and (is_replica_fault(r) or isinstance(r, asyncio.TimeoutError)))
+                or (isinstance(r, dict) and not r.get("weights_current", True))]
         for n in dead:
             await self.replica_down(n)
             await self.rollouter.report_replica_failure.remote(n, "failed during a weight sync")
