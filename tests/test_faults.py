@@ -18,15 +18,19 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import time
 
 import pytest
 import ray
+import ray.cloudpickle
 
 from asyncrl.experiment import Experiment, TrainerError
 from asyncrl.recipes import calc_tool_grpo_cpu, smoke_cpu, swe_grpo_cpu
 
 pytestmark = [pytest.mark.e2e]
+# the fault injectors below run inside actors, which cannot import this test module: ship them by value
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def hf(cfg, tmp_path, name):
