@@ -73,7 +73,7 @@ def fake_samples(n_groups: int, n: int, vocab: int = 90, rewards=None, seed: int
             lps = [-rng.uniform(0.5, 4.0) if m else 0.0 for m in mask]
             r = rewards[g][i] if rewards is not None else float(rng.random() < 0.5)
             outs.append(AgentLoopOutput(prompt, ids, mask, lps, reward_score=r, response_versions=[version] * length))
-        out.append(RolloutSample(uid=f"g{g}-{seed}", index=g, data_source="arith", ground_truth="",
+        out.append(RolloutSample(uid=f"g{g}-{seed}", seq=g, index=g, data_source="arith", ground_truth="",
                                  outputs=outs, start_version=version,
                                  timings={"taken": 0.0, "started": 0.0, "finished": 1.0}))
     return out

@@ -18,6 +18,7 @@ def _worker(rank, world, port, device_type, ckpt, q):
     try:
         from transformers import AutoModelForCausalLM, Qwen2Config
 
+        from asyncrl.checkpoint.engine_io import load_engine, save_engine
         from asyncrl.trainer.fsdp_engine import FSDPEngine, init_distributed
 
         init_distributed("nccl" if device_type == "cuda" else "gloo")
@@ -38,10 +39,10 @@ def _worker(rank, world, port, device_type, ckpt, q):
 
         for _ in range(2):
             eng.train_step(batch, loss_fn)
-        eng.save_checkpoint(ckpt)
+        save_engine(eng, ckpt)  # a collective: every rank
         want = [eng.train_step(batch, loss_fn)["loss"] for _ in range(2)]
         eng2 = FSDPEngine(os.path.join(ckpt, "huggingface"), **kw)  # weights from the HF dir
-        eng2.load_checkpoint(ckpt, load_weights=False)  # optimizer shards + update count
+        load_engine(eng2, ckpt, load_weights=False)  # optimizer shards + update count
         got = [eng2.train_step(batch, loss_fn)["loss"] for _ in range(2)]
         errors = [] if got == pytest.approx(want, rel=1e-5, abs=1e-6) else [f"resumed losses {got} != {want}"]
         if eng2.updates != 4:

@@ -30,7 +30,7 @@ class FakeDyingReplica:
         self.calls += 1
         if self.calls > self.good_calls:
             raise self.error
-        return TokenOutput([7, 7], [-0.1, -0.1], "aborted", param_version=0)  # 2 tokens, then a "sync"
+        return TokenOutput([7, 7], [-0.1, -0.1], "aborted", response_versions=[0, 0])  # 2 tokens, then a "sync"
 
 
 def test_request_moves_to_another_replica_with_its_tokens_and_balancer_stops_routing():

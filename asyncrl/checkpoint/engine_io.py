@@ -5,7 +5,8 @@ Two layouts behind one pair of calls (``save_engine`` / ``load_engine``), chosen
 * single-process :class:`~asyncrl.trainer.engine.TrainEngine`: ``actor/huggingface/`` (HF
   ``save_pretrained`` + the tokenizer files of the source model), ``actor/optim.pt`` (optimizer,
   scheduler, update count), ``actor/rng.pt`` (python / numpy / torch CPU and CUDA generators);
-* FSDP2 :class:`~asyncrl.trainer.fsdp_engine.FSDPEngine` (a collective: every rank calls it):
+* FSDP2 :class:`~asyncrl.trainer.fsdp_engine.FSDPEngine` (a collective: every rank calls it; the
+  trainer's ``TrainWorkerGroup.save_checkpoint`` has each ``TrainWorker`` call it):
   the full weights are gathered to rank 0 for ``actor/huggingface/``; the optimizer state stays
   sharded and goes through ``torch.distributed.checkpoint`` into ``actor/optim/`` (each rank writes
   its shard; a different world size can load it); ``actor/rng_rank<r>.pt`` per rank.
@@ -107,6 +108,9 @@ def _save_fsdp(engine: Any, actor_dir: Path, source_model_dir: Optional[str]) ->
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
+    from asyncrl.trainer.fsdp_engine import _reshard
+
+    _reshard(engine.model)  # units kept gathered after a forward without backward must be the sharded ones
     full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if engine.rank == 0:
         hf = actor_dir / HF_DIR
@@ -129,6 +133,9 @@ def _load_fsdp(engine: Any, actor_dir: Path, load_weights: bool) -> None:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
+    from asyncrl.trainer.fsdp_engine import _reshard
+
+    _reshard(engine.model)
     if load_weights:
         full = {}
         if engine.rank == 0:

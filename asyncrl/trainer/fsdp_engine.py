@@ -395,19 +395,6 @@ class FSDPEngine:
             self.scheduler.load_state_dict(state["scheduler"])
         self.updates = int(state["updates"])
 
-    def save_checkpoint(self, actor_dir: str, source_model_dir: Optional[str] = None) -> None:
-        """A collective: full HF weights from rank 0, the optimizer sharded through
-        ``torch.distributed.checkpoint``, RNG per rank (:mod:`asyncrl.checkpoint.engine_io`)."""
-        from asyncrl.checkpoint.engine_io import save_engine
-
-        save_engine(self, actor_dir, source_model_dir)
-
-    def load_checkpoint(self, actor_dir: str, load_weights: bool = True) -> None:
-        """A collective: inverse of :meth:`save_checkpoint` (same or different world size)."""
-        from asyncrl.checkpoint.engine_io import load_engine
-
-        load_engine(self, actor_dir, load_weights)
-
     def num_params(self) -> int:
         """Total parameter count (full, not per shard)."""
         return sum(p.numel() for p in self.model.parameters())

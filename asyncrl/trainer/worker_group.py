@@ -117,10 +117,14 @@ class TrainWorker:
                 logger.debug("closing the old weight transport: %s", exc)
 
     def save_checkpoint(self, actor_dir: str, source_model_dir: Optional[str] = None) -> None:
-        self.engine.save_checkpoint(actor_dir, source_model_dir)  # a collective: every rank
+        from asyncrl.checkpoint.engine_io import save_engine
+
+        save_engine(self.engine, actor_dir, source_model_dir)  # a collective: every rank
 
     def load_checkpoint(self, actor_dir: str, load_weights: bool = True) -> None:
-        self.engine.load_checkpoint(actor_dir, load_weights)
+        from asyncrl.checkpoint.engine_io import load_engine
+
+        load_engine(self.engine, actor_dir, load_weights)
 
     def update(self, batch: Batch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         return self.engine.update(batch, loss_fn, with_entropy=with_entropy)
