@@ -16,6 +16,7 @@ from asyncrl.rollout.client import FullyAsyncLLMServerClient
 from asyncrl.rollout.health import ReplicaFault, ReplicaMonitor, ReplicaUnavailable
 from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
 from asyncrl.staleness import sample_budget
+from asyncrl.trainer.fault_tolerance import FaultTolerantSync
 from asyncrl.watchdog import check_can_fill_batch, diagnose
 
 
@@ -125,6 +126,56 @@ def test_monitor_brings_a_restarted_replica_back_and_gives_up_on_a_dead_one():
     assert mon.rejoined == [("r0", 7)] and mon.dead == {"r1"}
     assert ("down", "r0") in calls and ("rejoin", "r0") in calls and ("rejoin", "r1") not in calls
     assert lb.servers() == ["r0"] and lb.snapshot()["failed"] == ["r1"]
+
+
+class _Health:
+    def __init__(self, weights_current: bool):
+        self.weights_current = weights_current
+        self.health = _Remote(self._health)
+
+    async def _health(self):
+        return {"restarted": not self.weights_current, "weights_current": self.weights_current}
+
+
+class _SyncingTrainer(FaultTolerantSync):
+    """FaultTolerantSync with a fake sender / synchronizer: a sync hands the weights to every live replica."""
+
+    def __init__(self, replicas):
+        self.engine = object()  # no named_tensors_for_sync in this process: rejoin takes the full-sync path
+        self.param_version, self.global_steps, self.synced_step = 3, 5, 4
+        self.reported = []
+        self.synchronizer = self
+        self.rollouter = self
+        self.report_replica_failure = _Remote(self._report)
+        self.cfg = ExperimentConfig()
+        self.weight_sender = self._init_replicas(replicas, self)
+
+    async def _report(self, sid, reason):
+        self.reported.append(sid)
+
+    async def set_receivers(self, handles):
+        self.receivers = list(handles)
+
+    async def sync(self, version):
+        for h in self.receivers:
+            h.weights_current = True
+        return {}
+
+
+def test_a_restarted_replica_rejoining_through_a_full_sync_gets_the_weights():
+    """Mid-window (trainer weights newer than the replicas') a rejoin is a full sync; the sync's health
+    probe must not drop the replica it is bringing up to date (it has no current weights yet, by design)."""
+    handles = {"r0": _Health(True), "r1": _Health(False)}
+    tr = _SyncingTrainer(handles)
+    tr.live.pop("r1")  # down since the crash
+
+    version = asyncio.run(tr.rejoin_replica("r1"))
+    assert version == 4 and handles["r1"].weights_current and "r1" in tr.live and tr.reported == []
+    assert [e[:2] for e in tr.replica_events] == [("rejoined", "r1")]
+    handles["r0"].weights_current = False  # a restarted replica nobody is bringing back: it leaves
+    tr.global_steps += 1
+    asyncio.run(tr._sync_weights())
+    assert "r0" not in tr.live and tr.reported == ["r0"]
 
 
 # ------------------------------------------------------------------------------ watchdog

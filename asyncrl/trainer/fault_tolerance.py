@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class FaultTolerantSync:
                 await RayRPCCheckpointEngine([self.replicas[server_id]]).send_weights(
                     self.engine.named_tensors_for_sync(), self.param_version)
             else:  # updated since the last sync (or fsdp2 workers hold them): a new version, for every replica
-                await self._sync_locked()
+                await self._sync_locked(joining=server_id)
             self.replica_events.append(("rejoined", server_id, self.param_version))
             return self.param_version
 
@@ -89,17 +89,19 @@ class FaultTolerantSync:
         async with self._weights_lock:
             return await self._sync_locked()
 
-    async def _sync_locked(self) -> dict:
+    async def _sync_locked(self, joining: Optional[str] = None) -> dict:
+        """``joining``: a restarted replica this sync brings up to date (it has no current weights yet,
+        which the probe must not count against it)."""
         from asyncrl.sync.sender import verify_sync
 
         version = self.param_version + 1
-        await self._drop_dead_replicas()  # a replica that died since the last sync leaves before the send
+        await self._drop_dead_replicas(joining)  # a replica that died since the last sync leaves before the send
         if self._sender_stale:
             await self._rebuild_sender()
         try:
             metrics = await self.synchronizer.sync(version)
         except Exception as exc:
-            if not await self._drop_dead_replicas():
+            if not await self._drop_dead_replicas(joining):
                 raise
             logger.warning("weight sync to v%d failed (%s: %s); resending to the live replicas", version,
                            type(exc).__name__, str(exc)[:200])
@@ -113,7 +115,7 @@ class FaultTolerantSync:
         self.synced_step = self.global_steps
         return metrics
 
-    async def _drop_dead_replicas(self, timeout_s: float = 5.0) -> list[str]:
+    async def _drop_dead_replicas(self, joining: Optional[str] = None, timeout_s: float = 5.0) -> list[str]:
         """Probe the live replicas; the ones that died, do not answer, or were restarted without the
         current weights leave the live set (and the pool, so the monitor brings them back)."""
         from asyncrl.rollout.health import is_replica_fault
@@ -123,7 +125,7 @@ class FaultTolerantSync:
                                          for n in names], return_exceptions=True)
         dead = [n for n, r in zip(names, results)
                 if (isinstance(r, BaseException) and (is_replica_fault(r) or isinstance(r, asyncio.TimeoutError)))
-                or (isinstance(r, dict) and not r.get("weights_current", True))]
+                or (isinstance(r, dict) and not r.get("weights_current", True) and n != joining)]
         for n in dead:
             await self.replica_down(n)
             await self.rollouter.report_replica_failure.remote(n, "failed during a weight sync")
