@@ -45,7 +45,7 @@ demo: $(STAMP)
 	$(BIN)/asyncrl demo
 
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=1200 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=1200 --durations=30 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e" tests
