@@ -1,0 +1,371 @@
+"""The experiment configuration's schema: one ``@dataclass`` per component, verl's key names.
+
+Every default lives here and nowhere else. Loading, validation and the error messages are in
+:mod:`asyncrl.config`, which re-exports every name below (import them from there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from asyncrl.config_agent import AgentConfig, SandboxConfig
+from asyncrl.config_algorithm import AlgorithmConfig, MultiTurnConfig, RewardModelConfig
+
+MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny_qwen2_arith"
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names the closest valid key."""
+
+
+
+
+@dataclass
+class WordProblemsConfig:
+    """Difficulty of the ``word_problems`` task (see :mod:`asyncrl.data.word_problems`)."""
+
+    min_steps: int = 2
+    """Fewest operations after the starting count."""
+    max_steps: int = 3
+    """Most operations after the starting count."""
+    max_number: int = 20
+    """Largest number written in a question (intermediate counts stay below its square)."""
+
+
+@dataclass
+class LengthWorkloadConfig:
+    """Synthetic response lengths for throughput benchmarks (:mod:`asyncrl.data.length_workload`).
+
+    When ``distribution`` is not ``none``, every training request gets its own length drawn from
+    this law and generates exactly that many tokens, EOS ignored (vLLM ``ignore_eos``), whatever
+    the model (random-init ones included). Evaluation requests are unaffected."""
+
+    distribution: str = "none"
+    """``none`` | ``constant`` (= ``median``) | ``uniform`` (``min_tokens``..``max_tokens``) |
+    ``lognormal`` (``median``, ``sigma``) | ``pareto`` (scale ``min_tokens``, shape ``alpha``)."""
+    median: float = 64.0
+    """Median length in tokens (``lognormal``), or the length (``constant``)."""
+    sigma: float = 1.0
+    """Log-standard deviation of the ``lognormal`` law."""
+    alpha: float = 1.5
+    """Tail index of the ``pareto`` law (smaller = heavier tail)."""
+    min_tokens: int = 1
+    """Shortest response; also the ``pareto`` scale."""
+    max_tokens: int = 0
+    """Longest response (draws are clipped); 0 = ``actor_rollout_ref.rollout.response_length``."""
+
+
+@dataclass
+class DataConfig:
+    task: str = "arith"
+    """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool`` |
+    ``longtail``)."""
+    train_files: Optional[str] = None
+    """Parquet/JSONL file in the verl schema; ``None`` uses the built-in ``task`` generator."""
+    val_files: Optional[str] = None
+    """Held-out file in the verl schema; ``None`` uses the built-in ``task`` test split."""
+    train_size: int = 20000
+    """Number of generated training prompts (built-in tasks only)."""
+    val_size: int = 200
+    """Number of generated held-out prompts (built-in tasks only)."""
+    operators: str = "+"
+    """Arithmetic operators for the ``arith`` task, e.g. ``"+"`` or ``"+-*"``."""
+    max_prompt_length: int = 64
+    """Prompts longer than this many tokens are dropped (with a reason) by the rollouter."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch."""
+    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
+    """Knobs of the ``word_problems`` task, passed to its generator as keyword arguments."""
+    length_workload: LengthWorkloadConfig = field(default_factory=LengthWorkloadConfig)
+    """Synthetic per-request response lengths (throughput benchmarks); off by default."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = str(MODEL_DIR)
+    """HF model directory (config.json + safetensors + tokenizer) shared by trainer and replicas."""
+    dtype: str = "float32"
+    """Parameter dtype for trainer and inference (``float32`` | ``bfloat16``)."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer directory (chat template); ``None`` = ``path``. Lets a random-init model without
+    tokenizer files use e.g. the embedded byte tokenizer (its ids must fit the model's vocab)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak AdamW learning rate (4e-4 and above collapses the embedded model)."""
+    lr_warmup_steps: int = 30
+    """Linear warm-up, in optimizer updates."""
+    total_updates: int = 0
+    """Updates for the linear decay to 0 after warm-up; 0 = derived from trainer.total_training_steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    clip_grad: float = 1.0
+    """Gradient-norm clip."""
+
+
+@dataclass
+class FSDPConfig:
+    """Settings of ``actor_rollout_ref.actor.strategy=fsdp2`` (verl ``actor.fsdp_config``)."""
+
+    reshard_after_forward: bool = True
+    """Free gathered layer parameters after forward (ZeRO-3); False keeps them to backward (fewer
+    all-gathers, more memory)."""
+    use_torch_compile: bool = False
+    """``torch.compile`` each decoder layer's forward and the log-prob head (GPU; slow first step)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer in backward (activation memory for long sequences)."""
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "cpu"
+    """Train engine: ``cpu`` (one process, :class:`asyncrl.trainer.engine.TrainEngine`, the default) or
+    ``fsdp2`` (one Ray actor per trainer GPU, FSDP2 data parallel; needs ``trainer.n_gpus_per_node``)."""
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings (``strategy=fsdp2`` only)."""
+    ppo_mini_batch_size: int = 16
+    """Prompt groups per optimizer update (each group has rollout.n responses)."""
+    ppo_micro_batch_size: int = 64
+    """Sequences per forward/backward chunk (gradient accumulation); memory knob only."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token budget (rows sorted by length) instead of ``ppo_micro_batch_size`` rows:
+    a long-tail batch is not padded to its longest response."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget (rows x longest row) of one micro-batch when ``use_dynamic_bsz``."""
+    ppo_epochs: int = 1
+    """Passes over each fetched batch."""
+    clip_ratio_low: float = 0.2
+    """PPO clip epsilon below 1."""
+    clip_ratio_high: float = 0.28
+    """PPO clip epsilon above 1 (DAPO clip-higher)."""
+    clip_ratio_c: Optional[float] = 3.0
+    """Dual-clip bound (> 1): for negative advantages the loss is capped at ``-A * clip_ratio_c``; null = off."""
+    loss_agg_mode: str = "token-mean"
+    """``token-mean`` | ``seq-mean-token-mean`` | ``seq-mean-token-sum`` | ``seq-mean-token-sum-norm``;
+    exact under any ``ppo_micro_batch_size`` (formulas: ``asyncrl/trainer/losses.py``)."""
+    loss_scale_factor: Optional[float] = None
+    """The constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO); null = ``rollout.response_length``."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus: ``loss -= entropy_coeff * entropy`` (of the filtered sampling distribution)."""
+    use_kl_loss: bool = False
+    """Add ``kl_loss_coef * KL(policy || reference)`` to the loss (a frozen copy of the start model)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss when ``use_kl_loss``."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss: ``k1``/``kl``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``abs``."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+@dataclass
+class CheckpointEngineConfig:
+    """Weight sync from the trainer to the replicas (verl ``rollout.checkpoint_engine``)."""
+
+    backend: str = "cpu"
+    """Transport: ``cpu`` (= ``gloo``: torch gloo broadcast, the CPU default), ``cpu_rpc`` (Ray object
+    store + engine RPC) or ``nccl`` (bucketed NCCL broadcast from trainer rank 0's GPU into the
+    replicas' GPUs; needs ``strategy=fsdp2`` and rollout GPUs)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra settings of the backend. ``nccl``: ``metadata_channel`` (``zmq`` | ``store``),
+    ``rebuild_group_each_sync``, ``timeout_s``, ``backend`` (``gloo`` runs the nccl engine's code
+    over gloo on CPU: tests only)."""
+    verify_each_sync: bool = False
+    """After every sync compare the SHA-256 of each tensor sent with the replicas' own tensors and fail
+    on a difference (slow: tests and acceptance runs; hf backend only)."""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"
+    """Inference backend: ``vllm`` | ``hf`` (transformers)."""
+    n: int = 8
+    """Responses per prompt (GRPO group size)."""
+    response_length: int = 24
+    """Maximum generated tokens per response, summed across partial-rollout resumes."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1] for training rollouts (1 = off)."""
+    top_k: int = -1
+    """Keep the k most likely tokens when sampling training rollouts (-1 or 0 = off)."""
+    min_p: float = 0.0
+    """Drop tokens below ``min_p`` x the top token's probability (0 = off). Temperature, top_k,
+    top_p and min_p are applied by the trainer too (``asyncrl/rollout/sampling.py``), so rollout
+    and trainer log-probs are of the same distribution."""
+    num_replicas: int = 1
+    """RolloutReplica actors (one engine each)."""
+    concurrent_samples_per_replica: int = 256
+    """In-flight samples per replica; ``max_concurrent_samples`` is capped by this times num_replicas."""
+    max_num_seqs: int = 256
+    """Sequences decoded together: vLLM's scheduler batch size; hf: the KV-cache slots."""
+    max_model_len: int = 512
+    """Prompt + response tokens per sequence (engine and trajectory proxy context limit)."""
+    enable_prefix_caching: bool = False
+    """vLLM prefix caching. Off by default: a cache entry computed before a weight sync that survives
+    it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which
+    broke the version accounting and spiked ppo_kl on calc_tool (its prompts share a 370-token prefix)."""
+    gpu_memory_utilization: float = 0.5
+    """GPU memory fraction of a replica (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
+    cpu_kvcache_space_gb: float = 1.0
+    """CPU KV-cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; hf: caps the slots)."""
+    enforce_eager: bool = True
+    """Skip graph capture / compilation (faster start on CPU); hf on CUDA: no CUDA-graph decode."""
+    load_format: str = "auto"
+    """Replica weights at start: ``auto`` (read the checkpoint) or ``dummy`` (random init from its
+    config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""
+    checkpoint_engine: CheckpointEngineConfig = field(default_factory=CheckpointEngineConfig)
+    """Weight-sync transport (trainer -> replicas)."""
+    cpu_affinity: str = ""
+    """CPU cores of each replica, e.g. ``"0"`` (Linux list syntax): pins the replica process and, for
+    vLLM-CPU, one OpenMP thread per core (``VLLM_CPU_OMP_THREADS_BIND``); ``""`` pins nothing. Keeps
+    the engine off the trainer's cores on a small CPU box (:mod:`asyncrl.cpu_affinity`)."""
+    max_restarts: int = 3
+    """Times Ray restarts a replica actor that died; a restarted replica rejoins the pool with the
+    current weights (0 = a dead replica stays out)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Settings of the multi-turn ``tool_agent`` loop."""
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hybrid_engine: bool = False
+    """Colocated (verl's synchronous baseline): the phases alternate, generate the whole batch ->
+    train -> sync, with no overlap (:mod:`asyncrl.hybrid_engine`), and on GPUs the trainer's GPUs also
+    hold the rollout replicas (fractional GPUs). Needs ``async_training.staleness_threshold=0``.
+    False: separate resources, fully async."""
+
+
+@dataclass
+class AsyncTrainingConfig:
+    staleness_threshold: float = 0.5
+    """Extra off-policy samples allowed, as a fraction of one sync window (0 = on-policy)."""
+    trigger_parameter_sync_step: int = 1
+    """Trainer fit steps between weight syncs."""
+    require_batches: int = 2
+    """Mini-batches fetched per fit step; one optimizer update each."""
+    partial_rollout: bool = True
+    """On sync, interrupt in-flight generation and continue it afterwards (else wait for it to drain)."""
+    partial_rollout_mode: str = "abort"
+    """How ``partial_rollout`` interrupts: ``abort`` (verl: in-flight requests end, the client resubmits
+    prompt + tokens so far after the sync, paying a new prefill) or ``keep`` (PipelineRL's in-flight
+    weight update: vLLM ``pause_generation(mode="keep")`` freezes them with their KV cache, weights
+    load, they continue; tokens after the sync come from the new weights, the KV before it from the
+    old)."""
+    sync_bucket_size_mb: float = 64.0
+    """ParameterSynchronizer bucket size in MiB."""
+
+
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = None
+    """Value-model checkpoint (a causal LM; a scalar value head is added); null = the actor's ``model.path``."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO (used when ``algorithm.adv_estimator=gae``; verl ``critic.*``)."""
+
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, lr_warmup_steps=0))
+    ppo_micro_batch_size: int = 64
+    """Sequences per forward/backward chunk."""
+    ppo_epochs: int = 1
+    """Critic passes over each mini-batch."""
+    cliprange_value: float = 0.5
+    """Clip of the value prediction around the old value in the value loss."""
+    loss_agg_mode: str = "token-mean"
+    """Aggregation of the value loss (same modes as the actor)."""
+
+
+@dataclass
+class TrainerConfig:
+    total_training_steps: int = 150
+    """Trainer fit steps before the run ends."""
+    total_time_s: float = 0.0
+    """Wall-clock budget for training in seconds; 0 = unlimited."""
+    test_freq: int = 10
+    """Held-out greedy evaluation every this many param versions (0 = only before/after)."""
+    eval_average_last: int = 3
+    """The summary's "after" accuracy is the mean of this many last evaluations."""
+    project_name: str = "asyncrl"
+    """Run-group name used in artifact paths."""
+    critic_warmup: int = 0
+    """Trainer steps that update only the critic before the actor starts (``gae``)."""
+    experiment_name: str = "arith_grpo_cpu"
+    """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``."""
+    default_local_dir: str = "runs"
+    """Directory under which run artifacts are written."""
+    seed: int = 0
+    """Global seed (data order, sampling, init)."""
+    torch_threads: int = 1
+    """torch intra-op threads in the trainer actor."""
+    cpu_affinity: str = ""
+    """CPU cores of the trainer process, e.g. ``"1"``; ``""`` pins nothing (:mod:`asyncrl.cpu_affinity`)."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar while training."""
+    nnodes: int = 1
+    """Nodes of trainer GPUs (verl fully-async resource split)."""
+    n_gpus_per_node: int = 0
+    """Trainer GPUs per node; 0 = the CPU trainer. With ``device=cpu``: gloo processes per node."""
+    device: str = "cuda"
+    """Device of ``strategy=fsdp2``: ``cuda``, or ``cpu`` (FSDP2 over gloo: tests, debugging)."""
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """Metric loggers (verl's list): ``console`` (an INFO line per step), ``tensorboard``, ``wandb``;
+    ``metrics.csv`` is always streamed."""
+    wandb_mode: Optional[str] = None
+    """W&B mode: ``online`` | ``offline`` (no network; ``wandb sync`` later) | ``disabled``; ``None``: ``$WANDB_MODE``."""
+    save_freq: int = -1
+    """Checkpoint every this many trainer steps, and when the run stops (-1 = never)."""
+    resume_mode: str = "auto"
+    """``auto``: continue from the latest checkpoint of this experiment and seed if one exists;
+    ``disable``: always start fresh; ``resume_path``: continue from ``trainer.resume_from_path``."""
+    resume_from_path: Optional[str] = None
+    """A checkpoint directory ``.../checkpoints/global_step_N`` (with ``resume_mode=resume_path``)."""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    """Keep the last K checkpoints (``None`` = all)."""
+    watchdog_timeout_s: float = 300.0
+    """Seconds without a completed trainer step before the funnel state and the binding limit are
+    logged (and shown in ``status()["watchdog"]``); 0 = off."""
+
+
+@dataclass
+class RolloutResourceConfig:
+    """Rollout side of the fully-async resource split (verl's top-level ``rollout:`` section)."""
+
+    nnodes: int = 1
+    """Nodes of rollout GPUs."""
+    n_gpus_per_node: int = 0
+    """Rollout GPUs per node, one replica each; 0 = replicas on CPU (``rollout.num_replicas``)."""
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None
+    """``ray.init(address=...)``; ``None`` starts a local Ray."""
+    num_cpus: Optional[int] = None
+    """CPUs for a local Ray (ignored when attaching)."""
+
+
+@dataclass
+class ExperimentConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutResourceConfig = field(default_factory=RolloutResourceConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+# --------------------------------------------------------------------------------------------
