@@ -251,6 +251,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
 def run_reference(path: str, seconds: float) -> dict:
     """The single-process synchronous GRPO reference loop (rlproto) for ``seconds``; its s/step."""
     work = tempfile.mkdtemp(prefix="rlproto_")
+    path = os.path.abspath(path)  # the loop runs in its own working directory
     env = {**os.environ, "PYTHONPATH": path}
     py = sys.executable
     subprocess.run([py, os.path.join(path, "sft.py"), "--target", "0.35", "--eval_every", "50"], cwd=work, env=env,
