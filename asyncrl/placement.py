@@ -105,7 +105,7 @@ def validate_resources(cfg: ExperimentConfig) -> None:
         if _nccl_transport(cfg) and (trainer_gpus(cfg) == 0 or rollout_gpus(cfg) == 0):
             raise ConfigError("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl needs CUDA GPUs on both "
                               f"sides (trainer GPUs {trainer_gpus(cfg)}, rollout GPUs {rollout_gpus(cfg)}); set "
-                              "trainer.n_gpus_per_node and rollout.n_gpus_per_node (or hybrid_engine=true), or "
+                              "trainer.n_gpus_per_node >= 1 and rollout.n_gpus_per_node >= 1 (separate GPUs), or "
                               "checkpoint_engine.backend=cpu")
     if ce.verify_each_sync and ro.name != "hf":
         raise ConfigError(f"actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true compares the replicas' "

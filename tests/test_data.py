@@ -118,8 +118,10 @@ def test_get_task_rows_and_registry():
     assert rows == make_arith_rows(20, 0, "+", "test")
     if importlib.util.find_spec("asyncrl.data.calc_tool"):  # lazily imported built-in task module
         assert len(get_task_rows("calc_tool", "train", 2, seed=0)) == 2
-    with pytest.raises(UnknownNameError, match="unknown task 'nope'; valid names: arith, calc_tool, longtail, swe_examples"):
+    with pytest.raises(UnknownNameError, match="unknown task 'nope'; valid names: arith, calc_tool, longtail, swe_examples, word_problems"):
         get_task_rows("nope", "train", 1, 0)
+    with pytest.raises(UnknownNameError, match="did you mean 'word_problems'"):  # listed before its first use
+        get_task_rows("word_problem", "train", 1, 0)
     try:
         register_task("const", lambda size, seed, split, ops: make_arith_rows(size, seed, ops, split))
         assert len(get_task_rows("const", "train", 4, 0)) == 4

@@ -182,11 +182,16 @@ def test_partial_rollout_policies_side_by_side():
     assert runs["drain"].samples_per_s < runs["keep"].samples_per_s  # waiting for the long tail at every sync
 
 
-def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys):
+def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     from asyncrl.cli import main
 
-    assert main(["sim", "task=longtail", "trainer.total_training_steps=3"]) == 0
+    assert main(["sim", "task=longtail", "trainer.total_training_steps=3", "trainer.watchdog_timeout_s=1"]) == 0
     out = capsys.readouterr().out
+    # the trainer's watchdog reads the simulated clock (it read the wall clock: "no trainer step for 1796068402 s")
+    waits = [float(w) for r in caplog.records if r.name == "asyncrl.watchdog"
+             for w in __import__("re").findall(r"no trainer step for (\d+(?:\.\d+)?) s", r.getMessage())]
+    assert all(w < 1e5 for w in waits), waits
     assert "samples_per_s" in out and "async s=0.5" in out
-    assert main(["sim", "--preset", "nope"]) == 2
-    assert "known: cpu-embedded-vllm" in capsys.readouterr().err
+    assert main(["sim", "--preset", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: unknown sim preset (--preset) 'h100'") and "cpu-embedded-vllm" in err, err

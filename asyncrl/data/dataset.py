@@ -33,6 +33,7 @@ name is first looked up as a module ``asyncrl.data.<name>`` that registers itsel
 TASKS.register("arith", lambda size, seed, split, operators: make_arith_rows(size, seed, operators, split))
 TASKS.register_lazy("calc_tool", "asyncrl.data.calc_tool:_task")
 TASKS.register_lazy("longtail", "asyncrl.data.longtail:longtail_task")
+TASKS.register_lazy("word_problems", "asyncrl.data.word_problems:_task")  # also registers its reward
 # Harbor-format example tasks for the sandboxed swe_agent loop (imported only when used)
 TASKS.register_lazy("swe_examples", "asyncrl.agent_loop.sandbox.task:example_rows")
 

@@ -40,8 +40,10 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print(rep.breakdown().round(1).to_string(index=False))
         print(f"simulated speed-up {rep.ratio:.2f}x (seed: {SEED_RATIO[0]}-{SEED_RATIO[1]}x)")
         return 0
-    if args.preset not in PRESETS:
-        print(f"unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}", file=sys.stderr)
+    if args.preset not in PRESETS:  # the CLI's one error style, with the registries' message
+        from asyncrl.registry import UnknownNameError
+
+        print(f"config error: {UnknownNameError('sim preset (--preset)', args.preset, sorted(PRESETS))}", file=sys.stderr)
         return 2
     cfg = load(args)
     if isinstance(cfg, int):

@@ -226,6 +226,7 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
 
         tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
         natural_length = lengths_from_rows(train, tok)  # e.g. longtail: answers at their correct length
+    import asyncrl.watchdog  # noqa: F401 - imported lazily by the trainer: load it now so its clock is virtual too
     with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline,
                                                                           cfg.actor_rollout_ref.hybrid_engine):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
