@@ -10,7 +10,8 @@
             snapshots/final/   a PNG + HTML of every widget view bound to a name at the end
             figures/           every PNG output of the executed notebook (matplotlib plots ...)
             runs/              the experiments' own artifacts (metrics.csv, plot.png, summary.json)
-            batch.json         parameters, timings, status, produced files
+            batch.json         parameters, timings, status, produced files, and the code that ran:
+                               the kernel's asyncrl import path and its git commit (``code``)
 
 Why the finalize cell: papermill (nbclient) records only messages whose parent is the running cell,
 so widget updates sent by a dashboard's poller after its cell finished would be lost, and the saved
@@ -68,7 +69,14 @@ def _asyncrl_batch_finalize(snapshot_dir):
             print(f"snapshot of {name} failed: {exc}")
     return written
 
-_asyncrl_batch_finalize({snapshot_dir!r})'''
+_asyncrl_batch_finalize({snapshot_dir!r})
+try:  # the code that ran, as the kernel imported it (batch.json "code")
+    import json as _json
+    from asyncrl.batch import code_info as _code_info
+    with open({code_json!r}, "w") as _f:
+        _json.dump(_code_info(), _f)
+except ImportError:
+    pass'''
 
 
 @dataclass
@@ -105,10 +113,37 @@ def default_run_dir(notebook: str | Path, root: str | Path = "runs/batch", when:
     return path
 
 
-def _with_finalize_cell(nb: Any, snapshot_dir: Path) -> Any:
+def code_info() -> dict[str, Any]:
+    """Where ``asyncrl`` was imported from in this process, and the git commit of that checkout.
+
+    Returns:
+        ``{"asyncrl_path", "python", "git_commit", "git_dirty"}``; the git fields are ``None`` when
+        asyncrl is not imported from a git checkout (e.g. an installed wheel).
+    """
+    import subprocess
+    import sys
+
+    import asyncrl
+
+    path = Path(asyncrl.__file__).resolve().parent
+    info: dict[str, Any] = {"asyncrl_path": str(path), "python": sys.executable, "git_commit": None, "git_dirty": None}
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20)
+        if head.returncode == 0:
+            info["git_commit"] = head.stdout.strip()
+            status = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=20)
+            info["git_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.info("no git information for %s: %s", path, exc)
+    return info
+
+
+def _with_finalize_cell(nb: Any, snapshot_dir: Path, code_json: Path) -> Any:
     import nbformat
 
-    cell = nbformat.v4.new_code_cell(FINALIZE_SOURCE.replace("{snapshot_dir!r}", repr(str(snapshot_dir))))
+    source = FINALIZE_SOURCE.replace("{snapshot_dir!r}", repr(str(snapshot_dir)))
+    cell = nbformat.v4.new_code_cell(source.replace("{code_json!r}", repr(str(code_json))))
     cell.metadata["tags"] = [FINALIZE_TAG]
     cell.metadata["jupyter"] = {"source_hidden": True}
     nb.cells.append(cell)
@@ -129,6 +164,15 @@ def extract_pngs(nb: Any, out_dir: Path) -> list[Path]:
                 paths.append(path)
                 k += 1
     return paths
+
+
+def _code_that_ran(code_json: Path) -> dict[str, Any]:
+    """The kernel's :func:`code_info` (written by the finalize cell); this process's when the notebook
+    stopped before it (``"seen_by": "runner"``)."""
+    try:
+        return {**json.loads(code_json.read_text(encoding="utf-8")), "seen_by": "kernel"}
+    except (OSError, ValueError):
+        return {**code_info(), "seen_by": "runner"}
 
 
 def _first_error(nb: Any) -> Optional[str]:
@@ -178,7 +222,9 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
     snapshots = rd / "snapshots"
     params = {"snapshot_dir": str(snapshots), **(parameters or {})}
     out_nb = rd / src.name
-    nb = _with_finalize_cell(nbformat.read(src, as_version=4), Path(params["snapshot_dir"] or snapshots))
+    code_json = rd / "code.json"
+    code_json.unlink(missing_ok=True)
+    nb = _with_finalize_cell(nbformat.read(src, as_version=4), Path(params["snapshot_dir"] or snapshots), code_json)
     saved_env = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     os.environ["ASYNCRL_BATCH_RUN_DIR"] = str(rd)
@@ -205,7 +251,8 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
                          figures=extract_pngs(executed, rd / "figures"))
     meta = {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(result).items()},
             "snapshots": [str(p) for p in result.snapshots], "figures": [str(p) for p in result.figures],
-            "source": str(src), "parameters": params, "kernel_name": kernel_name, "env": env or {}}
+            "source": str(src), "parameters": params, "kernel_name": kernel_name, "env": env or {},
+            "code": _code_that_ran(code_json)}
     (rd / "batch.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
     logger.info("batch run of %s: %s in %.0f s -> %s", src.name, "ok" if result.ok else error, wall, rd)
     return result

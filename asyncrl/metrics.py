@@ -8,6 +8,8 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``response_length/mean``            mean model tokens per response
 ``staleness/lag_mean``, ``_max``    trainer param version minus the version that generated each
                                     trained token (0 = on-policy)
+``staleness/update_lag_mean``, ...  the same lag in optimizer updates (differs when a sync carries several
+                                    updates, mode b; includes PPO's mini-batch lag within a step)
 ``trainer/idle_ratio``              share of wall time the trainer waited for samples
 ``rollouter/idle_ratio``            share of wall time with no prompt group in generation (replicas idle)
 ``rollouter/partial_count``         samples in the step whose tokens span several versions
@@ -104,3 +106,4 @@ def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[d
     paths["summary"].write_text(json.dumps(summary, indent=2, default=str))
     plot_run(hist, evals, paths["plot"])
     return paths
+

@@ -249,6 +249,7 @@ class NotebookSession:
         self.name = name
         self.smoke = bool(os.environ.get("CI"))
         self.snapshot_dir = Path(snapshot_dir or os.path.join("runs", name))
+        self.snapshot_dir.mkdir(parents=True, exist_ok=True)  # figures and widget snapshots go here
         self.log_dir = self.snapshot_dir / "logs"
         self.ray_address = ray_address
         self.started_ray = False

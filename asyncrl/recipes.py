@@ -105,23 +105,29 @@ RECIPES = {"arith_grpo_cpu": arith_grpo_cpu, "smoke_cpu": smoke_cpu, "calc_tool_
 
 
 def swe_grpo_cpu() -> ExperimentConfig:
-    """Sandboxed SWE-style agent RL on the Harbor-format tasks in ``examples/tasks/`` (pipeline demo).
+    """Sandboxed SWE-style agent RL on the Harbor-format tasks in ``examples/tasks/``.
 
     Each sample runs the built-in bash agent in a bubblewrap sandbox against the trajectory proxy;
-    the task's verifier gives the reward. The embedded arith model cannot fix bugs, so rewards stay
-    ~0: the point is the pipeline (sandbox -> proxy tokens -> trainer -> weight sync). The compact
-    agent prompt fits the model's 512 positions.
+    the task's verifier gives the reward. The policy is ``tiny_qwen2_bash_tool`` (1024 positions; see
+    its ``card.json``): the calc_tool checkpoint taught, on one demonstration per example task, to fix
+    them with one ``bash`` call. Greedy it solves all four; sampled at temperature 1 it garbles the
+    command often (mean reward ~0.2), which leaves GRPO something to learn. A trajectory is ~420 prompt
+    tokens (compact agent prompt) + ~120 tool-call tokens + the shell output + ~7 answer tokens.
     """
+    from asyncrl.models import EMBEDDED_MODEL_DIR
+
     cfg = arith_grpo_cpu()
     cfg.trainer.experiment_name = "swe_grpo_cpu"
+    cfg.actor_rollout_ref.model.path = str(EMBEDDED_MODEL_DIR.parent / "tiny_qwen2_bash_tool")
     cfg.data.task = "swe_examples"
     cfg.data.max_prompt_length = 512
     cfg.data.val_size = 4
     cfg.actor_rollout_ref.rollout.agent.default_agent_loop = "swe_agent"
     sb = cfg.actor_rollout_ref.rollout.agent.sandbox
-    sb.agent, sb.compact_prompt, sb.max_tokens_per_turn, sb.max_turns = "bash", True, 48, 2
+    sb.agent, sb.compact_prompt, sb.max_tokens_per_turn, sb.max_turns = "bash", True, 160, 2
     sb.max_concurrent_sandboxes = 4
-    cfg.actor_rollout_ref.rollout.response_length = 48
+    cfg.actor_rollout_ref.rollout.max_model_len = 1024
+    cfg.actor_rollout_ref.rollout.response_length = 512
     cfg.actor_rollout_ref.rollout.n = 2
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 2
     cfg.actor_rollout_ref.actor.ppo_micro_batch_size = 4

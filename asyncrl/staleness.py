@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from asyncrl.config import ExperimentConfig
 
 
@@ -74,3 +76,32 @@ def token_lags(trainer_version: int, response_versions, response_mask):
         ``(n_model_tokens,)`` int64 lags; invariant 2 (mode a) wants all 0, invariant 3 all <= the bound.
     """
     return trainer_version - response_versions[response_mask > 0]
+
+
+def update_lag_metrics(token_versions: torch.Tensor, response_mask: torch.Tensor, updates_at_version: dict[int, int],
+                       updates_before: int, updates_after: int) -> dict[str, float]:
+    """Lag of trained tokens in actor optimizer updates (``staleness/update_lag_*``).
+
+    Updates the policy had when a token's mini-batch was trained minus updates baked into the token's
+    version. It differs from the version lag when a sync carries several updates (mode b:
+    ``trigger_parameter_sync_step > 1``) and counts PPO's own mini-batch lag (the k-th of a step's updates
+    is k - 1 updates off-policy); the mean takes the step's mini-batches as equally sized.
+
+    Args:
+        token_versions: ``[B, T]`` int, the parameter version of each response token (-1: none).
+        response_mask: ``[B, T]``, 1 on trained tokens.
+        updates_at_version: parameter version -> actor updates baked into it.
+        updates_before / updates_after: actor updates before and after this step's update.
+
+    Returns:
+        ``{}`` when nothing was updated or no token has a version.
+    """
+    versions = token_versions[(response_mask > 0) & (token_versions >= 0)]
+    k = updates_after - updates_before
+    if not versions.numel() or k <= 0:
+        return {}
+    top = int(versions.max())
+    baked = torch.tensor([updates_at_version.get(v, updates_before) for v in range(top + 1)])[versions]
+    lag = (updates_before - baked).float()
+    return {"staleness/update_lag_mean": float(lag.mean()) + (k - 1) / 2,
+            "staleness/update_lag_max": float(lag.max()) + k - 1}

@@ -47,6 +47,9 @@ class Summary:
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
                 f"  dropped by reason: {drops}\n"
+                + ("  (*_at_shutdown: prompts the rollouter had taken ahead of the trainer, still queued, generating or"
+                   " unconsumed when training stopped; counted, not failures)\n"
+                   if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "") +
                 f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
                 + self._tool_lines())
 

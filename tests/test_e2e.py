@@ -6,8 +6,9 @@ Checks invariants 1-3 of DESIGN.md section 5 on what actually happened in the ru
 
 import asyncio
 
-import ray
+import pandas as pd
 import pytest
+import ray
 import torch
 
 from asyncrl.experiment import Experiment
@@ -68,6 +69,8 @@ def test_mode_a_on_policy(shared_replica, tmp_path):
     assert versions and all(tv == lo == hi for tv, lo, hi in versions), versions
     assert set(summary.lag_counts) == {0}
     assert (tmp_path / summary.run_dir.split("/")[-1] / "metrics.csv").exists()
+    hist = pd.read_csv(f"{summary.run_dir}/metrics.csv")
+    assert set(hist["staleness/update_lag_max"]) == {1}  # on-policy in versions; PPO's 2nd mini-batch is 1 update behind
 
 
 def test_mode_b_several_updates_per_sync(shared_replica, tmp_path):
@@ -76,6 +79,11 @@ def test_mode_b_several_updates_per_sync(shared_replica, tmp_path):
     assert summary.param_version == 2  # trigger_parameter_sync_step = 2 over 4 steps
     assert all(tv - lo <= summary.staleness_bound for tv, lo, hi in versions)  # invariant 3 (bound 0)
     assert max(summary.lag_counts) == 0
+    # ... but in optimizer updates the second step of each sync window trains on samples 2 updates old
+    # (2 mini-batches per step; the second mini-batch of any step is one more update behind)
+    hist = pd.read_csv(f"{summary.run_dir}/metrics.csv")
+    assert hist["staleness/update_lag_mean"].tolist() == [0.5, 2.5, 0.5, 2.5]
+    assert hist["staleness/update_lag_max"].tolist() == [1, 3, 1, 3]
 
 
 @pytest.mark.parametrize("mode", ["c", "d"])

@@ -483,3 +483,41 @@ def test_dashboard_header_shows_failures_by_type_with_the_latest_message():
     head = Dashboard(snap, autostart=False)._header_html()
     assert "failed samples: TrajectoryCancelled 1, ValueError 2" in head
     assert "latest: sample 9f3a: TrajectoryCancelled: trajectory 9f3a-0: a callee raised &lt;x&gt;" in head
+
+
+def test_funnel_pin_shows_the_chosen_moment_under_its_title(tmp_path):
+    funnel = ConcurrencyFunnel()
+    for name in ("early", "active_bound", "done"):
+        funnel.update(load(name))
+    model = funnel.pin(load("active_bound"), title="narrow: binding active_tasks (peak load)")
+    assert model.binding == "active_tasks" and funnel.model is model
+    assert len(model.history["active_tasks"]) == 3  # the polls so far, nothing appended
+    html = funnel.to_html()
+    assert "narrow: binding active_tasks (peak load)" in html
+    assert funnel.to_png(tmp_path / "f.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_tool_turns_are_observations_the_model_answered_not_a_trailing_newline():
+    def traj(mask):
+        return {"response_ids": list(range(len(mask))), "response_mask": mask,
+                "response_logprobs": [-0.1 if m else 0.0 for m in mask],
+                "response_tokens": [f"t{i}" for i in range(len(mask))]}
+
+    single = trajectory_model(traj([1, 1, 1, 0]))  # answer, then the template's trailing newline
+    assert single.tool_turns == 0 and single.observations == []
+    tool = trajectory_model(traj([1, 1, 0, 0, 0, 1, 1, 0]))  # call, tool output, answer, newline
+    assert tool.tool_turns == 1 and tool.observations == [(2, 5)] and tool.observation_text() == "t2t3t4"
+    assert trajectory_model(traj([0, 0, 1, 1])).tool_turns == 0  # filler before the first model token
+
+
+def test_legend_colours_are_the_ones_rendered():
+    from widgets._common import CSS
+    from widgets.inspector import LEGEND, header_html
+    from widgets.static import MASK0_BG, MASK1_RGB, PROMPT_BG
+
+    assert {k: v[0] for k, v in LEGEND.items()} == {"prompt": "grey", "mask 1": "blue", "mask 0": "orange"}
+    assert f".tok.m0 {{background: {LEGEND['mask 0'][1]}" in CSS and f".tok.prompt {{background: {LEGEND['prompt'][1]}" in CSS
+    assert (MASK0_BG, PROMPT_BG) == (LEGEND["mask 0"][1], LEGEND["prompt"][1])
+    assert "#%02x%02x%02x" % tuple(round(c * 255) for c in MASK1_RGB) == LEGEND["mask 1"][1]
+    legend = header_html(trajectory_model({"response_ids": [1], "response_mask": [1], "response_logprobs": [0.0]}))
+    assert "mask 1 (blue" in legend and "mask 0 (orange" in legend and "rgba(24,144,255," in legend

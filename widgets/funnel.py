@@ -165,6 +165,21 @@ class ConcurrencyFunnel(SnapshotView):
         model.history = {k: list(v) for k, v in self.history.items()}
         return model
 
+    def pin(self, snapshot: dict, title: Optional[str] = None) -> FunnelModel:
+        """Show one chosen moment (e.g. a run's peak load) instead of the latest poll, under ``title``.
+
+        The history (sparklines) keeps every poll recorded so far; nothing is appended. Re-displayed
+        outputs, PNG and HTML snapshots show this moment.
+        """
+        model = funnel_model(snapshot, self.replica_limit)
+        model.history = {k: list(v) for k, v in self.history.items()}
+        if title:
+            self.title = title
+        self.model = model
+        if self._widget is not None:
+            self._refresh()
+        return model
+
     # -- live widget: one row per layer (label | progress bar | numbers | sparkline)
     def _build(self) -> Any:
         import ipywidgets as w
@@ -215,7 +230,7 @@ class ConcurrencyFunnel(SnapshotView):
         return f"binding layer: <b style='color:#cf1322'>{html.escape(binding)}</b>{paused}{dropped}"
 
     def _head_live(self, m: FunnelModel) -> str:
-        return f"<b>{self.title}</b><br>{self._head_html(m)}"
+        return f"<b>{html.escape(self.title)}</b><br>{self._head_html(m)}"
 
     # -- static
     def _body_html(self) -> str:
@@ -237,7 +252,7 @@ class ConcurrencyFunnel(SnapshotView):
     def _plot(self) -> Any:
         from widgets.static import plot_funnel
 
-        return plot_funnel(self.model)
+        return plot_funnel(self.model, title=self.title if self.title != type(self).title else None)
 
     def _summary(self) -> str:
         m = self.model

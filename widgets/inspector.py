@@ -24,6 +24,10 @@ from widgets._common import SnapshotView, as_int, wrap
 
 TURN_MARKER = "<|im_start|>"
 
+#: the inspector's legend: token kind -> (colour name, background). Notebooks name these colours in their
+#: text; the HTML (``widgets._common.CSS``) and PNG (``widgets.static``) renderings use these values.
+LEGEND = {"prompt": ("grey", "#f0f0f0"), "mask 1": ("blue", "#1890ff"), "mask 0": ("orange", "#ffe7ba")}
+
 
 @dataclass
 class Token:
@@ -63,6 +67,30 @@ class TrajectoryModel:
     @property
     def lengths_ok(self) -> bool:
         return not self.warnings
+
+    @property
+    def observations(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each mask-0 run that the model answered (followed by mask-1 tokens): the
+        tool / sandbox output of a tool turn. A trailing mask-0 run (the template's newline after the
+        last ``<|im_end|>``) is not one."""
+        spans, start = [], None
+        for i, t in enumerate(self.response):
+            if t.mask == 0 and start is None:
+                start = i
+            elif t.mask == 1 and start is not None:
+                if any(u.mask == 1 for u in self.response[:start]):
+                    spans.append((start, i))
+                start = None
+        return spans
+
+    @property
+    def tool_turns(self) -> int:
+        """Observations the model answered: how many tool turns this trajectory has."""
+        return len(self.observations)
+
+    def observation_text(self) -> str:
+        """The text of every observation (what tools / the sandbox returned, with template filler)."""
+        return "".join(t.text for a, b in self.observations for t in self.response[a:b])
 
     @property
     def model_tokens(self) -> int:
@@ -142,7 +170,8 @@ def token_style(tok: Token) -> str:
         return ""
     p = math.exp(tok.logprob) if tok.logprob is not None and tok.logprob <= 0 else 1.0
     alpha = 0.12 + 0.55 * max(0.0, min(1.0, p))
-    return f"background: rgba(24,144,255,{alpha:.2f})"
+    r, g, b = (int(LEGEND["mask 1"][1][k:k + 2], 16) for k in (1, 3, 5))
+    return f"background: rgba({r},{g},{b},{alpha:.2f})"
 
 
 def token_title(tok: Token) -> str:
@@ -187,9 +216,10 @@ def header_html(m: TrajectoryModel) -> str:
     return (f"<div>sample <code>{html.escape(m.uid)}</code> &middot; reward <b>{m.reward}</b> &middot; "
             f"turns {m.num_turns} &middot; {m.model_tokens}/{len(m.response)} model tokens &middot; "
             f"versions {span} {m.versions if len(m.versions) > 1 else ''}</div><div>{check}</div>"
-            '<div class="legend"><span class="tok prompt">prompt</span><span class="tok m1" '
-            'style="background:rgba(24,144,255,.5)">mask 1 (model, shade = p)</span>'
-            '<span class="tok m0">mask 0 (tool / template)</span><span class="turn">turn start</span></div>')
+            f'<div class="legend"><span class="tok prompt">prompt ({LEGEND["prompt"][0]})</span><span class="tok m1" '
+            f'style="{token_style(Token(0, "", 0, 1, 0.0))}">mask 1 ({LEGEND["mask 1"][0]}: model, shade = p)</span>'
+            f'<span class="tok m0">mask 0 ({LEGEND["mask 0"][0]}: tool / template)</span>'
+            '<span class="turn">turn start</span></div>')
 
 
 class TrajectoryInspector(SnapshotView):

@@ -12,10 +12,13 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
+from widgets.inspector import LEGEND  # the colours named in the notebooks
+
 logger = logging.getLogger(__name__)
 
 BLUE, GREEN, ORANGE, RED, PURPLE, GREY = "#1890ff", "#52c41a", "#faad14", "#f5222d", "#722ed1", "#bfbfbf"
-MASK0_BG, PROMPT_BG = "#ffe7ba", "#f0f0f0"
+MASK0_BG, PROMPT_BG, MASK1_RGB = LEGEND["mask 0"][1], LEGEND["prompt"][1], tuple(
+    int(LEGEND["mask 1"][1][k:k + 2], 16) / 255 for k in (1, 3, 5))
 CHAR_W_IN, LINE_H_IN, TOKEN_FONT_PT = 0.0669, 0.19, 8  # DejaVu Sans Mono at 8 pt: 0.602 em advance
 
 
@@ -90,12 +93,16 @@ def draw_funnel_history(ax: Any, model: Any) -> None:
     ax.set_title("funnel history (utilisation)", fontsize=10, loc="left")
 
 
-def plot_funnel(model: Any) -> Any:
+def plot_funnel(model: Any, title: Optional[str] = None) -> Any:
+    """Funnel bars and their history; ``title`` (e.g. the scenario and moment) above both."""
     plt = _plt()
     n = len(model.layers) if model is not None else 3
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.45 * n + 1.4), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 0.45 * n + 1.4 + (0.4 if title else 0)),
+                                 gridspec_kw={"width_ratios": [3, 2]})
     draw_funnel(a1, model)
     draw_funnel_history(a2, model)
+    if title:
+        fig.suptitle(title, fontsize=11, x=0.01, ha="left", fontweight="bold")
     fig.tight_layout()
     return fig
 
@@ -188,7 +195,7 @@ def _token_color(t: Any) -> tuple[str, Any]:
     if t.mask == 0:
         return "#873800", MASK0_BG
     p = math.exp(t.logprob) if t.logprob is not None and t.logprob <= 0 else 1.0
-    return "#002766", (0.094, 0.565, 1.0, 0.12 + 0.55 * p)
+    return "#002766", (*MASK1_RGB, 0.12 + 0.55 * p)
 
 
 def draw_tokens(ax: Any, model: Any, show_prompt: bool = True, max_rows: Optional[int] = None) -> None:
@@ -240,8 +247,9 @@ def plot_tokens(model: Any, show_prompt: bool = True, cols: int = 120, max_rows:
     draw_tokens(ax, model, show_prompt, max_rows=rows)
     from matplotlib.patches import Patch
 
-    legend = [("prompt", PROMPT_BG), ("mask 1 (model; shade = p)", (0.094, 0.565, 1.0, 0.5)),
-              ("mask 0 (tool / template)", MASK0_BG)]
+    legend = [(f"prompt ({LEGEND['prompt'][0]})", PROMPT_BG),
+              (f"mask 1 ({LEGEND['mask 1'][0]}: model; shade = p)", (*MASK1_RGB, 0.5)),
+              (f"mask 0 ({LEGEND['mask 0'][0]}: tool / template)", MASK0_BG)]
     fig.legend(handles=[Patch(color=c, label=n) for n, c in legend], loc="lower right", fontsize=7, ncol=3,
                frameon=False)
     return fig

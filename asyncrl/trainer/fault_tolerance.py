@@ -112,6 +112,7 @@ class FaultTolerantSync:
         if self.cfg.actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync:
             metrics.update(await verify_sync(self.weight_sender, list(self.live.values())))
         self.param_version = version
+        self.updates_at_version[version] = self.updates
         self.synced_step = self.global_steps
         return metrics
 

@@ -38,7 +38,7 @@ from asyncrl.config import ExperimentConfig
 from asyncrl.cpu_affinity import pin_process
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
-from asyncrl.staleness import sample_budget, token_lags
+from asyncrl.staleness import sample_budget, token_lags, update_lag_metrics
 from asyncrl.sync.synchronizer import ParameterSynchronizer
 from asyncrl.trainer.advantages import compute_advantages
 from asyncrl.checkpoint.trainer_state import CheckpointedRun
@@ -98,6 +98,8 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         self.synchronizer = ParameterSynchronizer(rollouter, self._init_replicas(replicas, self.weight_sender))
         self.param_version = 0
         self.global_steps = 0
+        self.updates = 0  # actor optimizer updates done
+        self.updates_at_version: dict[int, int] = {0: 0}  # param version -> actor updates baked into it
         self.t_start = time.time()
         self.idle_s = 0.0
         self.history: list[dict] = []
@@ -212,8 +214,13 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         metrics.update(kl_metrics)
         metrics.update(self._advantage_metrics(batch, scores, advantages, returns))
         # 6. update the critic, then the actor: require_batches mini-batches x ppo_epochs
+        updates_before = self.updates
         async with self._weights_lock:  # a replica rejoining now waits for the step's weights
             metrics.update(await asyncio.to_thread(self._update, batch))
+        if self.global_steps >= cfg.trainer.critic_warmup:  # the actor was updated (see _update)
+            self.updates += cfg.async_training.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
+        metrics.update(update_lag_metrics(batch.token_versions, batch.response_mask, self.updates_at_version,
+                                          updates_before, self.updates))
         self.global_steps += 1
         lags = self._record_versions(samples, batch)  # versions at training time, before the sync
         self.ledger.extend("trained", self._in_step)
