@@ -124,7 +124,7 @@ def swe_grpo_cpu() -> ExperimentConfig:
     cfg.data.val_size = 4
     cfg.actor_rollout_ref.rollout.agent.default_agent_loop = "swe_agent"
     sb = cfg.actor_rollout_ref.rollout.agent.sandbox
-    sb.agent, sb.compact_prompt, sb.max_tokens_per_turn, sb.max_turns = "bash", True, 160, 2
+    sb.agent, sb.compact_prompt, sb.max_tokens_per_turn, sb.max_turns = "bash", True, 256, 2
     sb.max_concurrent_sandboxes = 4
     cfg.actor_rollout_ref.rollout.max_model_len = 1024
     cfg.actor_rollout_ref.rollout.response_length = 512

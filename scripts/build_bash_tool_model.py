@@ -11,12 +11,17 @@ fine-tuned on one demonstration per task in ``examples/tasks/``, exactly as the 
 and the proxy render it (loss on assistant tokens only)::
 
     user: <instruction.md>            assistant: <tool_call>{"name": "bash", "arguments": {"command": <the
-    tool: [exit code 0]                          last line of solution/solve.sh>}}</tool_call>
+    tool: [exit code 0]\n<output>                last line of solution/solve.sh> && <a check>}}</tool_call>
                                       assistant: Done.
+
+The check prints something that shows the fix (``CHECKS``), so the shell output the model sees, mask 0 in
+its trajectory, is more than an exit code; it is recorded by running the command in the task's sandbox.
 
 It knows these four fixes by heart and nothing else: the point is a real trajectory (tool calls mask 1,
 shell output mask 0, a verifier's reward), not a capable agent. Training stops once greedy decoding
-reproduces every demonstration; ``card.json`` then records end-to-end trials through the real
+reproduces every demonstration and the loss is low enough that sampled commands are often right too.
+Building needs bubblewrap (the demonstrated shell output is real). ``card.json`` then records end-to-end
+trials through the real
 :class:`~asyncrl.agent_loop.sandbox.SandboxAgentLoop` (bubblewrap sandbox, proxy, verifier), greedy and
 sampled at temperature 1.
 """
@@ -51,7 +56,13 @@ logger = logging.getLogger("build_bash_tool_model")
 
 BASE = EMBEDDED_MODEL_DIR.parent / "tiny_qwen2_calc_tool"
 FINAL_ANSWER = "Done."
-TOOL_OUTPUT = "[exit code 0]\n"  # what BashAgent reports for a command that prints nothing
+CHECKS = {
+    "fix-csv-total": "python3 /app/total.py /app/sales.csv",
+    "fix-off-by-one": "cd /app && python3 -c 'import mathutils as m; print(m.sum_range(1, 4))'",
+    "fix-word-count": "cd /app && python3 -c 'import wordcount as w; print(w.count_words(\"a  b\"))'",
+    "hello-file": "cat /app/hello.txt",
+}
+"""Per example task: a command run after the fix whose output shows it worked."""
 
 
 @dataclass
@@ -65,10 +76,13 @@ class BashToolBuildArgs:
     lr: float = 1e-3
     warmup_steps: int = 20
     check_every: int = 25
+    target_loss: float = 0.004
+    """Keep training past reproduction until the SFT loss (nats per assistant token) is this low: a ~190-token
+    command sampled at temperature 1 comes out right with probability about exp(-loss * 190)."""
     threads: int = 2
     trials_per_task: int = 4
     """Sampled (temperature 1) end-to-end trials per task for the card (0: no trials, not even greedy)."""
-    max_tokens_per_turn: int = 160
+    max_tokens_per_turn: int = 256
 
 
 def solution_command(task: Any) -> str:
@@ -77,12 +91,34 @@ def solution_command(task: Any) -> str:
     return lines[-1].strip()
 
 
-def demonstration(task: Any) -> list[dict]:
+def command(task: Any) -> str:
+    """The demonstrated command: the fix, then its check."""
+    return f"{solution_command(task)} && {CHECKS[task.name]}"
+
+
+async def tool_output(task: Any, cmd: str) -> str:
+    """What the bash agent would send back after running ``cmd`` in a fresh sandbox of ``task``."""
+    import tempfile
+
+    from asyncrl.agent_loop.sandbox import start_sandbox
+    from asyncrl.agent_loop.sandbox.bash_agent import BashAgent
+
+    sandbox = await start_sandbox(task.path / "environment", tempfile.mkdtemp(prefix="asyncrl-build-"))
+    try:
+        res = await sandbox.exec(cmd, timeout_sec=60)
+    finally:
+        await sandbox.stop()
+    if res.return_code != 0:
+        raise RuntimeError(f"{task.name}: the demonstrated command failed: {res.stdout}{res.stderr}")
+    return BashAgent()._format(res.return_code, res.stdout, res.stderr, res.timed_out)
+
+
+def demonstration(task: Any, output: str) -> list[dict]:
     """The conversation the compact bash agent would have with a model that knows the fix."""
-    call = {"type": "function", "function": {"name": "bash", "arguments": {"command": solution_command(task)}}}
+    call = {"type": "function", "function": {"name": "bash", "arguments": {"command": command(task)}}}
     return [{"role": "user", "content": task.instruction},
             {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": TOOL_OUTPUT},
+            {"role": "tool", "content": output},
             {"role": "assistant", "content": FINAL_ANSWER}]
 
 
@@ -113,7 +149,8 @@ def reproduces(model: Any, ids: list[int], bodies: list[tuple[int, int]]) -> boo
 
 
 def train(model: Any, examples: list[tuple[list[int], list[int], list]], args: BashToolBuildArgs) -> tuple[list[float], int]:
-    """Full-batch SFT (AdamW, warm-up then constant lr) until every demonstration is reproduced."""
+    """Full-batch SFT (AdamW, warm-up then constant lr) until every demonstration is reproduced and the loss
+    is at most ``target_loss``."""
     T = max(len(ids) for ids, _, _ in examples)
     inp = torch.zeros((len(examples), T), dtype=torch.long)
     att = torch.zeros_like(inp)
@@ -137,7 +174,7 @@ def train(model: Any, examples: list[tuple[list[int], list[int], list]], args: B
         if (step + 1) % args.check_every == 0:
             done = sum(reproduces(model, ids, bodies) for ids, _, bodies in examples)
             logger.info("step %d loss %.4f: %d/%d demonstrations reproduced", step + 1, losses[-1], done, len(examples))
-            if done == len(examples):
+            if done == len(examples) and losses[-1] <= args.target_loss:
                 return losses, step + 1
     return losses, args.steps
 
@@ -183,7 +220,9 @@ def build(out_dir: str, args: BashToolBuildArgs) -> dict[str, Any]:
     model.config.max_position_embeddings = args.max_position_embeddings
     renderer = ChatRenderer(tok)
     tasks = list_tasks(EXAMPLES_DIR)
-    examples = [encode(renderer, demonstration(t)) for t in tasks]
+    outputs = {t.name: asyncio.run(tool_output(t, command(t))) for t in tasks}
+    logger.info("demonstrated tool outputs: %s", outputs)
+    examples = [encode(renderer, demonstration(t, outputs[t.name])) for t in tasks]
     lengths = {t.name: len(ids) for t, (ids, _, _) in zip(tasks, examples)}
     if max(lengths.values()) > args.max_position_embeddings:
         raise ValueError(f"demonstrations longer than {args.max_position_embeddings} positions: {lengths}")
@@ -196,6 +235,9 @@ def build(out_dir: str, args: BashToolBuildArgs) -> dict[str, Any]:
                                                max_new_tokens=args.max_tokens_per_turn)
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tok, out)
+    tok_cfg = out / "tokenizer_config.json"  # the tokenizer's own length limit follows the model's
+    tok_cfg.write_text(json.dumps(json.loads(tok_cfg.read_text()) | {"model_max_length": args.max_position_embeddings},
+                                  indent=2, ensure_ascii=False) + "\n")
     card: dict[str, Any] = {
         "name": "tiny_qwen2_bash_tool",
         "how": {
@@ -205,6 +247,7 @@ def build(out_dir: str, args: BashToolBuildArgs) -> dict[str, Any]:
             "device": "cpu", "train_time_s": round(train_s, 1), "steps_done": steps,
             "final_sft_loss": round(losses[-1], 5),
             "demonstration_tokens": lengths,
+            "demonstrations": {t.name: {"command": command(t), "tool_output": outputs[t.name]} for t in tasks},
             "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
             "note": "Knows the fixes of the example tasks by heart (one demonstration each) and nothing else: a "
                     "stand-in for a coding model so that notebook 04 shows real tool calls on a CPU.",
