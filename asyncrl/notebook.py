@@ -340,7 +340,7 @@ class NotebookSession:
                          wall_s=time.monotonic() - t0)
 
     # -- claims
-    def claim(self, text: str, ok: Any, evidence: Any = "") -> Claim:
+    def claim(self, text: str, ok: Any, evidence: Any = "") -> None:
         """Check one claim of the chapter on this run: shows ``✓ text (evidence)``, or raises.
 
         Args:
@@ -355,8 +355,7 @@ class NotebookSession:
         self.checked.append(c)
         if not c.ok:
             raise ClaimFailed(f"the text says: {text!r}, but this run shows: {c.evidence or 'otherwise'}")
-        show(c.line(), "#237804")
-        return c
+        show(c.line(), "#237804")  # returns None: a claim as a cell's last line leaves no stray repr
 
     def claims(self) -> "_Claims":
         """The chapter's checked claims, one line each without evidence (a stable, comparable output)."""

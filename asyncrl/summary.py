@@ -60,7 +60,11 @@ class Summary:
             return ""
         first, last = self.evals[0], self.evals[-1]
         keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")))
-        return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}" for k in keys)
+        shown = [k for k in keys if first.get(k) or last.get(k)]  # zero before and after says nothing
+        quiet = (f"\n  ({len(keys) - len(shown)} other eval/tool_* metrics: 0 before and after)"
+                 if len(shown) < len(keys) else "")
+        return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"
+                       for k in shown) + quiet
 
 
 class TrainerError(RuntimeError):

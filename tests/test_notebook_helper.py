@@ -12,8 +12,8 @@ from asyncrl.notebook import Claim, ClaimFailed, NotebookSession, Progress, RunR
 
 def test_claim_passes_with_evidence_and_fails_with_the_text_and_the_measurement(capsys):
     nb = NotebookSession("t")
-    c = nb.claim("mode d shows at least one partial rollout", 3, "3 partial samples")
-    assert c.ok and "✓ mode d shows at least one partial rollout  (3 partial samples)" in capsys.readouterr().out
+    assert nb.claim("mode d shows at least one partial rollout", 3, "3 partial samples") is None  # no stray repr
+    assert "✓ mode d shows at least one partial rollout  (3 partial samples)" in capsys.readouterr().out
     with pytest.raises(ClaimFailed, match=r"the text says: 'the queue binds', but this run shows: active_tasks"):
         nb.claim("the queue binds", False, "active_tasks")
     assert [x.ok for x in nb.checked] == [True, False]
@@ -82,3 +82,17 @@ def test_run_result_counts_partial_samples():
 
 def test_claim_line():
     assert Claim("x", False, "y").line() == "✗ x  (y)"
+
+
+def test_run_summary_shows_what_is_not_zero_and_explains_shutdown_drops():
+    from asyncrl.experiment import Summary
+
+    evals = [{"version": 0, "accuracy": 0.5, "eval/tool_calls": 0.75, "eval/tool_errors/timeout": 0.0},
+             {"version": 2, "accuracy": 0.5, "eval/tool_calls": 0.8, "eval/tool_errors/timeout": 0.0}]
+    acc = {"taken": 41, "trained": 16, "dropped": {"unstarted_at_shutdown": 25}, "failed": {}, "dropped_total": 25,
+           "failed_total": 0, "balanced": True}
+    text = str(Summary(run_dir="r", steps=2, param_version=2, accuracy_before=0.5, accuracy_after=0.5,
+                       accounting=acc, wall_s=3.0, evals=evals, lag_counts={0: 5}))
+    assert "tool_calls: before 0.750 -> after 0.800" in text and "timeout" not in text
+    assert "(1 other eval/tool_* metrics: 0 before and after)" in text
+    assert "*_at_shutdown: prompts the rollouter had taken ahead of the trainer" in text
