@@ -78,7 +78,7 @@ def token_lags(trainer_version: int, response_versions, response_mask):
     return trainer_version - response_versions[response_mask > 0]
 
 
-def update_lag_metrics(token_versions: torch.Tensor, response_mask: torch.Tensor, updates_at_version: dict[int, int],
+def update_lag_metrics(response_versions: torch.Tensor, response_mask: torch.Tensor, updates_at_version: dict[int, int],
                        updates_before: int, updates_after: int) -> dict[str, float]:
     """Lag of trained tokens in actor optimizer updates (``staleness/update_lag_*``).
 
@@ -88,7 +88,7 @@ def update_lag_metrics(token_versions: torch.Tensor, response_mask: torch.Tensor
     is k - 1 updates off-policy); the mean takes the step's mini-batches as equally sized.
 
     Args:
-        token_versions: ``[B, T]`` int, the parameter version of each response token (-1: none).
+        response_versions: ``[B, T]`` int, the parameter version of each response token (-1: none).
         response_mask: ``[B, T]``, 1 on trained tokens.
         updates_at_version: parameter version -> actor updates baked into it.
         updates_before / updates_after: actor updates before and after this step's update.
@@ -96,7 +96,7 @@ def update_lag_metrics(token_versions: torch.Tensor, response_mask: torch.Tensor
     Returns:
         ``{}`` when nothing was updated or no token has a version.
     """
-    versions = token_versions[(response_mask > 0) & (token_versions >= 0)]
+    versions = response_versions[(response_mask > 0) & (response_versions >= 0)]
     k = updates_after - updates_before
     if not versions.numel() or k <= 0:
         return {}

@@ -219,7 +219,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             metrics.update(await asyncio.to_thread(self._update, batch))
         if self.global_steps >= cfg.trainer.critic_warmup:  # the actor was updated (see _update)
             self.updates += cfg.async_training.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
-        metrics.update(update_lag_metrics(batch.token_versions, batch.response_mask, self.updates_at_version,
+        metrics.update(update_lag_metrics(batch.response_versions, batch.response_mask, self.updates_at_version,
                                           updates_before, self.updates))
         self.global_steps += 1
         lags = self._record_versions(samples, batch)  # versions at training time, before the sync

@@ -1,0 +1,32 @@
+"""staleness/update_lag_*: lag of trained tokens in optimizer updates, next to the lag in syncs (versions).
+
+In-process FullyAsyncTrainer with the fakes of tests/fake_queue.py and a tiny random Qwen2 (no syncs:
+there are no replicas), so every trained token comes from version 0 while the updates pile up: exactly
+what mode b's sync window looks like from the trainer's side.
+"""
+
+import asyncio
+
+from asyncrl.recipes import smoke_cpu
+from fake_queue import FakeMessageQueue, FakeRollouter, fake_samples
+
+
+def test_update_lag_grows_with_the_updates_a_version_has_not_seen(random_model_dir):
+    from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+
+    cfg = smoke_cpu("a")
+    cfg.actor_rollout_ref.model.path = str(random_model_dir)
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 2
+    cfg.async_training.require_batches = 2  # 2 updates per step
+    cfg.async_training.trigger_parameter_sync_step = 1000  # no weight sync: version 0 throughout
+    cfg.trainer.total_training_steps = 3
+    trainer = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(12, cfg.actor_rollout_ref.rollout.n)),
+                                FakeRollouter(), {})
+    for _ in range(3):
+        assert asyncio.run(trainer.fit_step())
+    rows = trainer.history
+    assert [r["staleness/lag_max"] for r in rows] == [0, 0, 0]  # no sync: lag 0 in versions
+    # step s trains version-0 tokens with 2 (s - 1) updates done; its 2nd mini-batch is one more behind
+    assert [r["staleness/update_lag_mean"] for r in rows] == [0.5, 2.5, 4.5]
+    assert [r["staleness/update_lag_max"] for r in rows] == [1, 3, 5]
+    assert trainer.updates == 6 and trainer.updates_at_version == {0: 0}
