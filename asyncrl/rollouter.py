@@ -209,6 +209,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
         row = self.train_rows[index]
         uid = uuid.uuid4().hex[:12]
         started = self.started_at[seq] = time.time()
+        putting = False
         try:
             from asyncrl.agent_loop.single_turn import render_prompt_ids
             prompt_ids = render_prompt_ids(self.tokenizer, list(row["prompt"]), row.get("tools"))
@@ -229,6 +230,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             if sample.is_partial:
                 self.partial_spans.append((sample.min_global_steps, sample.max_global_steps))
             sample.timings["enqueued"] = time.time()
+            putting = True  # from here the queue accounts for it: queued (trained / unconsumed) or queue_shutdown
             await self.mq.put_sample_async(ray.put(sample))
             self.counts["enqueued"] += 1
             self.ledger.record("enqueued", seq)
@@ -238,7 +240,11 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
                                 "processing_s": finished - started})
         except asyncio.CancelledError as exc:
             if self.stopping or own_cancellation():  # stop() cancelled this task: a shutdown
-                self._drop("aborted_at_shutdown", seq)
+                if putting:  # cancelled while waiting on a full queue: the queue's own put completes and counts it
+                    self.counts["enqueued"] += 1
+                    self.ledger.record("enqueued", seq)
+                else:
+                    self._drop("aborted_at_shutdown", seq)
                 raise
             # a callee's cancellation (an engine request, a Ray task): this sample failed, the run goes on
             logger.error("sample %s (row %d) failed: a callee raised CancelledError", uid, index)

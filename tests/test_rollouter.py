@@ -212,3 +212,42 @@ def test_stop_is_the_only_shutdown_cancellation(ray_session):
         assert acc["dropped"].get("aborted_at_shutdown") == 2 and acc["failed"] == {}
         assert acc["taken"] == acc["pending"] + sum(acc["dropped"].values())
     asyncio.run(main())
+
+
+class FakeFullQueue(FakeQueue):
+    """A queue that is full: each put waits (as the MessageQueue actor's does) and, like the actor call,
+    completes on its own even when the caller stops waiting (a Ray actor call is not cancelled with the
+    awaiting coroutine); the queue then accounts for the sample itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.space = asyncio.Event()
+        self.pending = []
+
+    async def put_sample_async(self, ref):
+        task = asyncio.ensure_future(self._put(ref))  # the remote call, independent of the caller
+        self.pending.append(task)
+        return await asyncio.shield(task)
+
+    async def _put(self, ref):
+        await self.space.wait()
+        self.items.append(ref)
+        return True
+
+
+def test_cancelled_while_the_queue_is_full_is_counted_once(ray_session):
+    """Invariant 1 at shutdown: a sample whose put was waiting on a full queue is the queue's to account
+    (queued, then trained or unconsumed_at_shutdown), not also the rollouter's aborted_at_shutdown."""
+    async def main():
+        cfg, ro, replica, _ = _make()
+        q = ro.mq = FakeFullQueue()
+        await ro.start()
+        await _settle(ro, lambda: len(q.pending) == sample_budget(cfg).max_required_samples)
+        acc = await ro.stop()
+        q.space.set()  # the queue's puts complete after the rollouter stopped waiting
+        await asyncio.gather(*q.pending)
+        return acc, len(q.items)
+
+    acc, queued = asyncio.run(main())
+    assert queued == 3 and acc["dropped"].get("aborted_at_shutdown", 0) == 0, acc
+    assert acc["taken"] == queued + sum(acc["dropped"].values()) + sum(acc["failed"].values()), acc
