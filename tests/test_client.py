@@ -67,3 +67,31 @@ def test_release_on_error():
     with pytest.raises(RuntimeError):
         run(FullyAsyncLLMServerClient(pool).generate("e", [1], SamplingParams(max_tokens=4)))
     assert pool.inflight["r"] == 0
+
+
+class _BareEngine:
+    """An in-process engine's surface: generate and param_version, no engine_version."""
+
+    param_version = 7
+
+    async def generate(self, request_id, prompt_ids, sampling_params):
+        from asyncrl.rollout.base import TokenOutput
+
+        return TokenOutput(token_ids=[EOS], log_probs=[-0.5], response_versions=[self.param_version])
+
+
+def test_an_agent_loop_given_a_bare_engine_has_the_client_interface():
+    """The kind behind 04's ``'HFEngine' object has no attribute 'engine_version'``: an engine used as a
+    server manager goes behind a one-server client, so ``engine_version`` (and ``generate``) work."""
+    from asyncrl.agent_loop.single_turn import SingleTurnAgentLoop
+    from asyncrl.rollout.client import LLMServerClient, as_server_manager
+
+    engine = _BareEngine()
+    loop = SingleTurnAgentLoop(engine, None, None)
+    assert isinstance(loop.server_manager, LLMServerClient)
+    assert run(loop.server_manager.engine_version("r1")) == 7
+    assert run(loop.server_manager.generate("r1", [1, 2], SamplingParams(max_tokens=4))).token_ids == [EOS]
+    client = FullyAsyncLLMServerClient(FakePool({"r": engine}))
+    assert as_server_manager(client) is client and as_server_manager(None) is None, "used as they are"
+    with pytest.raises(TypeError, match="generate"):
+        as_server_manager(object())

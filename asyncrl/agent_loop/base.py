@@ -107,14 +107,17 @@ class AgentLoopBase(abc.ABC):
     Args:
         server_manager: object with ``async generate(request_id, prompt_ids, sampling_params)
             -> TokenOutput`` and ``async engine_version(request_id) -> int`` (an
-            :class:`~asyncrl.rollout.client.LLMServerClient`).
+            :class:`~asyncrl.rollout.client.LLMServerClient`); an in-process engine is put behind one
+            (:func:`~asyncrl.rollout.client.as_server_manager`).
         tokenizer: HF tokenizer with a chat template (tokenizers never travel between actors;
             each worker loads its own).
         config: the :class:`~asyncrl.config.ExperimentConfig`.
     """
 
     def __init__(self, server_manager: Any, tokenizer: Any, config: Any, **kwargs: Any):
-        self.server_manager = server_manager
+        from asyncrl.rollout.client import as_server_manager
+
+        self.server_manager = as_server_manager(server_manager)  # a bare engine goes behind a client
         self.tokenizer = tokenizer
         self.config = config
 

@@ -117,6 +117,31 @@ class LLMServerClient:
             await self.pool.release_server_async(server_id, request_id)
 
 
+def as_server_manager(server: Any, server_id: str = "local") -> Any:
+    """The agent loops' ``server_manager`` for ``server``: a client as it is, an engine behind a client.
+
+    An in-process :class:`~asyncrl.api.InferenceEngine` (e.g. ``HFEngine`` in a notebook) has ``generate``
+    but not the client's ``engine_version``; it is put behind an :class:`LLMServerClient` over a
+    one-server in-process load balancer, the same path a replica takes, so every agent loop sees one
+    interface.
+
+    Args:
+        server: an :class:`LLMServerClient` (or anything with ``engine_version``), or an engine/replica
+            handle with ``generate`` (and ``param_version``), or ``None`` (returned as it is).
+        server_id: the load balancer's id for a wrapped engine.
+
+    Raises:
+        TypeError: ``server`` has neither ``engine_version`` nor ``generate``.
+    """
+    if server is None or hasattr(server, "engine_version"):  # None: a loop built only to read its config
+        return server
+    if not hasattr(server, "generate"):
+        raise TypeError(f"server_manager needs generate(request_id, prompt_ids, sampling_params); got {type(server).__name__}")
+    from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
+
+    return LLMServerClient(LocalRequestLoadBalancer({server_id: server}))
+
+
 class FullyAsyncLLMServerClient(LLMServerClient):
     """Client with the partial-rollout resume loop.
 
