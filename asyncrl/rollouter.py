@@ -385,21 +385,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             "eval_history": list(self.eval_history),
             "partial_spans": list(self.partial_spans)[-64:],
             "recent": list(self.recent)[-64:],
-            **self._pool_view(await self.agent_loops.stats(), self.agent_loops.local),
+            **await self.agent_loops.funnel_view(),
             "load_balancer": {**await self.lb.snapshot_async(),
                               "max_in_flight_per_server": self.cfg.actor_rollout_ref.rollout.max_num_seqs},
         }
-
-    @staticmethod
-    def _pool_view(workers: list[dict], local: bool) -> dict:
-        """Funnel layers for the AgentLoopWorker pool (only when it is a pool of actors: an in-process
-        worker has no limit to bind on) and, when used, the sandboxes."""
-        out: dict = {"agent_workers": workers}
-        if not local:
-            out["agent_loop_workers"] = {"busy": sum(1 for w in workers if w["active_samples"]), "total": len(workers),
-                                         "active_samples": sum(w["active_samples"] for w in workers)}
-        boxes = [w["sandboxes"] for w in workers if "sandboxes" in w]
-        if boxes:
-            out["sandboxes"] = {"active": sum(b["active"] for b in boxes), "limit": sum(b["limit"] for b in boxes),
-                                "waiting": sum(b.get("waiting", 0) for b in boxes)}
-        return out

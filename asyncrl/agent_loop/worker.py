@@ -218,6 +218,21 @@ class AgentLoopManager:
             return [self.workers[0].stats()]
         return list(await asyncio.gather(*[w.stats.remote() for w in self.workers]))
 
+    async def funnel_view(self) -> dict:
+        """The pool as funnel layers: ``agent_workers`` (each worker's :meth:`AgentLoopWorker.stats`),
+        ``agent_loop_workers`` (busy / total; only for a pool of actors: an in-process worker has no
+        limit to bind on) and, when used, ``sandboxes`` (active / limit / waiting, summed)."""
+        workers = await self.stats()
+        out: dict = {"agent_workers": workers}
+        if not self.local:
+            out["agent_loop_workers"] = {"busy": sum(1 for w in workers if w["active_samples"]), "total": len(workers),
+                                         "active_samples": sum(w["active_samples"] for w in workers)}
+        boxes = [w["sandboxes"] for w in workers if "sandboxes" in w]
+        if boxes:
+            out["sandboxes"] = {"active": sum(b["active"] for b in boxes), "limit": sum(b["limit"] for b in boxes),
+                                "waiting": sum(b.get("waiting", 0) for b in boxes)}
+        return out
+
     async def shutdown(self) -> None:
         """Stop every worker's proxy and kill the worker actors. Idempotent."""
         workers, self.workers, self.active = self.workers, [], []
