@@ -151,3 +151,13 @@ def test_replica_construction_errors_before_any_actor(ray_session):
 
     with pytest.raises(ValueError, match="valid names: hf, vllm"):
         RolloutReplica("nope", {"model_path": "x"})
+
+
+def test_an_in_process_replica_body_beside_a_ray_driver_is_not_a_restart(monkeypatch):
+    """The kind behind 06's ``AssertionError: This method is only available when the process is a worker``:
+    the simulator builds ``_ReplicaActor`` in the notebook's process, where Ray is initialised as a driver;
+    asking Ray whether "this actor" was reconstructed asserted there. Outside an actor it is never a restart."""
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # a driver's process: Ray up, no actor
+    assert replica_mod.was_actor_restarted() is False

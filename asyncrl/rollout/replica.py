@@ -82,12 +82,21 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
     return kw
 
 
+def was_actor_restarted() -> bool:
+    """Whether the calling process is a Ray actor that Ray restarted after a crash. ``False`` outside an
+    actor: an actor body built in-process (the simulator, ``agent.num_workers=0`` paths), with or without a
+    Ray driver in the process (a notebook's), is never a restart; Ray asserts if asked there."""
+    import ray
+
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
 class _ReplicaActor:
     """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
 
     def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int, cpu_affinity: str = ""):
-        import ray
-
         from asyncrl.cpu_affinity import pin_rollout_engine
 
         pin_rollout_engine(cpu_affinity)  # before the engine (and its processes) start
@@ -98,7 +107,7 @@ class _ReplicaActor:
         self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0}
         # Ray restarted this actor after a crash (rollout.max_restarts): its engine holds the initial
         # checkpoint, not the current weights, so it serves nothing until it has been given them.
-        self.restarted = bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
+        self.restarted = was_actor_restarted()
         self.weights_current = not self.restarted
 
     async def start(self) -> None:
