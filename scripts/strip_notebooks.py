@@ -24,6 +24,7 @@ import nbformat
 KEEP_NB_METADATA = ("kernelspec", "language_info")
 KEEP_CELL_METADATA = ("tags", "jupyter")
 CHECKED_TAG = "nbval-check-output"
+REFERENCE_COUNT = 1  # the execution count of a checked cell with a reference output
 
 
 def is_checked(cell: nbformat.NotebookNode) -> bool:
@@ -47,7 +48,9 @@ def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
         if cell.cell_type == "code":
             cell.outputs = [_clean_output(o) for o in cell.outputs] if is_checked(cell) else []
-            cell.execution_count = None
+            # nbval treats a cell without a count as unrun and refuses its outputs ("Unrun reference cell
+            # has outputs"): a reference keeps a fixed count, so it is checked and its diff stays stable
+            cell.execution_count = REFERENCE_COUNT if cell.outputs else None
     return nb
 
 
