@@ -78,7 +78,7 @@ def test_batch_errors(capsys, tmp_path):
 
 # ------------------------------------------------------------------------- batch parameters (6, 9)
 def test_declared_parameters_read_the_parameters_cell():
-    assert declared_parameters(NOTEBOOK) == ["modes", "total_training_steps", "staleness_threshold",
+    assert declared_parameters(NOTEBOOK) == ["modes", "total_training_steps", "repeats", "staleness_threshold",
                                              "trigger_parameter_sync_step", "seed", "ray_address", "snapshot_dir"]
     # a comment with quotes that papermill's own line parser gives up on
     assert "task_names" in declared_parameters(REPO / "notebooks" / "04_sandboxed_agents.ipynb")

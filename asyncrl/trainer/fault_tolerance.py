@@ -112,9 +112,12 @@ class FaultTolerantSync:
         if self.cfg.actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync:
             metrics.update(await verify_sync(self.weight_sender, list(self.live.values())))
         self.param_version = version
-        self.updates_at_version[version] = self.updates
         self.synced_step = self.global_steps
+        self._on_synced(version)
         return metrics
+
+    def _on_synced(self, version: int) -> None:
+        """Hook: the replicas now serve ``version`` (the trainer records the optimizer updates in it)."""
 
     async def _drop_dead_replicas(self, joining: Optional[str] = None, timeout_s: float = 5.0) -> list[str]:
         """Probe the live replicas; the ones that died, do not answer, or were restarted without the

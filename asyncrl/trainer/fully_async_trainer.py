@@ -303,6 +303,9 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
                 "critic/returns_mean": float(returns[m].mean()) if adv.numel() else 0.0}
 
     # ------------------------------------------------------------------ bookkeeping
+    def _on_synced(self, version: int) -> None:
+        self.updates_at_version[version] = self.updates  # for staleness/update_lag_*
+
     def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
         """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
         self.trained += len(samples)
