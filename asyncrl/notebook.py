@@ -29,30 +29,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl.notebook_claims import Claim, ClaimFailed, Claims  # noqa: F401 - part of this module's API
+
 logger = logging.getLogger(__name__)
-
-
-class ClaimFailed(AssertionError):
-    """A notebook's text says something its own run does not show (the notebook stops here)."""
-
-
-@dataclasses.dataclass
-class Claim:
-    """One claim of a chapter, checked on the run beside it.
-
-    Attributes:
-        text: the claim as the markdown states it.
-        ok: whether the run shows it.
-        evidence: the measured value(s) that decide it.
-    """
-
-    text: str
-    ok: bool
-    evidence: str = ""
-
-    def line(self, evidence: bool = True) -> str:
-        mark = "✓" if self.ok else "✗"
-        return f"{mark} {self.text}" + (f"  ({self.evidence})" if evidence and self.evidence else "")
 
 
 # ---------------------------------------------------------------------- output helpers
@@ -357,9 +336,9 @@ class NotebookSession:
             raise ClaimFailed(f"the text says: {text!r}, but this run shows: {c.evidence or 'otherwise'}")
         show(c.line(), "#237804")  # returns None: a claim as a cell's last line leaves no stray repr
 
-    def claims(self) -> "_Claims":
+    def claims(self) -> "Claims":
         """The chapter's checked claims, one line each without evidence (a stable, comparable output)."""
-        return _Claims(list(self.checked))
+        return Claims(list(self.checked))
 
     # -- teardown
     def close(self) -> None:
@@ -394,20 +373,6 @@ class NotebookSession:
     def __repr__(self) -> str:
         return (f"NotebookSession({self.name!r}, smoke={self.smoke}, started_ray={self.started_ray}, "
                 f"claims={sum(c.ok for c in self.checked)}/{len(self.checked)})")
-
-
-class _Claims:
-    """Display of a notebook's checked claims."""
-
-    def __init__(self, claims: list[Claim]):
-        self.items = claims
-
-    def __repr__(self) -> str:
-        return "\n".join(c.line(evidence=False) for c in self.items) or "no claims checked"
-
-    def _repr_html_(self) -> str:
-        rows = "".join(f"<li>{html.escape(c.line(evidence=False))}</li>" for c in self.items)
-        return f"<b>Claims checked on this run</b><ul style='list-style:none;padding-left:0'>{rows}</ul>"
 
 
 def _close_one(obj: Any) -> None:
