@@ -61,6 +61,10 @@ MODES = {
 }
 
 
+GPU_MICRO_BATCH = 8
+"""``--gpu``: rows per trainer micro-batch (the 152k-vocabulary fp32 logits bound it)."""
+
+
 def base_config(args: argparse.Namespace):
     """The task's recipe at benchmark size (evaluation off: it would steal the rollout's time)."""
     from asyncrl.config import load_config
@@ -76,6 +80,9 @@ def base_config(args: argparse.Namespace):
         ro.response_length, ro.max_model_len = args.gpu_max_tokens, args.gpu_max_tokens + 64
         lw = cfg.data.length_workload
         lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", args.gpu_median_tokens, 1.0, 8
+        # fp32 logits of one micro-batch are rows x tokens x 151,936 x 4 bytes: the CPU recipe's 64 rows at
+        # 1,088 tokens asked for 26 GiB more on a full H200 (2026-11-30); 8 rows as pipeline_perf.py
+        cfg.actor_rollout_ref.actor.ppo_micro_batch_size = GPU_MICRO_BATCH
     over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",
             "trainer.test_freq=0", "trainer.progress_bar=False", "data.val_size=4",
             f"actor_rollout_ref.rollout.name={args.backend}", f"trainer.default_local_dir={args.out}"]

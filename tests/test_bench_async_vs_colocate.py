@@ -1,0 +1,47 @@
+"""benchmarks/async_vs_colocate.py builds the configs it runs (no engines): the --gpu sizes fit an H200.
+
+The first GPU run of the benchmark (2026-11-30) died at step 1 with CUDA OOM: the CPU recipe's micro-batch
+(64 rows) at 1,088 tokens with Qwen2.5's 151,936-token vocabulary needed 26 GiB of fp32 logits at once.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("async_vs_colocate", REPO / "benchmarks" / "async_vs_colocate.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["async_vs_colocate"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(bench, tmp_path, *extra):
+    import argparse
+
+    ns = argparse.Namespace(task="longtail", steps=5, time=0.0, backend="hf", set=None, out=str(tmp_path), gpu=True,
+                            gpu_median_tokens=256, gpu_max_tokens=4096)
+    for kv in extra:
+        k, v = kv.split("=")
+        setattr(ns, k, type(getattr(ns, k))(v))
+    return ns
+
+
+@pytest.mark.parametrize("mode", ["colocated", "d"])
+def test_gpu_micro_batch_logits_fit_in_a_fraction_of_an_h200(bench, tmp_path, mode, monkeypatch):
+    monkeypatch.setattr(bench, "gpu_model", lambda args: str(REPO / "asyncrl" / "models" / "tiny_qwen2_arith"))
+    args = _args(bench, tmp_path)
+    cfg = bench.mode_config(mode, args)
+    ac, ro = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    tokens = ro.response_length + cfg.data.max_prompt_length
+    logits_gib = ac.ppo_micro_batch_size * tokens * 151936 * 4 / 2**30
+    assert logits_gib <= 24, f"{ac.ppo_micro_batch_size} rows x {tokens} tokens = {logits_gib:.1f} GiB of fp32 logits"
+    assert ac.strategy == "fsdp2" and ro.name == "hf"
+    assert cfg.actor_rollout_ref.hybrid_engine is (mode == "colocated")
+    assert (cfg.trainer.n_gpus_per_node, cfg.rollout.n_gpus_per_node) == ((2, 0) if mode == "colocated" else (1, 1))
