@@ -227,6 +227,10 @@ class RolloutConfig:
     max_restarts: int = 3
     """Times Ray restarts a replica actor that died; a restarted replica rejoins the pool with the
     current weights (0 = a dead replica stays out)."""
+    max_consecutive_failures: int = 128
+    """Prompt groups that may fail in a row, with no group succeeding in between, before the run
+    stops with the most common failure as its reason (a missing package, a dead engine, a broken
+    reward: every sample fails the same way); 0 = never stop (each failure is still counted)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     """Settings of the multi-turn ``tool_agent`` loop."""

@@ -20,6 +20,11 @@ import time
 from typing import Any, Optional
 
 
+class RolloutStopped(RuntimeError):
+    """The rollouter stopped the run: ``actor_rollout_ref.rollout.max_consecutive_failures`` prompt
+    groups failed in a row (the message names the most common failure and the key)."""
+
+
 def failure_type(exc: BaseException) -> str:
     """The counter key of a failure: the exception's type name, unwrapping Ray's task errors."""
     cause = getattr(exc, "cause", None)
@@ -50,6 +55,23 @@ class FailureLog:
     def __init__(self, keep: int = 20):
         self.counts: collections.Counter = collections.Counter()
         self.recent: collections.deque = collections.deque(maxlen=keep)
+        self.consecutive = 0  # failures since the last success
+        self.storm: collections.Counter = collections.Counter()  # their types
+
+    def success(self) -> None:
+        """A sample succeeded: the run of consecutive failures ends."""
+        self.consecutive = 0
+        self.storm.clear()
+
+    def storm_message(self, limit: int) -> Optional[str]:
+        """The reason to stop the run when ``limit`` (> 0) failures came in a row, else ``None``."""
+        if limit <= 0 or self.consecutive < limit:
+            return None
+        kinds = ", ".join(f"{k} x{v}" for k, v in self.storm.most_common(3))
+        last = next((r["message"] for r in reversed(self.recent) if r["type"] == self.storm.most_common(1)[0][0]), "")
+        return (f"{self.consecutive} prompt groups failed in a row and none succeeded ({kinds}); the most common: "
+                f"{last!r} (its traceback is logged at its first occurrence). Fix the cause, or raise "
+                f"actor_rollout_ref.rollout.max_consecutive_failures (0 = never stop)")
 
     def record(self, exc: BaseException, uid: Optional[str] = None, **details: Any) -> str:
         """Count one failure and remember its message.
@@ -64,10 +86,25 @@ class FailureLog:
         """
         key = failure_type(exc)
         self.counts[key] += 1
+        self.consecutive += 1
+        self.storm[key] += 1
         message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else key
         self.recent.append({"uid": uid, "type": key, "message": message, "time": time.time(), **details})
         return key
 
+    def first_of_kind(self, key: str) -> bool:
+        """True for the first failure of type ``key`` and then at 10, 100, 1000 ... (log the traceback then)."""
+        n = self.counts[key]
+        return n == 1 or (n >= 10 and str(n).strip("0") == "1")
+
     def snapshot(self) -> list[dict]:
         """The recent failures, oldest first (plain dicts: picklable, JSON-able)."""
         return list(self.recent)
+
+
+async def raise_if_rollout_stopped(mq) -> None:
+    """After the MessageQueue closed: raise :class:`RolloutStopped` when the rollouter closed it with a
+    reason (``MessageQueue.shutdown(reason)``); a normal shutdown returns."""
+    reason = (await mq.stats_async()).shutdown_reason
+    if reason:
+        raise RolloutStopped(reason)

@@ -39,6 +39,8 @@ class QueueStats:
     waiting_getters: int
     waiting_putters: int
     shutdown: bool
+    shutdown_reason: str = ""
+    """Why the queue was shut down early (a fatal rollout condition); ``""`` for a normal stop."""
 
 
 class _MessageQueueActor:
@@ -52,6 +54,7 @@ class _MessageQueueActor:
         self.drops: collections.Counter = collections.Counter()
         self.waiting_getters = self.waiting_putters = 0
         self.closed = False
+        self.shutdown_reason = ""
 
     async def put_sample(self, wrapped_ref: list, timeout: Optional[float] = None) -> bool:
         """Append one sample ref; waits while full. Returns False on timeout; raises on shutdown."""
@@ -109,12 +112,15 @@ class _MessageQueueActor:
 
     def stats(self) -> QueueStats:
         return QueueStats(len(self.items), self.maxsize, self.puts, self.gets, sum(self.drops.values()),
-                          dict(self.drops), self.waiting_getters, self.waiting_putters, self.closed)
+                          dict(self.drops), self.waiting_getters, self.waiting_putters, self.closed,
+                          self.shutdown_reason)
 
-    async def shutdown(self) -> int:
-        """Close the queue, wake every waiter; items still queued are counted as dropped."""
+    async def shutdown(self, reason: str = "") -> int:
+        """Close the queue, wake every waiter; items still queued are counted as dropped. ``reason``:
+        why the run must stop (the trainer raises it; ``""``: a normal stop)."""
         async with self.cond:
             self.closed = True
+            self.shutdown_reason = self.shutdown_reason or reason
             left = len(self.items)
             if left:
                 self.drops["unconsumed_at_shutdown"] += left
@@ -175,6 +181,11 @@ class MessageQueue:
     async def stats_async(self) -> QueueStats:
         return await self.actor.stats.remote()
 
-    def shutdown(self) -> int:
-        """Close the queue and wake blocked getters; returns the number of unconsumed samples."""
-        return ray.get(self.actor.shutdown.remote())
+    def shutdown(self, reason: str = "") -> int:
+        """Close the queue and wake blocked getters; returns the number of unconsumed samples.
+        ``reason`` (a fatal rollout condition) makes the trainer stop with that error."""
+        return ray.get(self.actor.shutdown.remote(reason))
+
+    async def shutdown_async(self, reason: str = "") -> int:
+        """:meth:`shutdown` from async code."""
+        return await self.actor.shutdown.remote(reason)

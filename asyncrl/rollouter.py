@@ -44,7 +44,7 @@ from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import GenerationAborted
 from asyncrl.rollout.health import ReplicaHealthMixin, call_live
-from asyncrl.sample import RolloutSample
+from asyncrl.sample import RolloutSample, trajectory_view
 from asyncrl.staleness import sample_budget
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
         self.staleness_samples = 0
         self.paused = False
         self.stopping = False
+        self.halted = ""  # why rollout stopped early (a failure storm), else ""
         self.cond = asyncio.Condition()
         self.counts = collections.Counter()  # taken, enqueued
         self.dropped: collections.Counter = collections.Counter()
@@ -157,8 +158,17 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             self.sampler.advance()
             self.counts["taken"] += 1
 
+    async def _halt_on_failure_storm(self) -> None:
+        """``rollout.max_consecutive_failures`` groups failed in a row: start no more, and shut the queue down
+        with the reason (the trainer stops the run with it) instead of failing new prompts forever."""
+        reason = self.failures.storm_message(self.cfg.actor_rollout_ref.rollout.max_consecutive_failures)
+        if reason is not None and not self.halted:
+            self.halted = reason
+            logger.error("rollout stopped: %s", reason)
+            await self.mq.shutdown_async(f"rollout stopped: {reason}")
+
     def _can_start(self) -> bool:
-        return (not self.paused and len(self.active_tasks) < self.budget.max_concurrent_samples
+        return (not self.paused and not self.halted and len(self.active_tasks) < self.budget.max_concurrent_samples
                 and self.staleness_samples < self.budget.max_required_samples)
 
     async def _processor_loop(self) -> None:
@@ -231,10 +241,11 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
                 self.partial_spans.append((sample.min_global_steps, sample.max_global_steps))
             sample.timings["enqueued"] = time.time()
             putting = True  # from here the queue accounts for it: queued (trained / unconsumed) or queue_shutdown
+            self.failures.success()
             await self.mq.put_sample_async(ray.put(sample))
             self.counts["enqueued"] += 1
             self.ledger.record("enqueued", seq)
-            self.recent_trajectories.append(self._trajectory_view(sample))
+            self.recent_trajectories.append(trajectory_view(sample, self.tokenizer))
             self.recent.append({"uid": uid, "reward_mean": sum(sample.rewards) / len(outs),
                                 "min_v": sample.min_global_steps, "max_v": sample.max_global_steps,
                                 "processing_s": finished - started})
@@ -253,17 +264,18 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
         except GenerationAborted:
             self._drop("aborted_no_partial_rollout", seq)
             await self.release_budget()
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.as_instanceof_cause(), QueueShutdown):
+        except Exception as exc:  # reported and accounted, never silently lost
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.as_instanceof_cause(), QueueShutdown):
                 self._drop("queue_shutdown", seq, count=False)  # the MessageQueue counted it
                 return
-            logger.error("sample %s (row %d) failed: %s", uid, index, exc)
-            self._fail(self.failures.record(exc, uid, index=index, **_group(exc)), seq)
+            key = self.failures.record(exc, uid, index=index, **_group(exc))
+            if self.failures.first_of_kind(key):  # the traceback once per kind (and at 10, 100 ...), not per sample
+                logger.exception("sample %s (row %d) failed (%s failure %d)", uid, index, key, self.failures.counts[key])
+            else:
+                logger.error("sample %s (row %d) failed: %s: %s", uid, index, key, str(exc).strip()[:200])
+            self._fail(key, seq)
             await self.release_budget()
-        except Exception as exc:  # reported and accounted, never silently lost
-            logger.exception("sample %s (row %d) failed", uid, index)
-            self._fail(self.failures.record(exc, uid, index=index, **_group(exc)), seq)
-            await self.release_budget()
+            await self._halt_on_failure_storm()
         finally:
             self.started_at.pop(seq, None)
 
@@ -344,17 +356,6 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             await asyncio.gather(self._eval_task, return_exceptions=True)
 
     # ------------------------------------------------------------------ status
-    def _trajectory_view(self, sample: RolloutSample) -> dict:
-        o = sample.outputs[0]
-        return {"uid": sample.uid, "index": sample.index, "reward": o.reward_score, "num_turns": o.num_turns,
-                "prompt_ids": list(o.prompt_ids), "response_ids": list(o.response_ids),
-                "response_mask": list(o.response_mask), "response_logprobs": list(o.response_logprobs),
-                "response_versions": list(o.response_versions),
-                "prompt_tokens": [self.tokenizer.decode([t]) for t in o.prompt_ids],
-                "response_tokens": [self.tokenizer.decode([t]) for t in o.response_ids],
-                "min_global_steps": o.extra_fields.get("min_global_steps"),
-                "max_global_steps": o.extra_fields.get("max_global_steps")}
-
     def trajectories(self, n: int = 8) -> list[dict]:
         """The last ``n`` trajectories (first response of each recent sample) with decoded tokens."""
         return list(self.recent_trajectories)[-n:]

@@ -60,3 +60,17 @@ class RolloutSample:
     def is_partial(self) -> bool:
         """True when some response's tokens come from more than one parameter version."""
         return any(o.extra_fields.get("min_global_steps") != o.extra_fields.get("max_global_steps") for o in self.outputs)
+
+
+def trajectory_view(sample: RolloutSample, tokenizer) -> dict:
+    """The first response of ``sample`` for the mask inspector: ids, mask, log-probs, versions and the
+    decoded token strings (one per id)."""
+    o = sample.outputs[0]
+    return {"uid": sample.uid, "index": sample.index, "reward": o.reward_score, "num_turns": o.num_turns,
+            "prompt_ids": list(o.prompt_ids), "response_ids": list(o.response_ids),
+            "response_mask": list(o.response_mask), "response_logprobs": list(o.response_logprobs),
+            "response_versions": list(o.response_versions),
+            "prompt_tokens": [tokenizer.decode([t]) for t in o.prompt_ids],
+            "response_tokens": [tokenizer.decode([t]) for t in o.response_ids],
+            "min_global_steps": o.extra_fields.get("min_global_steps"),
+            "max_global_steps": o.extra_fields.get("max_global_steps")}

@@ -251,3 +251,60 @@ def test_cancelled_while_the_queue_is_full_is_counted_once(ray_session):
     acc, queued = asyncio.run(main())
     assert queued == 3 and acc["dropped"].get("aborted_at_shutdown", 0) == 0, acc
     assert acc["taken"] == queued + sum(acc["dropped"].values()) + sum(acc["failed"].values()), acc
+
+
+class FakeBrokenReplica(FakeGatedReplica):
+    """Every request raises, as an engine call whose client lacks a package (the H200 run's missing
+    ``tenacity``: every sample failed the same way, ~350 per second, each with a traceback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    async def generate(self, request_id, prompt_ids, sp):
+        self.calls += 1
+        raise ModuleNotFoundError("No module named 'tenacity'")
+
+
+class FakeClosableQueue(FakeQueue):
+    def __init__(self):
+        super().__init__()
+        self.shutdown_reasons = []
+
+    async def shutdown_async(self, reason=""):
+        self.shutdown_reasons.append(reason)
+        return 0
+
+
+def test_a_failure_storm_halts_rollout_and_shuts_the_queue_with_the_reason(ray_session, caplog):
+    """max_consecutive_failures=6: after 6 prompt groups failed in a row with none succeeding, no new
+    group starts and the queue is shut down with a reason naming the failure and the key; the
+    traceback is logged once (first of its kind), not once per sample; every taken prompt is accounted."""
+    async def main():
+        cfg = smoke_cpu("d")
+        cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 1
+        cfg.async_training.require_batches = 2
+        cfg.actor_rollout_ref.rollout.n = 2
+        cfg.actor_rollout_ref.rollout.agent.num_workers = 0
+        cfg.actor_rollout_ref.rollout.max_consecutive_failures = 6
+        cfg.trainer.test_freq = 0
+        rows = get_task_rows("arith", "train", 50, 0)
+        replica, q = FakeBrokenReplica(), FakeClosableQueue()
+        ro = FullyAsyncRollouter(cfg, rows, rows[:4], {"r0": replica}, FakePool(replica), q)
+        await ro.start()
+        await _settle(ro, lambda: bool(q.shutdown_reasons))
+        calls = replica.calls
+        await asyncio.sleep(0.3)
+        assert replica.calls == calls, "groups kept starting after the halt"
+        reason, = q.shutdown_reasons
+        assert reason.startswith("rollout stopped: ") and "ModuleNotFoundError" in reason
+        assert "No module named 'tenacity'" in reason and "max_consecutive_failures" in reason
+        failed = sum(ro.failed.values())
+        assert 6 <= failed <= 6 + sample_budget(cfg).max_concurrent_samples
+        acc = await ro.stop()
+        assert acc["taken"] == acc["enqueued"] + acc["pending"] + sum(acc["dropped"].values()) + sum(acc["failed"].values())
+        assert acc["enqueued"] == 0
+        tracebacks = [r for r in caplog.records if r.exc_info and "failed" in r.getMessage()]
+        assert len(tracebacks) == 1, [r.getMessage() for r in tracebacks]
+    with caplog.at_level("INFO", logger="asyncrl"):
+        asyncio.run(main())

@@ -27,6 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
 
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
 from asyncrl.rollout.base import SamplingParams, TokenOutput
 from asyncrl.rollout.health import ReplicaFault, is_replica_fault, report_failure
 
@@ -172,8 +174,6 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             ReplicaFault: after ``max_replica_faults`` faults of this request.
             NoServerAvailableError: the pool stayed empty for ``replica_wait_s``.
         """
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
-
         from asyncrl.rollout.load_balancer import NoServerAvailableError
 
         while True:

@@ -36,6 +36,7 @@ import torch
 from asyncrl.accounting import Ledger
 from asyncrl.config import ExperimentConfig
 from asyncrl.cpu_affinity import pin_process
+from asyncrl.failures import raise_if_rollout_stopped
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, token_lags, update_lag_metrics
@@ -148,6 +149,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
                 gen = await generate_round(self) if self.cfg.actor_rollout_ref.hybrid_engine else {}
                 if not await self.fit_step(gen):
                     self.stop_reason = "the MessageQueue was shut down"
+                    await raise_if_rollout_stopped(self.mq)  # the rollouter stopped the run: an error
                     break
                 if self.cfg.trainer.save_freq > 0 and self.global_steps % self.cfg.trainer.save_freq == 0:
                     self._set_phase("checkpoint")
