@@ -62,3 +62,37 @@ def test_two_gpus_config_to_engines_to_fit_step_to_nccl_sync(tmp_path):
                     "actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true",
                     "trainer.total_training_steps=1", "trainer.test_freq=0", "data.val_size=4",
                     "trainer.progress_bar=false"], tmp_path, steps=1)
+
+
+def test_fsdp2_checkpoint_through_the_experiment_resumes_exactly(ray_session, tmp_path):
+    """Issue 12 on the GPU path's trainer: 2 FSDP2 ranks (gloo) save every step; a second Experiment
+    resumes from step 1's checkpoint in the same run directory and trains step 2 only, with A's
+    learning rate; the checkpoint's weights are a plain HF directory transformers loads (its
+    parameters equal the ones the ranks held)."""
+    import transformers
+
+    from asyncrl.tracking import read_metrics_csv
+
+    keys = FSDP2_CPU + ["trainer.save_freq=1", "actor_rollout_ref.actor.optim.lr_warmup_steps=3",
+                        f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=fsdp2_resume"]
+
+    def run(extra):
+        exp = Experiment(load_config(base=smoke_cpu("a"), overrides=keys + extra))
+        try:
+            exp.start()
+            return exp.wait(progress=False)
+        finally:
+            exp.stop()
+
+    a = run([])
+    run_dir = a.run_dir
+    rows_a = read_metrics_csv(f"{run_dir}/metrics.csv")
+    ck = f"{run_dir}/checkpoints/global_step_1"
+    model = transformers.AutoModelForCausalLM.from_pretrained(f"{ck}/actor/huggingface")
+    assert sum(p.numel() for p in model.parameters()) > 0 and torch.isfinite(next(model.parameters())).all()
+    b = run(["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ck}"])
+    assert b.run_dir == run_dir and b.resumed_from == ck and b.steps == 2
+    rows_b = read_metrics_csv(f"{run_dir}/metrics.csv")
+    assert [r["step"] for r in rows_b] == [1, 2]
+    assert [r["actor/lr"] for r in rows_b] == [r["actor/lr"] for r in rows_a]  # warm-up continues: 1/3, 2/3 of lr
+    assert b.accounting["balanced"] and b.accounting["lost"] == 0 and b.accounting["accounted_twice"] == 0
