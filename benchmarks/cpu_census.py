@@ -44,22 +44,22 @@ def _stat(path: str) -> Optional[tuple[str, int, float, int]]:
 
 
 def label(pid: int) -> str:
-    """A process's title: Ray sets ``ray::ClassName`` (+ method), vLLM ``VLLM::EngineCore``."""
-    cmd = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip()
+    """A process's title: Ray sets ``ray::ClassName`` (+ method), vLLM ``VLLM::EngineCore``; else the
+    binary or the Python script it runs."""
+    words = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ").split()
+    if words and words[0].startswith(("ray::", "VLLM::")):
+        return words[0].split(".")[0]
     st = _stat(f"/proc/{pid}/stat")
-    if st and st[0].startswith(("ray::", "VLLM::")):  # setproctitle: the main thread's name
+    if st and st[0].startswith(("ray::", "VLLM::")):  # title in the thread name only (truncated to 15)
         return st[0]
-    if not cmd:
+    if not words:
         return st[0] if st else str(pid)
-    head = cmd.split()[0]
-    if head.startswith(("ray::", "VLLM::")):
-        return head.split(".")[0]
-    for name in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env"):
-        if name in cmd:
-            return name
-    if "default_worker.py" in cmd:
-        return "ray::IDLE"
-    return os.path.basename(head) + (" " + os.path.basename(cmd.split()[1]) if len(cmd.split()) > 1 else "")
+    if os.path.basename(words[0]).startswith("python"):
+        if "default_worker.py" in " ".join(words[1:3]) or any(w.endswith("default_worker.py") for w in words):
+            return "ray::IDLE"  # a Ray worker before it took a title
+        script = next((w for w in words[1:] if w.endswith(".py")), None)
+        return os.path.basename(script) if script else " ".join(words[:2])
+    return os.path.basename(words[0])
 
 
 def affinity(pid: int, tid: Optional[int] = None) -> str:
@@ -103,8 +103,9 @@ class CpuCensus:
 
     def sample(self) -> None:
         for pid in self.descendants():
-            if pid not in self.labels or self.labels[pid].startswith("ray::IDLE"):
-                self.labels[pid] = label(pid)
+            name = label(pid)  # a Ray worker takes its actor's title when the actor starts
+            if pid not in self.labels or name != "ray::IDLE":
+                self.labels[pid] = name
             self.affinities[pid] = affinity(pid)
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
