@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -43,6 +44,8 @@ from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+CENSUS: Any = None
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -143,9 +146,16 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     cfg = mode_config(mode, args)
     exp = Experiment(cfg, replicas=[replica] if replica is not None else None)
     t0 = time.time()
+    census = None
     try:
         exp.start()
+        if args.census:
+            census = CENSUS
+            census.mark(mode)
+        funnel = FunnelSampler(exp.rollouter).start()
         summary = exp.wait(progress=False)
+        funnel.stop()
+        cpu = census.report(mode) if census else None
         history = ray.get(exp.trainer.status.remote())["history"]
         ro = ray.get(exp.rollouter.snapshot.remote())
     finally:
@@ -172,10 +182,70 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "time_to_target_s": time_to_reward(history, args.target_reward),
         "response_length_mean": statistics.fmean(r["response_length/mean"] for r in history) if history else 0.0,
         "accounting_balanced": summary.accounting.get("balanced"),
+        "step_split": step_split(steady),
+        "funnel": funnel.summary(),
         "history": history,
     }
+    if cpu:
+        out["census"] = cpu
     print(f"  {mode:9s} {out['steps']:3d} steps  {out['samples_per_s']:.3f} samples/s  step {out['step_s_median']:.2f} s"
           f"  trainer idle {out['trainer_idle_ratio']:.2f}  rollouter idle {out['rollouter_idle_ratio']:.2f}", flush=True)
+    print("    funnel (mean of 1 Hz samples): " + "  ".join(f"{k} {v:.1f}" for k, v in out["funnel"].items()), flush=True)
+    print("    per step (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in out["step_split"].items()), flush=True)
+    if cpu:
+        from cpu_census import format_report
+
+        print(format_report(cpu), flush=True)
+    return out
+
+
+class FunnelSampler:
+    """Polls the rollouter once a second: requests in flight at the engines (sequences decoding or
+    waiting), active prompt groups, ``staleness_samples`` and whether admission is paused."""
+
+    def __init__(self, rollouter: Any, interval: float = 1.0):
+        import threading
+
+        self.rollouter, self.interval, self.rows = rollouter, interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "FunnelSampler":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        import ray
+
+        while not self._stop.wait(self.interval):
+            try:
+                s = ray.get(self.rollouter.snapshot.remote(), timeout=10)
+            except Exception:  # the run ended
+                return
+            self.rows.append({"engine_requests": s["load_balancer"].get("total_in_flight", 0),
+                              "active_groups": s["active_tasks"], "staleness_samples": s["staleness_samples"],
+                              "paused": float(bool(s["paused"]))})
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def summary(self) -> dict:
+        rows = self.rows[2:] or self.rows
+        return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
+def step_split(rows: list[dict]) -> dict:
+    """Median seconds per trainer step: waiting for the batch (``gen`` in colocated mode, ``fetch``),
+    the update (reward .. optimizer), the sync's parts, and the rest (logging, Ray calls between)."""
+    keys = {"gen": "timing/gen_s", "fetch": "timing/fetch_s", "update": "timing/update_s",
+            "sync_pause": "sync/pause_s", "sync_transfer": "sync/transfer_s", "sync_resume": "sync/resume_s",
+            "sync": "sync/total_s", "step": "timing/step_s"}
+    out = {k: statistics.median(r.get(v, 0.0) for r in rows) for k, v in keys.items() if rows and any(v in r for r in rows)}
+    if rows:
+        rest = [r["timing/step_s"] - r.get("timing/gen_s", 0.0) - r["timing/fetch_s"] - r["timing/update_s"]
+                - r.get("sync/total_s", 0.0) for r in rows]
+        out["other"] = statistics.median(rest)
     return out
 
 
@@ -204,28 +274,46 @@ def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
 
 def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     """Micro-measurements for the simulator: decode probes per placement, train-only per placement,
-    the workload's response lengths; then predict every measured mode (asyncrl.sim)."""
+    the workload's response lengths, and the contention term of the split placement (the same probe
+    with the trainer busy on its core; train-only with the replica generating); then predict every
+    measured mode (asyncrl.sim)."""
     import ray
 
     from asyncrl.agent_loop.single_turn import render_prompt_ids
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.models import load_tokenizer
-    from asyncrl.sim.calibrate import measure_rollout, measure_train, probe_decode
+    from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode
 
     cfg = mode_config("d", args)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
     rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
     prompt = render_prompt_ids(tok, rows[0]["prompt"])
     cal: dict[str, Any] = {"prompt_tokens": statistics.fmean(len(render_prompt_ids(tok, r["prompt"])) for r in rows[:64])}
+    probe = {"batch_sizes": (1, 8, 32, 128), "tokens": 48}
     for kind, rep in replicas.items():
-        cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, batch_sizes=(1, 8, 32, 128), tokens=48))
+        cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, **probe))
         print(f"  decode s/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
               flush=True)
-    ro_s, outputs = asyncio.run(measure_rollout(replicas.get("split") or replicas["shared"], cfg, rows, 64))
+    split = replicas.get("split") or replicas["shared"]
+    ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs in outputs for o in outs]
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
     for kind, mode in (("split", "d"), ("shared", "colocated")):
         cal[f"train_s_per_token_{kind}"] = ray.get(train.remote(mode_config(mode, args), outputs))["s_per_token"]
+    if "split" in replicas:  # contention: each side measured again with the other one busy
+        load = train.remote(cfg, outputs, 45.0)  # the trainer busy on its core ...
+        time.sleep(12.0)  # ... once its process has started and built its engine
+        cal["decode_split_loaded"] = asyncio.run(probe_decode(split, prompt, **probe))
+        ray.get(load)
+        busy = train.remote(cfg, outputs)  # train-only again, while the replica generates
+        while not ray.wait([busy], timeout=0)[0]:
+            asyncio.run(measure_rollout(split, cfg, rows, 16))
+        cal["train_s_per_token_split_loaded"] = ray.get(busy)["s_per_token"]
+        cal["rollout_contention"] = contention(cal["decode_split"], cal["decode_split_loaded"])
+        cal["train_contention"] = contention(cal["train_s_per_token_split"], cal["train_s_per_token_split_loaded"])
+        print(f"  contention: decode {cal['rollout_contention']:+.0%} with the trainer busy ("
+              + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal["decode_split_loaded"].items())
+              + f"), train {cal['train_contention']:+.0%} with the replica generating", flush=True)
     syncs = [r["sync/transfer_total_s"] for m in result["modes"].values() for r in m["history"] if "sync/transfer_total_s" in r]
     cal["sync_s"] = statistics.median(syncs) if syncs else 0.05
     return cal
@@ -244,12 +332,18 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         if f"decode_{kind}" not in cal:
             continue
         cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, cal[f"train_s_per_token_{kind}"],
-                              cal["sync_s"], int(cal["prompt_tokens"]))
+                              cal["sync_s"], int(cal["prompt_tokens"]),
+                              rollout_contention=cal.get("rollout_contention", 0.0) if kind == "split" else 0.0,
+                              train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0)
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0
         res = simulate(cfg, cost, natural_length=lengths, name=m)
-        out[m] = {"samples_per_s": res.samples_per_s, "trainer_idle_ratio": res.trainer_idle_ratio,
+        bare = simulate(cfg, dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, contention=0.0),
+                                                 train=dataclasses.replace(cost.train, contention=0.0)),
+                        natural_length=lengths, name=m)
+        out[m] = {"samples_per_s": res.samples_per_s, "without_contention_samples_per_s": bare.samples_per_s,
+                  "trainer_idle_ratio": res.trainer_idle_ratio,
                   "rollouter_idle_ratio": res.rollouter_idle_ratio, "step_s": res.step_time(2),
                   "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
     return out
@@ -310,6 +404,8 @@ def main() -> None:
                         "a random Qwen2.5-0.5B-shaped model with synthetic lengths (needs no vllm with --backend hf)")
     p.add_argument("--gpu-median-tokens", type=int, default=256, help="--gpu: median synthetic response length")
     p.add_argument("--gpu-max-tokens", type=int, default=4096, help="--gpu: longest synthetic response")
+    p.add_argument("--census", action="store_true",
+                   help="sample every process's CPU time, cores and threads during each mode (cpu_census.py)")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
     p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
     p.add_argument("--json", default=None)
@@ -323,6 +419,11 @@ def main() -> None:
     from asyncrl.experiment import _init_ray
 
     _init_ray(None, None, attempts=5)
+    if args.census:
+        global CENSUS
+        from cpu_census import CpuCensus
+
+        CENSUS = CpuCensus().start()
     result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
                               "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.gpu:  # replicas are placed on GPUs by each Experiment; the CPU-core measurements do not apply
@@ -375,11 +476,13 @@ def report(result: dict) -> None:
               f" train-only {i['train_s_per_sample']:.3f} s/sample)")
     sim = result.get("simulated") or {}
     if sim:
-        print("\nsimulated (asyncrl.sim calibrated on decode probes + train-only, not on these runs):")
+        print("\nsimulated (asyncrl.sim calibrated on decode probes + train-only, alone and loaded, not on these runs):")
         for m, r in sim.items():
             err = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
+            bare = r.get("without_contention_samples_per_s")
+            was = f"; without the contention term {bare:.3f} ({100 * (bare / modes[m]['samples_per_s'] - 1):+.0f}%)" if bare else ""
             print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured)  trainer idle {r['trainer_idle_ratio']:.2f}"
-                  f"  rollouter idle {r['rollouter_idle_ratio']:.2f}")
+                  f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}")
     ref = result.get("reference")
     if ref and ref.get("step_s_median"):
         for m, r in modes.items():

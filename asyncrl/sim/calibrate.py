@@ -7,6 +7,7 @@
     train seconds / trained tokens (the train engine alone)     -> per_token_s
     the weight sync's transfer + load (a measured run's sync/*)  -> SyncCostModel.fixed_s
     response lengths of the workload (the replica alone)        -> natural_length sampler
+    the same probe / train-only with the other side busy        -> contention(alone, loaded)
         => ClusterCostModel; simulate(config, model, natural_length=...) predicts the run
 
 The calibration never looks at the full runs it is meant to predict: only at what one engine does
@@ -61,8 +62,34 @@ def fit_rollout(per_iteration_s: dict, max_num_seqs: int = 256, weight_load_s: f
                             max_num_seqs=max_num_seqs)
 
 
+def contention(alone: Any, loaded: Any) -> float:
+    """The contention term of a cost model (:mod:`asyncrl.sim.cost_models`, Contention): how much
+    longer the same work took with the other side of the run busy than alone, ``loaded / alone - 1``.
+
+    Args:
+        alone, loaded: seconds of the same measurement, either two numbers (train-only seconds per
+            token) or two :func:`probe_decode` results (``{B: s/iteration}``; the median of the
+            per-``B`` ratios is used, so one noisy batch size does not decide it).
+
+    Returns:
+        The fractional slowdown, ``>= 0`` (a faster loaded run is noise, not a speed-up).
+    """
+    if isinstance(alone, dict):
+        ratios = sorted(loaded[b] / alone[b] for b in alone if b in loaded and alone[b] > 0)
+        if not ratios:
+            raise ValueError("the two probes share no batch size")
+        mid = len(ratios) // 2
+        ratio = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    else:
+        if alone <= 0:
+            raise ValueError(f"alone must be > 0 seconds, got {alone}")
+        ratio = loaded / alone
+    return max(0.0, ratio - 1.0)
+
+
 def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, prompt_tokens: int,
-                   per_update_s: float = 0.0, name: str = "cpu-calibrated") -> ClusterCostModel:
+                   per_update_s: float = 0.0, name: str = "cpu-calibrated", rollout_contention: float = 0.0,
+                   train_contention: float = 0.0) -> ClusterCostModel:
     """A cost model of one CPU placement (one replica, one trainer) from its micro-measurements.
 
     Args:
@@ -70,12 +97,16 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         train_s_per_token: train-only seconds per trained token (prompt + response) at the trainer's placement.
         sync_s: seconds of one weight sync's transfer + load (``sync/transfer_total_s`` of a run).
         prompt_tokens: mean prompt length.
+        rollout_contention, train_contention: :func:`contention` of the decode probe and of train-only
+            (the engine alone vs with the other side busy); 0 when the sides never overlap.
     """
+    rollout = fit_rollout(decode_probe)
+    rollout.contention = rollout_contention
     return ClusterCostModel(
-        name=name, rollout=fit_rollout(decode_probe),
-        train=TrainCostModel(per_token_s=train_s_per_token, per_update_s=per_update_s),
+        name=name, rollout=rollout,
+        train=TrainCostModel(per_token_s=train_s_per_token, per_update_s=per_update_s, contention=train_contention),
         sync=SyncCostModel(fixed_s=sync_s), prompt_tokens=prompt_tokens,
-        notes="calibrated from probe_decode + train-only + a run's sync time")
+        notes="calibrated from probe_decode + train-only (alone and with the other side busy) + a run's sync time")
 
 
 def empirical_lengths(lengths: Sequence[int]) -> Callable[..., int]:
@@ -144,11 +175,12 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
     return time.perf_counter() - t0, outputs
 
 
-def measure_train(cfg: Any, outputs: list) -> dict:
+def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     """The train engine alone, at ``cfg``'s trainer placement (``trainer.cpu_affinity`` /
     ``torch_threads``), updating on :func:`measure_rollout` outputs the way a trainer step does
     (``require_batches`` mini-batches of ``required_samples`` groups). Pins the calling process:
-    run it in a fresh process (e.g. a Ray task with ``max_calls=1``).
+    run it in a fresh process (e.g. a Ray task with ``max_calls=1``). ``min_seconds``: go over the
+    outputs again until at least that long has been spent (a steady load beside another measurement).
 
     Returns:
         ``{"seconds", "steps", "tokens", "s_per_token", "s_per_sample"}``.
@@ -161,7 +193,7 @@ def measure_train(cfg: Any, outputs: list) -> dict:
     from asyncrl.cpu_affinity import pin_process
     from asyncrl.rollout.sampling import SamplingFilters
     from asyncrl.staleness import sample_budget
-    from asyncrl.trainer.engine import TrainEngine, collate
+    from asyncrl.trainer.engine import TrainEngine
     from asyncrl.trainer.update import actor_loss_fn
 
     if not cfg.trainer.cpu_affinity and hasattr(os, "sched_setaffinity"):
@@ -182,17 +214,29 @@ def measure_train(cfg: Any, outputs: list) -> dict:
 
     loss_fn = actor_loss_fn(cfg)
     steps, seconds, tokens = 0, 0.0, 0
-    for start in range(0, len(groups) - req + 1, req):
-        step = groups[start:start + req]
-        t0 = time.perf_counter()
-        for m in range(0, req, per_mb):
-            part = step[m:m + per_mb]
-            batch = collate([o for g in part for o in g], [j for j, g in enumerate(part) for _ in g])
-            batch.extras["old_log_probs"] = batch.rollout_log_probs
-            batch.extras["advantages"] = torch.randn(len(batch))
-            engine.update(batch, loss_fn)
-            tokens += int(batch.attention_mask.sum())
-        seconds += time.perf_counter() - t0
-        steps += 1
+    starts = list(range(0, len(groups) - req + 1, req))
+    while True:
+        for start in starts:
+            dt, n = _train_step(engine, loss_fn, groups[start:start + req], req, per_mb)
+            seconds, tokens, steps = seconds + dt, tokens + n, steps + 1
+        if seconds >= min_seconds or not starts:
+            break
     return {"seconds": seconds, "steps": steps, "tokens": tokens, "s_per_token": seconds / max(1, tokens),
             "s_per_sample": seconds / max(1, steps * req)}
+
+
+def _train_step(engine: Any, loss_fn: Any, step: list, req: int, per_mb: int) -> tuple[float, int]:
+    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, trained tokens)``."""
+    import torch
+
+    from asyncrl.trainer.engine import collate
+
+    t0, tokens = time.perf_counter(), 0
+    for m in range(0, req, per_mb):
+        part = step[m:m + per_mb]
+        batch = collate([o for g in part for o in g], [j for j, g in enumerate(part) for _ in g])
+        batch.extras["old_log_probs"] = batch.rollout_log_probs
+        batch.extras["advantages"] = torch.randn(len(batch))
+        engine.update(batch, loss_fn)
+        tokens += int(batch.attention_mask.sum())
+    return time.perf_counter() - t0, tokens

@@ -25,6 +25,17 @@ rank that got the longest response, and adding ranks does not shorten that one.
 
 Weight sync: ``sync_s = fixed_s + model_gb / bandwidth_gb_s`` (then each replica's ``weight_load_s``).
 
+Contention (both sides): ``contention`` stretches every decode iteration (rollout) and every
+training pass (trainer) by ``1 + contention`` while the two sides run at the same time. It is the
+price of sharing a host: on the 2-core CPU box the replica and the trainer each have a core, but
+the processes that glue them (Ray's core workers and raylet, the rollouter, the MessageQueue, the
+replica's output relay) float over both, and vLLM's EngineCore busy-waits for its worker on the
+same core; measured on the 2-core box, decode iterations took ~1.2-1.9x as long with the trainer
+busy as alone (``benchmarks/RESULTS.md``). Calibrate it from two micro-measurements of the same
+engine, alone and with the other side busy (:func:`asyncrl.sim.calibrate.contention`), never from
+the runs it is meant to predict. 0 (the default) for separate machines or GPUs; colocated runs
+never overlap the phases, so the simulator applies it to fully async runs only.
+
 Presets: :func:`cpu_embedded_vllm` (calibrated from measured runs on the 2-core CPU machine, see
 ``benchmarks/RESULTS.md``) and :func:`h20_qwen25_7b` / :func:`h100_qwen25_7b` (from datasheets and
 the Qwen2.5-7B shapes; the H20 one is checked against verl's published component timings).
@@ -58,15 +69,20 @@ class RolloutCostModel:
     """Scheduler batch limit; further requests queue."""
     gpus: int = 1
     """Devices one replica occupies (tensor parallel size), for the rollout:trainer split."""
+    contention: float = 0.0
+    """Fractional slowdown of every decode iteration from sharing the host with a busy trainer
+    (module docstring: Contention); 0.3 = each iteration takes 30% longer."""
 
     def decode_time(self, iterations: float, batch: int, ctx: float) -> float:
         """Seconds for ``iterations`` decode steps of ``batch`` sequences whose summed context starts
-        at ``ctx`` and grows by ``batch`` per step (closed form of the per-step sum)."""
+        at ``ctx`` and grows by ``batch`` per step (closed form of the per-step sum), times
+        ``1 + contention``."""
         a = self.step_s + self.per_seq_s * batch + self.per_ctx_token_s * ctx
-        return a * iterations + self.per_ctx_token_s * batch * iterations * iterations / 2.0
+        return (a * iterations + self.per_ctx_token_s * batch * iterations * iterations / 2.0) * (1.0 + self.contention)
 
     def decode_iterations(self, seconds: float, batch: int, ctx: float) -> float:
         """Inverse of :meth:`decode_time`: decode steps done in ``seconds``."""
+        seconds = seconds / (1.0 + self.contention)
         a = self.step_s + self.per_seq_s * batch + self.per_ctx_token_s * ctx
         q = self.per_ctx_token_s * batch
         if q <= 0:
@@ -95,6 +111,9 @@ class TrainCostModel:
     """Rows are padded to the longest in the batch (the CPU trainer) instead of packed."""
     forward_fraction: float = 1.0 / 3.0
     """Log-prob recompute (forward only) relative to forward + backward."""
+    contention: float = 0.0
+    """Fractional slowdown of every training pass from sharing the host with a busy rollout
+    (module docstring: Contention)."""
 
     def work(self, length: float) -> float:
         return self.per_token_s * length + self.per_token_ctx_s * length * length / 2.0
@@ -104,13 +123,13 @@ class TrainCostModel:
         if not len(lengths):
             return 0.0
         if self.padded:
-            return len(lengths) * self.work(max(lengths)) / self.n_ranks
+            return len(lengths) * self.work(max(lengths)) / self.n_ranks * (1.0 + self.contention)
         if self.n_ranks == 1:
-            return sum(self.work(x) for x in lengths)
+            return sum(self.work(x) for x in lengths) * (1.0 + self.contention)
         loads = [0.0] * self.n_ranks
         for w in sorted((self.work(x) for x in lengths), reverse=True):  # longest first, least loaded rank
             heapq.heapreplace(loads, loads[0] + w)
-        return max(loads)
+        return max(loads) * (1.0 + self.contention)
 
     def update_time(self, lengths: Sequence[float]) -> float:
         """One optimizer update over one mini-batch."""

@@ -187,6 +187,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     rollout_gpus = rollout_gpus or default_rollout
     train_gpus = train_gpus or cost.train.n_ranks * cost.train.gpus_per_rank
     replicas, cost = cost.with_split(rollout_gpus, train_gpus)
+    if cfg.actor_rollout_ref.hybrid_engine:  # the phases take turns: neither shares the host with the other
+        cost = dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, contention=0.0),
+                                   train=dataclasses.replace(cost.train, contention=0.0))
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
     cfg.actor_rollout_ref.rollout.max_num_seqs = cost.rollout.max_num_seqs
     cfg.trainer.test_freq = 0
