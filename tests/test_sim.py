@@ -195,3 +195,50 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     assert main(["sim", "--preset", "h100"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("config error: unknown sim preset (--preset) 'h100'") and "cpu-embedded-vllm" in err, err
+
+
+def test_contention_stretches_each_side_and_is_calibrated_from_alone_vs_loaded():
+    from asyncrl.sim.calibrate import contention, cpu_cost_model
+
+    # hand-made probes: decode 20-60% slower with the trainer busy (median of the ratios: +40%)
+    alone = {1: 0.010, 8: 0.010, 32: 0.020}
+    loaded = {1: 0.012, 8: 0.014, 32: 0.032}
+    assert contention(alone, loaded) == pytest.approx(0.4)
+    assert contention(0.5, 0.6) == pytest.approx(0.2) and contention(0.5, 0.45) == 0.0  # faster = noise
+    with pytest.raises(ValueError, match="no batch size"):
+        contention({1: 0.01}, {8: 0.01})
+
+    cost = cpu_cost_model(alone, 1e-4, 0.05, 20, rollout_contention=0.5, train_contention=0.25)
+    r, t = cost.rollout, cost.train
+    base = r.decode_time(100, 4, 0.0) / 1.5
+    assert r.decode_iterations(r.decode_time(100, 4, 0.0), 4, 0.0) == pytest.approx(100)
+    assert t.update_time([100, 300]) == pytest.approx(400 * 1e-4 * 1.25)
+
+    async def main():  # the engine's clock runs 1.5x slower per iteration
+        eng = CostModelInferenceEngine(r, prompt_tokens=10)
+        await eng.generate("a", [1, 2], SamplingParams(max_tokens=100, ignore_eos=True))
+        return asyncio.get_running_loop().time()
+
+    assert run(main) == pytest.approx(1.5 * 100 * (r.step_s + r.per_seq_s), rel=1e-6)
+    assert base == pytest.approx(100 * (r.step_s + 4 * r.per_seq_s))
+
+
+def test_contention_slows_async_runs_only():
+    from dataclasses import replace
+
+    from asyncrl.recipes import smoke_cpu
+    from asyncrl.sim.cost_models import cpu_embedded_vllm
+
+    cost = cpu_embedded_vllm(1)
+    loaded = replace(cost, rollout=replace(cost.rollout, contention=1.0), train=replace(cost.train, contention=1.0))
+    d = smoke_cpu("d")
+    d.trainer.total_training_steps = 6
+    colo = smoke_cpu("a")
+    colo.trainer.total_training_steps = 6
+    colo.actor_rollout_ref.hybrid_engine = True
+    colo.async_training.staleness_threshold = 0.0
+    # both sides' work twice as slow: an async run slows by up to 2x (the sync's fixed cost is not
+    # stretched); a colocated one, whose phases never overlap, is unchanged
+    slowdown = simulate(d, cost).samples_per_s / simulate(d, loaded).samples_per_s
+    assert 1.5 < slowdown <= 2.0 + 1e-6
+    assert simulate(colo, loaded).samples_per_s == pytest.approx(simulate(colo, cost).samples_per_s, rel=1e-6)
