@@ -195,6 +195,16 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     assert main(["sim", "--preset", "h100"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("config error: unknown sim preset (--preset) 'h100'") and "cpu-embedded-vllm" in err, err
+    # the contention term from the command line: the same run, both sides 50% slower while they overlap
+    speeds = []
+    for extra in ([], ["--contention", "0.5"]):
+        assert main(["sim", "task=longtail", "trainer.total_training_steps=3", *extra]) == 0
+        head, row = capsys.readouterr().out.strip().splitlines()[-2:]
+        back = len(head.split()) - head.split().index("samples_per_s")  # columns from the end ("run" has spaces)
+        speeds.append(float(row.split()[-back]))
+    assert speeds[1] < speeds[0] / 1.2, speeds
+    assert main(["sim", "--contention", "-1"]) == 2
+    assert "--contention must be >= 0" in capsys.readouterr().err
 
 
 def test_contention_stretches_each_side_and_is_calibrated_from_alone_vs_loaded():

@@ -4,6 +4,7 @@
     asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
     asyncrl sim --preset h20-qwen2.5-7b --rollout-gpus 64 --train-gpus 64 --token-scale 64 [config.yaml] [k=v ...]
     asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~1 min)
+    asyncrl sim task=longtail --contention 0.3                  # both sides 30% slower while they overlap
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout-gpus", type=int, default=None)
     p.add_argument("--train-gpus", type=int, default=None)
     p.add_argument("--token-scale", type=int, default=1, help="real tokens per simulated token (64 for 28K responses)")
+    p.add_argument("--contention", type=float, default=None,
+                   help="the cost model's contention term for both sides (asyncrl.sim.cost_models, Contention): "
+                        "decode and training stretched by 1 + C while they overlap, e.g. as async_vs_colocate.py "
+                        "calibrated it on this machine; colocated runs ignore it")
     p.add_argument("--seed-7b", action="store_true", help="reproduce the seed's 7B experiment instead")
     p.add_argument("--log-level", default="WARNING")
 
@@ -51,6 +56,14 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     from asyncrl.sim import simulate
 
     cost = cpu_embedded_vllm(args.cores) if args.preset == "cpu-embedded-vllm" else PRESETS[args.preset]()
+    if args.contention is not None:
+        if args.contention < 0:
+            print(f"config error: --contention must be >= 0 (a fractional slowdown), got {args.contention}", file=sys.stderr)
+            return 2
+        from dataclasses import replace
+
+        cost = replace(cost, rollout=replace(cost.rollout, contention=args.contention),
+                       train=replace(cost.train, contention=args.contention))
     res = simulate(cfg, cost, rollout_gpus=args.rollout_gpus, train_gpus=args.train_gpus, token_scale=args.token_scale)
     print(pd.DataFrame([res.summary()]).round(3).to_string(index=False))
     return 0
