@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import html
+import importlib.util
 import logging
 import os
 import time
@@ -151,6 +152,13 @@ def _quiet_ray_init(address: Optional[str], log_path: Path, num_cpus: Optional[i
         handler.close()
 
 
+def _quiet_library_progress_bars() -> None:
+    """No transformers progress bars ("Loading weights") in this kernel: an engine loads in a worker thread,
+    whose bar lands in whatever cell runs then (04 showed one in its table cell); ours are the Progress lines."""
+    if importlib.util.find_spec("transformers") is not None:
+        importlib.import_module("transformers.utils.logging").disable_progress_bar()
+
+
 def start_ray(ray_address: Optional[str] = None, *, snapshot_dir: Optional[str] = None,
               name: str = "notebook", num_cpus: Optional[int] = None) -> "NotebookSession":
     """Start a local Ray (or attach to ``ray_address``) for a notebook; returns its session.
@@ -172,6 +180,7 @@ def start_ray(ray_address: Optional[str] = None, *, snapshot_dir: Optional[str] 
     import ray
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _quiet_library_progress_bars()
     session = NotebookSession(name=name, snapshot_dir=snapshot_dir, ray_address=ray_address)
     if ray.is_initialized():
         show("Ray already running in this kernel: reusing it")
@@ -263,7 +272,7 @@ class NotebookSession:
     async def start(self, exp: Any) -> Any:
         """``exp.start()`` in a worker thread with a progress line (the kernel stays live); returns ``exp``."""
         n = len(exp._external_replicas or []) or exp.config.actor_rollout_ref.rollout.num_replicas
-        what = ("starting the queue, rollouter and trainer, pushing version 0, first evaluation"
+        what = ("starting the queue, rollouter and trainer, pushing version 0"
                 if exp._external_replicas else f"starting {n} engine(s), the queue, rollouter and trainer")
         self.track(exp)
         async with Progress(f"{exp.name}: {what}") as p:

@@ -7,7 +7,8 @@
 Starts JupyterLab on 127.0.0.1 (random port, token auth) over a copy of ``notebooks/`` (so the glossary
 links resolve), drives Debian's ``chromium`` with Playwright (no browser download), runs every cell from
 the menu, waits for the kernel to go idle, saves the notebook, and writes per notebook:
-``<name>.png`` (the whole page), ``<name>.ipynb`` (the notebook as the browser left it) and a line in
+``<name>.png`` (the page as left), ``<name>_NN.png`` (the notebook, screen by screen from the top, so
+every output can be read), ``<name>.ipynb`` (the notebook as the browser left it) and a line in
 ``summary.txt`` (seconds, errors, the claims the notebook checked). Smoke size (``CI=1``) unless ``--full``.
 Starts Ray and engines: run it under the machine's heavy-work lock on shared machines.
 Needs ``apt-get install chromium`` and ``pip install playwright jupyterlab``.
@@ -77,9 +78,7 @@ class Lab:
             urllib.request.urlopen(req, timeout=30).close()
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(signal.SIGTERM)  # a graceful stop (kernels too); SIGINT asks a question first
         try:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -88,10 +87,44 @@ class Lab:
         self._log.close()
 
 
+def screenshots(page, stem: Path) -> list[Path]:
+    """Screenshot the notebook screen by screen from the top (JupyterLab scrolls inside the page, so a
+    full-page screenshot shows only the viewport); returns the files ``<stem>_NN.png``."""
+    scroller = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer"
+    height = page.evaluate(f"document.querySelector('{scroller}').scrollHeight")
+    view = page.evaluate(f"document.querySelector('{scroller}').clientHeight")
+    paths = []
+    tops = list(range(0, max(height - view, 0) + 1, max(view - 80, 200)))
+    if tops[-1] < height - view:
+        tops.append(height - view)
+    for i, top in enumerate(tops):
+        page.evaluate(f"document.querySelector('{scroller}').scrollTop = {top}")
+        time.sleep(0.5)
+        paths.append(stem.with_name(f"{stem.name}_{i:02d}.png"))
+        page.screenshot(path=str(paths[-1]))
+    return paths
+
+
+def _lab_settings(root: Path) -> None:
+    """Attach every cell to the page (windowing off), so scrolled screenshots show rendered outputs."""
+    for plugin, settings in (("notebook-extension/tracker", {"windowingMode": "none"}),
+                             ("apputils-extension/notification", {"fetchNews": "false"})):
+        f = root / ".settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(settings))
+
+
 def run_in_browser(page, lab: Lab, name: str, timeout_s: float) -> float:
     """Open ``name``, Run All Cells, wait until the kernel has been idle for 3 polls; returns seconds."""
-    page.goto(f"{lab.base}/lab/workspaces/reader-{name}/tree/{name}?reset&token={lab.token}", timeout=120_000)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    url = f"{lab.base}/lab/workspaces/reader-{Path(name).stem}/tree/{name}?reset&token={lab.token}"
+    for attempt in range(3):  # a cold JupyterLab (first page load) now and then never opens the notebook
+        page.goto(url, timeout=120_000)
+        try:
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
     deadline = time.time() + 180
     while not (lab.kernel_states() and all(s == "idle" for s in lab.kernel_states())):
         if time.time() > deadline:
@@ -106,12 +139,21 @@ def run_in_browser(page, lab: Lab, name: str, timeout_s: float) -> float:
         page.keyboard.press("Escape")
     idle, end = 0, time.time() + timeout_s
     while time.time() < end and idle < 3:
+        # the kernel reports "idle" after each widget message even while a top-level await runs, so the
+        # page must also show no queued or running cell ("[*]")
         states = lab.kernel_states()
-        idle = idle + 1 if states and all(s == "idle" for s in states) else 0
+        quiet = states and all(s == "idle" for s in states) and not _cells_pending(page)
+        idle = idle + 1 if quiet else 0
         time.sleep(2)
     page.keyboard.press("Control+s")
     time.sleep(3)
     return time.time() - t0
+
+
+def _cells_pending(page) -> bool:
+    """A cell of the open notebook is queued or running (its prompt reads ``[*]:``)."""
+    return page.evaluate("""[...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-InputPrompt')]
+                            .some(p => p.textContent.includes('*'))""")
 
 
 def _busy(lab: Lab) -> bool:
@@ -157,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("CI", None)
     if not args.full:
         env["CI"] = "1"
+    _lab_settings(root)
     lab = Lab(root, env, out / "lab.log")
     failed = 0
     try:
@@ -168,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                     page = browser.new_page(viewport={"width": 1400, "height": 1600})
                     seconds = run_in_browser(page, lab, name, args.timeout)
                     page.screenshot(path=str(out / f"{Path(name).stem}.png"), full_page=True)
+                    screenshots(page, out / Path(name).stem)
                     page.close()
                     lab.shutdown_kernels()
                     shutil.copy(root / name, out / name)

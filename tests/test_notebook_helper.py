@@ -96,3 +96,17 @@ def test_run_summary_shows_what_is_not_zero_and_explains_shutdown_drops():
     assert "tool_calls: before 0.750 -> after 0.800" in text and "timeout" not in text
     assert "(1 other eval/tool_* metrics: 0 before and after)" in text
     assert "*_at_shutdown: prompts the rollouter had taken ahead of the trainer" in text
+
+
+def test_notebook_kernels_get_no_transformers_progress_bars():
+    """A bar written from an engine's loading thread lands in whatever cell runs then (04's table cell)."""
+    import transformers.utils.logging as hf_logging
+
+    from asyncrl.notebook import _quiet_library_progress_bars
+
+    hf_logging.enable_progress_bar()
+    try:
+        _quiet_library_progress_bars()
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()

@@ -223,6 +223,32 @@ def test_turns_fall_back_to_mask_transitions_without_markers():
     assert m.turn_starts == [3] and m.lengths_ok and m.versions == []
 
 
+def test_inspector_says_not_scored_for_a_trajectory_without_reward():
+    """A proxy session (notebook 03) has no reward: no stray 'None' in the header or the dropdown."""
+    traj = {"uid": "proxy-session", "prompt_ids": [1], "response_ids": [5, 6], "response_mask": [1, 0],
+            "response_logprobs": [-0.1, 0.0], "response_tokens": list("ab"), "reward": None, "num_turns": 2}
+    insp = TrajectoryInspector([traj])
+    insp.widget
+    assert "not scored" in insp.to_html() and "None" not in insp.to_html()
+    assert [label for label, _ in insp._pick.options] == ["proxy-session  turns=2"]
+    insp.update({"trajectories": [{**traj, "reward": 0.0}]})
+    assert "reward <b>0.0</b>" in insp.to_html() and insp._pick.options[0][0] == "proxy-session  reward=0.0  turns=2"
+
+
+def test_control_characters_in_a_sampled_token_are_shown_escaped(tmp_path):
+    """A garbled sample at temperature 1 (04's RL run) held "\x03": a box in the page, a glyph warning in red."""
+    import warnings
+
+    traj = {"uid": "g", "prompt_ids": [1], "response_ids": [5, 6], "response_mask": [1, 1],
+            "response_logprobs": [-0.1, -0.2], "response_tokens": ["a\x03", "b\n"], "reward": 0.0, "num_turns": 2}
+    insp = TrajectoryInspector([traj])
+    assert "a\\x03" in insp.to_html() and "\x03" not in insp.to_html()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Glyph 3 missing from font(s)" fails the test
+        insp.to_png(tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
 def test_inspector_selection_sticks_to_uid():
     trajs = load("mq_bound")["trajectories"]
     insp = TrajectoryInspector(trajs)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -185,11 +186,17 @@ def token_title(tok: Token) -> str:
     return " ".join(parts)
 
 
+def visible(text: str) -> str:
+    """A token's text as the views draw it: control characters other than newline and tab as ``\\x03``
+    (fonts have no glyph for them: a garbled sample drew boxes in the page and made matplotlib warn)."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
 def tokens_html(tokens: list[Token]) -> str:
     """``<span class="tok m1|m0|prompt" title=...>`` per token; newlines shown as ``↵`` + break."""
     out = []
     for t in tokens:
-        text = html.escape(t.text).replace("\n", "↵\n")
+        text = html.escape(visible(t.text)).replace("\n", "↵\n")
         style = token_style(t)
         style = f' style="{style}"' if style else ""
         if t.version_change:
@@ -213,7 +220,8 @@ def header_html(m: TrajectoryModel) -> str:
             f"<b>partial rollout v{m.min_version} &rarr; v{m.max_version}</b>")
     check = ('<span class="ok">lengths agree (%d tokens)</span>' % m.lengths.get("response_ids", 0)
              if m.lengths_ok else "".join(f'<div class="warn">&#9888; {html.escape(w)}</div>' for w in m.warnings))
-    return (f"<div>sample <code>{html.escape(m.uid)}</code> &middot; reward <b>{m.reward}</b> &middot; "
+    reward = "not scored" if m.reward is None else f"reward <b>{m.reward}</b>"  # a proxy session has no reward
+    return (f"<div>sample <code>{html.escape(m.uid)}</code> &middot; {reward} &middot; "
             f"turns {m.num_turns} &middot; {m.model_tokens}/{len(m.response)} model tokens &middot; "
             f"versions {span} {m.versions if len(m.versions) > 1 else ''}</div><div>{check}</div>"
             f'<div class="legend"><span class="tok prompt">prompt ({LEGEND["prompt"][0]})</span><span class="tok m1" '
@@ -285,7 +293,8 @@ class TrajectoryInspector(SnapshotView):
             self.select(change["new"])
 
     def _refresh(self) -> None:
-        options = [(f"{t.get('uid', i)}  reward={t.get('reward')}  turns={t.get('num_turns')}"
+        options = [(f"{t.get('uid', i)}" + (f"  reward={t['reward']}" if t.get("reward") is not None else "")
+                    + f"  turns={t.get('num_turns')}"
                     f"{version_label(t.get('min_global_steps'), t.get('max_global_steps'))}", str(t.get("uid", i)))
                    for i, t in enumerate(self.trajectories)]
         self._syncing = True  # option changes reset the value; that is not a user pick

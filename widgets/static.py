@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from widgets.inspector import LEGEND  # the colours named in the notebooks
+from widgets.inspector import LEGEND, visible  # the colours named in the notebooks
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def _token_layout(tokens: list, cols: int) -> list[tuple[Any, str, int, int]]:
     """``(token, shown_text, col, row)`` with wrapping at ``cols`` and a new row after newlines."""
     out, col, row = [], 0, 0
     for t in tokens:
-        text = t.text.replace("\n", "↵").replace("\t", "→") or "∅"
+        text = visible(t.text).replace("\n", "↵").replace("\t", "→") or "∅"
         if col + len(text) > cols and col > 0:
             col, row = 0, row + 1
         out.append((t, text, col, row))
@@ -228,7 +228,8 @@ def draw_tokens(ax: Any, model: Any, show_prompt: bool = True, max_rows: Optiona
     span = "-" if model.min_version is None else (f"v{model.min_version}" if model.min_version == model.max_version
                                                     else f"partial v{model.min_version}->v{model.max_version}")
     check = "lengths agree" if model.lengths_ok else "WARNING: " + "; ".join(model.warnings)
-    ax.set_title(f"sample {model.uid}  reward={model.reward}  turns={model.num_turns}  versions {span}  [{check}]",
+    reward = "not scored" if model.reward is None else f"reward={model.reward}"
+    ax.set_title(f"sample {model.uid}  {reward}  turns={model.num_turns}  versions {span}  [{check}]",
                  fontsize=9, loc="left", color="black" if model.lengths_ok else RED)
 
 
