@@ -35,10 +35,14 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``timing/*``                        trainer step phases (fetch, update, step; gen with hybrid_engine)
 ``reward/<key>``                    extras of a dict-valued rule reward, mean over the step's
                                     responses (``word_problems``: ``reward/acc``, ``reward/format``)
+``agent/tool_errors/<kind>``        tool calls of the step's trajectories that failed, by kind (``exception``:
+                                    the tool raised; ``tool_error``, ``timeout``, ``unknown_tool``, ...)
 ``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the
                                     rule's ``acc`` when it reports one, else its score
 ``eval/<key>``                      held-out means of ``agent/*`` and ``reward/*`` metrics
                                     (``eval/format``: rate of well-formed ``#### <integer>`` answers)
+``eval/failed``                     held-out samples that failed (not scored); ``eval/failed_reasons``:
+                                    their count by reason (exception type, ``prompt_too_long``)
 ==================================  =========================================================
 """
 

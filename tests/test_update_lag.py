@@ -30,3 +30,33 @@ def test_update_lag_grows_with_the_updates_a_version_has_not_seen(random_model_d
     assert [r["staleness/update_lag_mean"] for r in rows] == [0.5, 2.5, 4.5]
     assert [r["staleness/update_lag_max"] for r in rows] == [1, 3, 5]
     assert trainer.updates == 6 and trainer.updates_at_version == {0: 0}
+
+
+def test_update_lag_counters_continue_across_a_checkpoint(random_model_dir):
+    """Issue 12: the update-lag bookkeeping is in the checkpoint. A trainer restored from step 2 (between
+    syncs) reports at step 3 what the uninterrupted trainer reports, not a lag restarted at zero updates."""
+    import json
+
+    from asyncrl.checkpoint.trainer_state import restore_counters, trainer_state
+    from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+
+    cfg = smoke_cpu("a")
+    cfg.actor_rollout_ref.model.path = str(random_model_dir)
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 2
+    cfg.async_training.require_batches = 2
+    cfg.async_training.trigger_parameter_sync_step = 1000
+    cfg.async_training.staleness_threshold = 1.0  # B trains the version-0 tokens one version behind
+    n = cfg.actor_rollout_ref.rollout.n
+    a = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(8, n)), FakeRollouter(), {})
+    for _ in range(2):
+        assert asyncio.run(a.fit_step())
+    state = json.loads(json.dumps(trainer_state(a)))  # as trainer_state.json holds it
+    b = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, n, seed=1)), FakeRollouter(), {})
+    restore_counters(b, state)
+    # not synced at step 2: the restored weights are served as version 1, with the 4 updates baked in
+    assert (b.global_steps, b.param_version, b.updates) == (2, 1, 4) and b.updates_at_version == {0: 0, 1: 4}
+    assert asyncio.run(b.fit_step())
+    row = b.history[-1]
+    assert row["step"] == 3 and b.updates == 6
+    # the step-3 tokens are version 0 (the fake queue's), trained 4 and 5 updates later: as without the stop
+    assert (row["staleness/update_lag_mean"], row["staleness/update_lag_max"]) == (4.5, 5)

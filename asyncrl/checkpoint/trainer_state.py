@@ -35,7 +35,9 @@ def trainer_state(tr: Any) -> dict:
     return {"global_steps": tr.global_steps, "param_version": tr.param_version,
             "synced": tr.synced_step == tr.global_steps, "trained": tr.trained, "dropped": dict(tr.dropped),
             "lag_counts": {str(k): v for k, v in tr.lag_counts.items()}, "idle_s": tr.idle_s,
-            "updates": getattr(tr.engine, "updates", None), "saved_at": time.time()}
+            "updates": getattr(tr.engine, "updates", None), "saved_at": time.time(),
+            # update-lag bookkeeping (staleness/update_lag_*): actor updates done, and baked into each version
+            "actor_updates": tr.updates, "updates_at_version": {str(v): n for v, n in tr.updates_at_version.items()}}
 
 
 async def write_checkpoint(tr: Any, final: bool = False) -> Path:
@@ -73,6 +75,11 @@ def restore_trainer(tr: Any, ckpt: Path) -> None:
             raise CheckpointError(f"{ckpt} has no critic/ (saved without algorithm.adv_estimator=gae); "
                                   "resume with the estimator it was saved with, or trainer.resume_mode=disable")
         tr.critic.load_checkpoint(Path(ckpt) / "critic", load_weights=True)
+    restore_counters(tr, st)
+
+
+def restore_counters(tr: Any, st: dict) -> None:
+    """The trainer's counters from :func:`trainer_state`'s dict (the engine state is restored apart)."""
     tr.global_steps = tr.synced_step = st["global_steps"]
     tr.param_version = st["param_version"]
     if not st["synced"]:  # the weights are newer than the replicas' version: they become a new one
@@ -81,6 +88,22 @@ def restore_trainer(tr: Any, ckpt: Path) -> None:
     tr.dropped = collections.Counter(st["dropped"])
     tr.lag_counts = collections.Counter({int(k): v for k, v in st["lag_counts"].items()})
     tr.idle_s = st["idle_s"]
+    restore_update_lag(tr, st)
+
+
+def restore_update_lag(tr: Any, st: dict) -> None:
+    """The update-lag counters continue: actor updates done and the updates baked into each version.
+
+    ``tr.param_version`` is the version the restored weights are served as (one more than saved when the
+    checkpoint fell between syncs): that version holds every update done so far. A checkpoint written
+    before these keys existed restarts the table at that version with the engine's update count.
+    """
+    if "actor_updates" in st:
+        tr.updates = int(st["actor_updates"])
+        tr.updates_at_version = {int(v): int(n) for v, n in st["updates_at_version"].items()}
+    else:  # format 1 without the table: the engine's optimizer updates are the actor's
+        tr.updates, tr.updates_at_version = int(st.get("updates") or 0), {}
+    tr.updates_at_version[tr.param_version] = tr.updates
 
 
 def rollouter_state(ro: Any) -> dict:

@@ -88,6 +88,23 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
 
+class PromptTooLong(ValueError):
+    """The engine refuses a prompt that leaves no room to generate: ``prompt_len >= max_model_len``.
+
+    Raised by the engines before the request is submitted (vLLM's own check would say the same in its
+    words); the proxy answers it as a 400 ``context_length_exceeded``, and an agent loop that gets it
+    fails its sample with this type as the reason (the rollouter counts it).
+    """
+
+    def __init__(self, prompt_len: int, max_model_len: int):
+        super().__init__(prompt_len, max_model_len)  # both in args: the error pickles across Ray
+        self.prompt_len, self.max_model_len = prompt_len, max_model_len
+
+    def __str__(self) -> str:
+        return (f"prompt of {self.prompt_len} tokens leaves no room to generate in the engine's context of "
+                f"{self.max_model_len} tokens (actor_rollout_ref.rollout.max_model_len)")
+
+
 class UnsupportedSamplingParam(ValueError):
     """The engine cannot honour a sampling parameter; ``param`` names it (the proxy answers 400)."""
 

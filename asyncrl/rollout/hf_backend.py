@@ -30,7 +30,7 @@ from typing import Any, Literal, Optional, Sequence
 import torch
 
 from asyncrl.api import InferenceEngine
-from asyncrl.rollout.base import SamplingParams, TokenOutput, UnsupportedSamplingParam
+from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput, UnsupportedSamplingParam
 from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
 from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots
 from asyncrl.rollout.stop import StopStrings
@@ -195,9 +195,10 @@ class HFEngine(InferenceEngine):
 
     def _slot_request(self, request_id: str, prompt_ids: Sequence[int], sp: SamplingParams) -> SlotRequest:
         n = len(prompt_ids)
-        if not 1 <= n < self.max_model_len:
-            raise ValueError(f"prompt of {n} tokens: the hf engine needs 1 <= len(prompt_ids) < max_model_len "
-                             f"({self.max_model_len}); raise actor_rollout_ref.rollout.max_model_len")
+        if n >= self.max_model_len:
+            raise PromptTooLong(n, self.max_model_len)
+        if n < 1:
+            raise ValueError("the hf engine needs a prompt of at least 1 token")
         seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
         stops = ([] if sp.ignore_eos else list(self.eos_token_ids)) + list(sp.stop_token_ids)
         strings = StopStrings(self._tokenizer(), sp.stop) if sp.stop else None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 from asyncrl.api import InferenceEngine
-from asyncrl.rollout.base import SamplingParams, TokenOutput
+from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.sync.bucket import metas_to_wire
 
@@ -197,10 +197,15 @@ class VLLMEngine(InferenceEngine):
             :class:`TokenOutput` with ``log_probs`` aligned to ``token_ids`` (``None`` if not
             requested) and ``response_versions``: the engine's version when each token's delta arrived
             (a sync happens only while generation is paused, so a delta never spans two versions).
+
+        Raises:
+            PromptTooLong: ``len(prompt_ids) >= max_model_len`` (no room for one generated token).
         """
         from vllm.inputs import TokensPrompt
 
         engine = self._require()
+        if len(prompt_ids) >= self.max_model_len:  # typed, so the proxy and the rollouter can say why
+            raise PromptTooLong(len(prompt_ids), self.max_model_len)
         if request_id in self._inflight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         ids: list[int] = []

@@ -341,9 +341,9 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             "trainer/dropped_dapo_no_signal": self.dropped["dapo_no_signal"],
         }
         outs = [o for s in samples for o in s.outputs]
-        for k in sorted({k for o in outs for k in o.metrics if k.startswith("reward/")}):  # e.g. reward/format
-            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]
-            row[k] = float(np.mean(vals))
+        for k in sorted({k for o in outs for k in o.metrics if k.startswith(("reward/", "agent/tool_errors/"))}):
+            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]  # reward/format: mean; tool errors: count
+            row[k] = float(np.sum(vals) if k.startswith("agent/") else np.mean(vals))
         row.update(upd)
         row.update(sync)
         row.update(timing)
@@ -359,6 +359,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         return {"global_steps": self.global_steps, "param_version": self.param_version, "trained": self.trained,
                 "dropped": dict(self.dropped), "idle_ratio": min(1.0, self.idle_s / wall), "done": self.done,
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
+                "updates": self.updates, "updates_at_version": dict(self.updates_at_version),
                 "staleness_bound": self.budget.staleness_bound, "history": list(self.history),
                 "last_checkpoint": self.last_checkpoint, "phase": self.phase,
                 "replica_events": list(self.replica_events),

@@ -41,7 +41,7 @@ from asyncrl.agent_loop.proxy.rendering import ChatRenderer, RenderError
 from asyncrl.agent_loop.proxy.session import ProxySession, ProxyTrajectory
 from asyncrl.agent_loop.tool_parser import ToolParser, get_tool_parser
 from asyncrl.agent_loop.proxy.logprobs import TokenBytes, logprobs_content
-from asyncrl.rollout.base import SamplingParams, UnsupportedSamplingParam
+from asyncrl.rollout.base import PromptTooLong, SamplingParams, UnsupportedSamplingParam
 from asyncrl.rollout.stop import StopStrings, truncate_output
 
 logger = logging.getLogger(__name__)
@@ -286,6 +286,9 @@ class TrajectoryProxy:
             raise
         except UnsupportedSamplingParam as e:  # the engine cannot honour a parameter: the request's fault
             raise APIError(400, str(e), param=e.param) from None
+        except PromptTooLong as e:  # the engine's context is shorter than max_model_len said: same answer
+            raise APIError(400, f"the conversation is {e.prompt_len} tokens; the engine's context is "
+                                f"{e.max_model_len}", code="context_length_exceeded", param="messages") from None
         except Exception as e:  # the engine's failure is not the agent's fault; session untouched
             logger.exception("engine.generate failed for session %s", session.request_id)
             session.metrics["agent/proxy/engine_errors"] += 1

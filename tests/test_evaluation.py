@@ -1,0 +1,68 @@
+"""Held-out evaluation survives a failing sample (issue 12): counted with its reason, never fatal.
+
+The rollouter runs in-process with the fakes of test_rollouter.py (a gated fake replica, pool and
+queue) and a fake agent loop that raises, registered as ``fake_raising_agent`` and picked by one
+held-out row's ``agent_name``. The real stack is covered by tests/test_faults.py (an evaluation
+sample that raises in a live run) and tests/test_e2e_tasks.py (the swe pipeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from test_rollouter import _make, _settle
+
+from asyncrl.agent_loop.base import AgentLoopBase, register
+
+
+class FakeAgentError(RuntimeError):
+    """What the fake agent raises."""
+
+
+@register("fake_raising_agent")
+class FakeRaisingAgentLoop(AgentLoopBase):
+    """An agent loop whose every trajectory raises (a crashed agent, a tool that takes it down)."""
+
+    calls = 0
+
+    async def run(self, sampling_params, **sample):
+        type(self).calls += 1
+        raise FakeAgentError(f"fake agent fault on {sample['request_id']}")
+
+
+def test_an_eval_sample_that_raises_is_counted_and_the_run_goes_on(ray_session, caplog):
+    """4 held-out rows: one agent raises, one prompt is longer than data.max_prompt_length. Before the
+    fix the first exception escaped asyncio.gather and ended evaluate() (and, at the run's final
+    evaluation, Experiment.finish); now 2 are scored and 2 failed, each with its reason."""
+    FakeRaisingAgentLoop.calls = 0
+
+    async def main():
+        cfg, ro, replica, q = _make()
+        ro.val_rows = [dict(r) for r in ro.val_rows[:4]]
+        ro.val_rows[1]["agent_name"] = "fake_raising_agent"
+        ro.val_rows[2]["prompt"] = [{"role": "user", "content": "1 + " * cfg.data.max_prompt_length}]
+        await ro.start()
+        direct = await ro.evaluate()  # as Experiment.finish calls it
+        ro.start_evaluation()  # as a sync starts it (trainer.test_freq), in the background
+        await ro.wait_evaluation()
+        await _settle(ro, lambda: len(q.items) == 3)  # training rollout went on meanwhile
+        acc = await ro.stop()
+        return ro, direct, acc
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl.evaluation"):
+        ro, direct, acc = asyncio.run(main())
+    assert FakeRaisingAgentLoop.calls == 2  # one per evaluation: the fault really fired
+    assert len(ro.eval_history) == 2 and ro.eval_history[0] is direct
+    for ev in ro.eval_history:
+        assert ev["n"] == 2 and ev["eval/failed"] == 2, ev
+        assert ev["eval/failed_reasons"] == {"FakeAgentError": 1, "prompt_too_long": 1}, ev
+        assert 0.0 <= ev["accuracy"] <= 1.0
+    # logged once per reason per evaluation, with the first message
+    lines = [r.getMessage() for r in caplog.records if r.name == "asyncrl.evaluation"]
+    assert len(lines) == 4 and sum("FakeAgentError" in m and "fake agent fault" in m for m in lines) == 2, lines
+    # the agent's failure is on the dashboard's recent failures, tagged as an evaluation
+    rec = [f for f in ro.failures.snapshot() if f.get("phase") == "eval"]
+    assert [f["type"] for f in rec] == ["FakeAgentError", "FakeAgentError"] and rec[0]["uid"].startswith("eval-0-")
+    # training accounting is untouched by evaluation failures (held-out rows are not dataloader prompts)
+    assert acc["failed"] == {} and acc["enqueued"] == 3
