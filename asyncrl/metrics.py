@@ -37,6 +37,8 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
                                     responses (``word_problems``: ``reward/acc``, ``reward/format``)
 ``agent/tool_errors/<kind>``        tool calls of the step's trajectories that failed, by kind (``exception``:
                                     the tool raised; ``tool_error``, ``timeout``, ``unknown_tool``, ...)
+``agent/sandbox/errors/<kind>``     sandboxed trial attempts of the step that ended with an error, by kind
+                                    (``context_length_exceeded``, ``agent_timeout``, ``other``, ...)
 ``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the
                                     rule's ``acc`` when it reports one, else its score
 ``eval/<key>``                      held-out means of ``agent/*`` and ``reward/*`` metrics

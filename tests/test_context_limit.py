@@ -109,3 +109,45 @@ def test_vllm_refuses_a_prompt_past_its_context_and_the_proxy_answers_context_le
     assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
     assert "engine's context is 1024" in body["error"]["message"]
     assert ok == 200 and traj.metrics.get("agent/proxy/engine_errors", 0) == 0
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap not installed")
+def test_a_sandboxed_trial_past_the_engine_context_is_zero_reward_counted_not_retried():
+    """The swe pipeline's case: the proxy allows 4096 tokens, the engine's context ends just after the
+    first prompt, so the second turn (prompt + tool call + shell output) is refused. Before, the refusal
+    was a 502: the bash agent's trial was retried 3 times and the sample failed (``TrialFailedError``).
+    Now it is ``context_length_exceeded``: the retry policy's zero reward at once, counted by kind."""
+    from fake_engine import FakeEngine, qwen_test_tokenizer
+    from test_sandbox_loop import HELLO, SP, call
+
+    from asyncrl.agent_loop.proxy import TrajectoryProxy
+    from asyncrl.agent_loop.sandbox.loop import SandboxAgentLoop, SandboxLoopConfig
+    from asyncrl.agent_loop.sandbox.task import task_row
+
+    class FakeShortContextEngine(FakeEngine):
+        limit = None
+
+        async def generate(self, request_id, prompt_ids, sampling_params):
+            self.limit = self.limit or len(prompt_ids) + 8  # the first prompt fits; nothing much longer does
+            if len(prompt_ids) >= self.limit:
+                raise PromptTooLong(len(prompt_ids), self.limit)
+            return await super().generate(request_id, prompt_ids, sampling_params)
+
+    tok = qwen_test_tokenizer("qwen2.5")
+    engine = FakeShortContextEngine(tok, [call("echo 'Hello, world!' > /app/hello.txt")])
+
+    async def go():
+        proxy = TrajectoryProxy(engine, tok, "hermes", max_model_len=4096)
+        try:
+            loop = SandboxAgentLoop(engine, tok, None, sandbox_config=SandboxLoopConfig(agent="bash", max_turns=3),
+                                    proxy=proxy)
+            return await loop.run(SP, request_id="r1", **task_row(HELLO))
+        finally:
+            await proxy.stop()
+
+    out = asyncio.run(go())
+    info = out.extra_fields["sandbox"]
+    assert [a["error_kind"] for a in info["attempts"]] == ["context_length_exceeded"], info
+    assert info["action"] == "zero_reward" and out.reward_score == 0.0
+    assert out.metrics["agent/sandbox/errors/context_length_exceeded"] == 1
+    assert len(engine.calls) == 1 and sum(out.response_mask) > 0  # the first turn's tokens are kept

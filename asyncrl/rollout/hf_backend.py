@@ -198,7 +198,7 @@ class HFEngine(InferenceEngine):
         if n >= self.max_model_len:
             raise PromptTooLong(n, self.max_model_len)
         if n < 1:
-            raise ValueError("the hf engine needs a prompt of at least 1 token")
+            raise ValueError(f"empty prompt: the hf engine needs 1 <= len(prompt_ids) < max_model_len ({self.max_model_len})")
         seed = sp.seed if sp.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._rng))
         stops = ([] if sp.ignore_eos else list(self.eos_token_ids)) + list(sp.stop_token_ids)
         strings = StopStrings(self._tokenizer(), sp.stop) if sp.stop else None

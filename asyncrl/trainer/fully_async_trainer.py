@@ -51,6 +51,7 @@ from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
 
 logger = logging.getLogger(__name__)
+COUNTED_AGENT_ERRORS = ("agent/tool_errors/", "agent/sandbox/errors/")  # summed over a step's trajectories
 
 
 class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
@@ -341,7 +342,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             "trainer/dropped_dapo_no_signal": self.dropped["dapo_no_signal"],
         }
         outs = [o for s in samples for o in s.outputs]
-        for k in sorted({k for o in outs for k in o.metrics if k.startswith(("reward/", "agent/tool_errors/"))}):
+        for k in sorted({k for o in outs for k in o.metrics if k.startswith(("reward/", *COUNTED_AGENT_ERRORS))}):
             vals = [float(o.metrics[k]) for o in outs if k in o.metrics]  # reward/format: mean; tool errors: count
             row[k] = float(np.sum(vals) if k.startswith("agent/") else np.mean(vals))
         row.update(upd)

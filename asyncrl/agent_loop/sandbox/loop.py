@@ -16,7 +16,8 @@
         -> AttemptOutcome(reward, error kind)  -> keep / zero / retry / TrialFailedError
       AgentLoopOutput: proxy tokens, reward_score = the policy's reward,
                        metrics agent/sandbox/{env_setup,agent_setup,agent_execute,verifier,total} (s),
-                       agent/sandbox/slot_wait (s waiting for a sandbox slot), agent/sandbox/attempts
+                       agent/sandbox/slot_wait (s waiting for a sandbox slot), agent/sandbox/attempts,
+                       agent/sandbox/errors/<kind> (attempts that ended with that error kind)
 
 Agents named ``harbor:<agent>`` (e.g. ``harbor:terminus-2``) run as real Harbor trials out of
 process (:mod:`.harbor_runner`); Harbor times its own phases and the same metrics are reported.
@@ -201,6 +202,10 @@ class SandboxAgentLoop(AgentLoopBase):
         if not output.has_version:  # no model turn (e.g. oracle): the version its engine serves now
             output.set_version_span(fallback=await self.server_manager.engine_version(rid))
         output.metrics["agent/sandbox/attempts"] = len(decision.attempts)
+        for a in decision.attempts:  # each attempt's error, counted by kind (the step's and eval's metrics)
+            if a.error_kind is not None:
+                key = f"agent/sandbox/errors/{a.error_kind.value}"
+                output.metrics[key] = output.metrics.get(key, 0) + 1
         output.metrics["agent/sandbox/wall_s"] = time.perf_counter() - t0
         output.extra_fields["sandbox"] = {
             "task": task.name, "agent": self.cfg.agent, "reward": decision.reward,
