@@ -51,7 +51,16 @@ class Summary:
                    " unconsumed when training stopped; counted, not failures)\n"
                    if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "") +
                 f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
-                + self._tool_lines())
+                + self._eval_failure_line() + self._tool_lines())
+
+    def _eval_failure_line(self) -> str:
+        """Held-out samples that failed over all evaluations, by reason (none: no line)."""
+        reasons: dict = {}
+        for e in self.evals:
+            for reason, n in (e.get("eval/failed_reasons") or {}).items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        return ("\n  held-out samples failed (not scored): " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))
+                if reasons else "")
 
     def _tool_lines(self) -> str:
         """Before/after of the evaluations' tool metrics (``eval/tool_*``, tool-using tasks) and the

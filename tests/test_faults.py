@@ -207,6 +207,7 @@ def test_a_tool_that_raises(ray_session, tmp_path, report_counts):
     assert acc["failed_total"] == 0, acc  # a raising tool fails no sample: the model reads the error
     assert summary.steps == 3 and acc["trained"] == 3 * 4
     assert (last["n"], last["eval/failed"], last["eval/failed_reasons"]) == (1, 1, {"FakeEvalAgentError": 1}), last
+    assert "held-out samples failed (not scored): FakeEvalAgentError 1" in str(summary)
     assert worker["done_samples"] >= acc["trained"]
 
 
