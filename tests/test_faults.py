@@ -179,7 +179,7 @@ def test_a_tool_that_raises(ray_session, tmp_path, report_counts):
     trained, with the fault counted under agent/tool_errors/exception in the step's metrics; the
     evaluation counts its failed sample by reason; the run finishes; every prompt is accounted once."""
     cfg = hf(calc_tool_grpo_cpu(), tmp_path, "tool_fault")
-    cfg.trainer.total_training_steps = 3
+    cfg.trainer.total_training_steps = 2
     cfg.trainer.total_time_s = 0
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 4
     cfg.async_training.require_batches = 1
@@ -205,7 +205,7 @@ def test_a_tool_that_raises(ray_session, tmp_path, report_counts):
     assert 1 <= trained_errors <= raises  # the rest: eval trajectories, groups unconsumed at shutdown
     assert acc["balanced"] and acc["lost"] == 0 and acc["accounted_twice"] == 0, acc
     assert acc["failed_total"] == 0, acc  # a raising tool fails no sample: the model reads the error
-    assert summary.steps == 3 and acc["trained"] == 3 * 4
+    assert summary.steps == 2 and acc["trained"] == 2 * 4
     assert (last["n"], last["eval/failed"], last["eval/failed_reasons"]) == (1, 1, {"FakeEvalAgentError": 1}), last
     assert "held-out samples failed (not scored): FakeEvalAgentError 1" in str(summary)
     assert worker["done_samples"] >= acc["trained"]
