@@ -96,7 +96,7 @@ def test_vllm_refuses_a_prompt_past_its_context_and_the_proxy_answers_context_le
         proxy = TrajectoryProxy(client, tok, max_model_len=4 * n)  # the proxy believes in a longer context
         async with proxy, aiohttp.ClientSession() as http:
             token, url = await proxy.open_session(trajectory_dir=None)
-            long = {"messages": [{"role": "user", "content": "1 + " * n}], "max_tokens": 2}
+            long = {"messages": [{"role": "user", "content": "1 + " * (n // 3)}], "max_tokens": 2}  # ~4 tokens each
             async with http.post(f"{url}/chat/completions", json=long) as r:
                 status, body = r.status, await r.json()
             short = {"messages": [{"role": "user", "content": "1 + 1"}], "max_tokens": 2}

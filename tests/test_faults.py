@@ -183,8 +183,7 @@ def test_a_tool_that_raises(ray_session, tmp_path, report_counts):
     cfg.trainer.total_time_s = 0
     cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 4
     cfg.async_training.require_batches = 1
-    cfg.actor_rollout_ref.rollout.n = 4
-    cfg.actor_rollout_ref.rollout.response_length = 64
+    cfg.actor_rollout_ref.rollout.n = 4  # response_length stays the recipe's 128: a call alone is ~80 tokens
     assert cfg.actor_rollout_ref.rollout.agent.num_workers == 0  # the injection reaches the agent loops
     exp = Experiment(cfg)
     try:
