@@ -51,7 +51,6 @@ from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
 
 logger = logging.getLogger(__name__)
-COUNTED_AGENT_ERRORS = ("agent/tool_errors/", "agent/sandbox/errors/")  # summed over a step's trajectories
 
 
 class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
@@ -342,9 +341,10 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             "trainer/dropped_dapo_no_signal": self.dropped["dapo_no_signal"],
         }
         outs = [o for s in samples for o in s.outputs]
-        for k in sorted({k for o in outs for k in o.metrics if k.startswith(("reward/", *COUNTED_AGENT_ERRORS))}):
-            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]  # reward/format: mean; tool errors: count
-            row[k] = float(np.sum(vals) if k.startswith("agent/") else np.mean(vals))
+        counted = ("agent/tool_errors/", "agent/sandbox/errors/")  # error counts: summed; reward/*: mean
+        for k in sorted({k for o in outs for k in o.metrics if k.startswith(("reward/", *counted))}):
+            vals = [float(o.metrics[k]) for o in outs if k in o.metrics]
+            row[k] = float(np.sum(vals) if k.startswith(counted) else np.mean(vals))
         row.update(upd)
         row.update(sync)
         row.update(timing)
@@ -362,8 +362,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
                 "updates": self.updates, "updates_at_version": dict(self.updates_at_version),
                 "staleness_bound": self.budget.staleness_bound, "history": list(self.history),
-                "last_checkpoint": self.last_checkpoint, "phase": self.phase,
-                "replica_events": list(self.replica_events),
+                "last_checkpoint": self.last_checkpoint, "phase": self.phase, "replica_events": list(self.replica_events),
                 "watchdog": self.watchdog.diagnosis.to_dict() if self.watchdog and self.watchdog.diagnosis else None}
 
     def history_since(self, n: int) -> list[dict]:
