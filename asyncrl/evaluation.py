@@ -13,8 +13,9 @@ A sample's failure (an agent loop that raises, an engine that refuses the prompt
 the context, a tool that crashes, a sandbox trial whose retries ran out) is one *failed* evaluation
 sample: counted under ``eval/failed`` by reason (the exception type, as training failures are keyed
 in :mod:`asyncrl.failures`), logged once per reason per evaluation with its first message, and kept
-in the rollouter's recent failures for the dashboard. It never ends the evaluation nor the run. Only
-the rollouter's own cancellation (``stop()``) propagates.
+in the rollouter's recent failures for the dashboard (but not in its consecutive-failure count: held-out
+failures never halt training rollout). It never ends the evaluation nor the run. Only the rollouter's own
+cancellation (``stop()``) propagates.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from asyncrl.failures import failure_type, own_cancellation
+from asyncrl.failures import FailureLog, own_cancellation
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class EvalSampleFailed(Exception):
         self.reason, self.message = reason, message
 
 
-async def _one(ro: Any, i: int, row: dict, rid: str) -> Any:
+async def _one(ro: Any, log: FailureLog, i: int, row: dict, rid: str) -> Any:
     """The scored output of held-out row ``i``, or an :class:`EvalSampleFailed` (returned, not raised)."""
     from asyncrl.agent_loop.chat_encoding import render_prompt_ids
 
@@ -56,14 +57,14 @@ async def _one(ro: Any, i: int, row: dict, rid: str) -> Any:
     except asyncio.CancelledError as exc:
         if own_cancellation():  # the evaluation itself is being cancelled (the rollouter stops)
             raise
-        return _failed(ro, exc, rid, i, "a callee raised CancelledError")
+        return _failed(log, exc, rid, i, "a callee raised CancelledError")
     except Exception as exc:  # one sample's failure; the others are still scored
-        return _failed(ro, exc, rid, i)
+        return _failed(log, exc, rid, i)
 
 
-def _failed(ro: Any, exc: BaseException, rid: str, i: int, message: str = "") -> EvalSampleFailed:
-    reason = ro.failures.record(exc, rid, index=i, phase="eval")  # the dashboard's recent failures
-    return EvalSampleFailed(reason, message or ro.failures.recent[-1]["message"])
+def _failed(log: FailureLog, exc: BaseException, rid: str, i: int, message: str = "") -> EvalSampleFailed:
+    reason = log.record(exc, rid, index=i, phase="eval")
+    return EvalSampleFailed(reason, message or log.recent[-1]["message"])
 
 
 async def evaluate(ro: Any, limit: Optional[int] = None) -> dict:
@@ -82,7 +83,9 @@ async def evaluate(ro: Any, limit: Optional[int] = None) -> dict:
     version, t0 = ro.param_version, time.time()
     rows = ro.val_rows[: limit or len(ro.val_rows)]
     tag = uuid.uuid4().hex[:6]
-    results = await asyncio.gather(*[_one(ro, i, r, f"eval-{version}-{tag}-{i}") for i, r in enumerate(rows)])
+    log = FailureLog()  # this evaluation's own: held-out failures never count toward a training failure storm
+    results = await asyncio.gather(*[_one(ro, log, i, r, f"eval-{version}-{tag}-{i}") for i, r in enumerate(rows)])
+    ro.failures.recent.extend(log.snapshot())  # the dashboard's recent failures show them, tagged phase "eval"
     outs = [r for r in results if not isinstance(r, EvalSampleFailed)]
     failed = [r for r in results if isinstance(r, EvalSampleFailed)]
     reasons = collections.Counter(f.reason for f in failed)

@@ -64,5 +64,7 @@ def test_an_eval_sample_that_raises_is_counted_and_the_run_goes_on(ray_session, 
     # the agent's failure is on the dashboard's recent failures, tagged as an evaluation
     rec = [f for f in ro.failures.snapshot() if f.get("phase") == "eval"]
     assert [f["type"] for f in rec] == ["FakeAgentError", "FakeAgentError"] and rec[0]["uid"].startswith("eval-0-")
-    # training accounting is untouched by evaluation failures (held-out rows are not dataloader prompts)
+    # training accounting is untouched by evaluation failures (held-out rows are not dataloader prompts),
+    # and they do not count toward rollout.max_consecutive_failures (a failure storm halts training rollout)
     assert acc["failed"] == {} and acc["enqueued"] == 3
+    assert ro.failures.consecutive == 0 and not ro.halted
