@@ -13,12 +13,17 @@ Then rollout-only (the replica alone generates the workload at mode d's concurre
 bound ``1 / max(rollout s/sample, train s/sample)`` that overlap can at best reach. Printed per mode:
 samples/s (prompt groups trained per second of training), x colocated, fraction of the ideal bound,
 trainer / rollouter idle ratios, median step time, version lag, and the time until the rolling mean
-reward reaches ``--target-reward``. ``--json`` keeps everything (the simulator calibrates from it).
+reward reaches ``--target-reward``, the per-step split (fetch wait / update / sync parts) and the
+rollouter's funnel (engine requests in flight, active groups, ``staleness_samples``). ``--census``
+adds every process's CPU seconds, cores and thread affinities (``cpu_census.py``). The simulator is
+calibrated on micro-measurements (decode probes, train-only, each alone and with the other side busy:
+the contention term) and predicts every mode. ``--json`` keeps everything.
 
 Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
 
     python benchmarks/async_vs_colocate.py                           # long-tail task, colocated + a-d
     python benchmarks/async_vs_colocate.py --modes colocated,d --steps 40 --json lt.json
+    python benchmarks/async_vs_colocate.py --modes d --census --no-ideal --no-simulate   # where the CPU goes
     python benchmarks/async_vs_colocate.py --task arith --modes d --steps 60   # the demo's step time
     python benchmarks/async_vs_colocate.py --task arith --modes d --backend hf
     python benchmarks/async_vs_colocate.py --task arith --modes d --reference ../shared/baselines/rlproto
