@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from asyncrl.config import ConfigError, ExperimentConfig
+from asyncrl.config_schema import ConfigError, ExperimentConfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,10 +15,15 @@ from __future__ import annotations
 import html
 import logging
 import math
+import unicodedata
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
+
+#: the inspector's legend: token kind -> (colour name, background). Notebooks name these colours in their
+#: text; the HTML (``widgets._common.CSS``) and PNG (``widgets.static``) renderings use these values.
+LEGEND = {"prompt": ("grey", "#f0f0f0"), "mask 1": ("blue", "#1890ff"), "mask 0": ("orange", "#ffe7ba")}
 
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
@@ -241,7 +246,6 @@ class SnapshotView:
 
     def to_png(self, path: "str | Path", dpi: int = 100) -> Path:
         """Render the current model with matplotlib (Agg) to ``path``; returns the path."""
-        from widgets.static import save_figure
 
         return save_figure(self._plot(), Path(path), dpi=dpi)
 
@@ -276,3 +280,28 @@ class SnapshotView:
 
     def _summary(self) -> str:
         return "no snapshot yet" if self.model is None else "updated"
+
+
+def visible(text: str) -> str:
+    """A token's text as the views draw it: control characters other than newline and tab as ``\\x03``
+    (fonts have no glyph for them: a garbled sample drew boxes in the page and made matplotlib warn)."""
+    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
+        matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Save and close ``fig``; creates parent directories. Returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    _plt().close(fig)
+    logger.debug("wrote %s", path)
+    return path

@@ -17,18 +17,12 @@ from __future__ import annotations
 
 import html
 import math
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from widgets._common import SnapshotView, as_int, wrap
+from widgets._common import LEGEND, SnapshotView, as_int, visible, wrap  # noqa: F401 (LEGEND: re-exported)
 
 TURN_MARKER = "<|im_start|>"
-
-#: the inspector's legend: token kind -> (colour name, background). Notebooks name these colours in their
-#: text; the HTML (``widgets._common.CSS``) and PNG (``widgets.static``) renderings use these values.
-LEGEND = {"prompt": ("grey", "#f0f0f0"), "mask 1": ("blue", "#1890ff"), "mask 0": ("orange", "#ffe7ba")}
-
 
 @dataclass
 class Token:
@@ -184,12 +178,6 @@ def token_title(tok: Token) -> str:
     if tok.version is not None:
         parts.append(f"v{tok.version}")
     return " ".join(parts)
-
-
-def visible(text: str) -> str:
-    """A token's text as the views draw it: control characters other than newline and tab as ``\\x03``
-    (fonts have no glyph for them: a garbled sample drew boxes in the page and made matplotlib warn)."""
-    return "".join(f"\\x{ord(c):02x}" if unicodedata.category(c) == "Cc" and c not in "\n\t" else c for c in text)
 
 
 def tokens_html(tokens: list[Token]) -> str:

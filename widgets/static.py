@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from typing import Any, Optional
 
-from widgets.inspector import LEGEND, visible  # the colours named in the notebooks
+from widgets._common import LEGEND, _plt, visible  # the colours named in the notebooks
 
 logger = logging.getLogger(__name__)
 
@@ -20,25 +19,6 @@ BLUE, GREEN, ORANGE, RED, PURPLE, GREY = "#1890ff", "#52c41a", "#faad14", "#f522
 MASK0_BG, PROMPT_BG, MASK1_RGB = LEGEND["mask 0"][1], LEGEND["prompt"][1], tuple(
     int(LEGEND["mask 1"][1][k:k + 2], 16) / 255 for k in (1, 3, 5))
 CHAR_W_IN, LINE_H_IN, TOKEN_FONT_PT = 0.0669, 0.19, 8  # DejaVu Sans Mono at 8 pt: 0.602 em advance
-
-
-def _plt() -> Any:
-    import matplotlib
-
-    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline"):
-        matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
-    """Save and close ``fig``; creates parent directories. Returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    _plt().close(fig)
-    logger.debug("wrote %s", path)
-    return path
 
 
 def _empty(ax: Any, title: str, text: str = "no data yet") -> None:

@@ -132,7 +132,7 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
 
     def build_train_engine(cfg: Any, replicas: list, worker_options: Any = None) -> tuple:
         """The trainer's ``(engine, weight sender)``, as :func:`asyncrl.trainer.factory.build_train_engine`."""
-        from asyncrl.trainer.factory import optim_kwargs
+        from asyncrl.trainer.schedule import optim_kwargs
 
         actor = cfg.actor_rollout_ref.actor
         engine = CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens,

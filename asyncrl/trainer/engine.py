@@ -19,6 +19,7 @@ import torch
 from asyncrl.agent_loop.base import AgentLoopOutput
 from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_log_probs
 from asyncrl.trainer.losses import LossScale
+from asyncrl.trainer.schedule import warmup_linear_decay
 
 logger = logging.getLogger(__name__)
 
@@ -314,14 +315,3 @@ class TrainEngine:
         from asyncrl.checkpoint.engine_io import load_engine
 
         load_engine(self, actor_dir, load_weights)
-
-
-def warmup_linear_decay(warmup: int, total_updates: int) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up over ``warmup`` updates, then linear decay to 0 at ``total_updates``."""
-    total = max(total_updates, warmup + 1)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / max(1, warmup)
-        return max(0.0, (total - step) / max(1, total - warmup))
-    return schedule

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from asyncrl.api import WeightSender
 from asyncrl.config import ExperimentConfig
+from asyncrl.trainer.schedule import optim_kwargs
 
 
 def build_train_engine(cfg: ExperimentConfig, replicas: Sequence[Any],
@@ -46,12 +47,3 @@ def build_train_engine(cfg: ExperimentConfig, replicas: Sequence[Any],
         seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
     return engine, LocalWeightSender(engine, make_checkpoint_engine(cfg, replicas))
-
-
-def optim_kwargs(cfg: ExperimentConfig, optim: Any, epochs: int) -> dict[str, Any]:
-    """Engine optimizer arguments from an ``optim`` section; the linear decay spans the run's updates
-    (``total_training_steps * require_batches * epochs``) unless ``total_updates`` is set."""
-    per_step = cfg.async_training.require_batches * epochs
-    return dict(lr=optim.lr, warmup=optim.lr_warmup_steps, weight_decay=optim.weight_decay, betas=optim.betas,
-                total_updates=optim.total_updates or cfg.trainer.total_training_steps * per_step,
-                clip_grad=optim.clip_grad)

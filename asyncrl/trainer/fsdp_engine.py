@@ -149,7 +149,7 @@ class FSDPEngine:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=tuple(betas),
                                            weight_decay=weight_decay,
                                            **({"fused": True} if fused_optimizer else {"foreach": True}))
-        from asyncrl.trainer.engine import warmup_linear_decay
+        from asyncrl.trainer.schedule import warmup_linear_decay
 
         # no schedule asked: the learning rate is left alone (callers may set it in param_groups)
         schedule = warmup_linear_decay(warmup, total_updates) if total_updates else (lambda k: min(1.0, (k + 1) / max(1, warmup)))

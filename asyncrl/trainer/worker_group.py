@@ -78,7 +78,7 @@ class TrainWorker:
     def setup(self, master_addr: str, master_port: int) -> int:
         """Join the group and build the FSDP2 engine (a collective: all ranks call it together)."""
         from asyncrl.rollout.sampling import SamplingFilters
-        from asyncrl.trainer.factory import optim_kwargs
+        from asyncrl.trainer.schedule import optim_kwargs
         from asyncrl.trainer.fsdp_engine import FSDPEngine, init_distributed
 
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
