@@ -252,3 +252,40 @@ def test_contention_slows_async_runs_only():
     slowdown = simulate(d, cost).samples_per_s / simulate(d, loaded).samples_per_s
     assert 1.5 < slowdown <= 2.0 + 1e-6
     assert simulate(colo, loaded).samples_per_s == pytest.approx(simulate(colo, cost).samples_per_s, rel=1e-6)
+
+
+def test_measure_train_fills_one_step_when_the_rollout_measured_fewer_groups():
+    """Notebook 06 at smoke size measured 16 groups for a recipe whose step takes more: no step ran and
+    the calibration table read ``train us/token 0.00`` (the simulator then missed by 121-184%)."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from asyncrl.recipes import longtail_grpo_cpu
+    from asyncrl.sim.calibrate import measure_train
+    from asyncrl.staleness import sample_budget
+
+    cfg = longtail_grpo_cpu()
+    cfg.trainer.cpu_affinity, cfg.trainer.torch_threads = "", torch.get_num_threads()
+    req = sample_budget(cfg).required_samples
+    n = cfg.actor_rollout_ref.rollout.n
+    out = SimpleNamespace(token_ids=[5, 6, 7, 258], log_probs=[-0.5] * 4, response_versions=[0] * 4)
+    outputs = [(i, [1, 2, 3], [out] * n) for i in range(max(1, req // 4))]
+    assert len(outputs) < req
+    affinity = os.sched_getaffinity(0)
+    try:
+        got = measure_train(cfg, outputs)
+    finally:
+        os.sched_setaffinity(0, affinity)
+    assert got["steps"] == 1 and got["tokens"] > 0 and got["s_per_token"] > 0
+    with pytest.raises(ValueError, match="needs measure_rollout outputs"):
+        measure_train(cfg, [])
+
+
+def test_timeline_lanes_that_share_a_chart_have_distinct_colours():
+    """06's timeline drew "weight load" (replica) and "sync" (trainer) in the same red."""
+    from asyncrl.sim.sweep import LANE_COLORS
+
+    shown_together = ["decode", "prefill", "weight load", "update", "log_prob", "sync", "switch+sync"]
+    assert len({LANE_COLORS[k] for k in shown_together}) == len(shown_together)

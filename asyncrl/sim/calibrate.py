@@ -211,6 +211,10 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
                for k, o in enumerate(outs)] for _, prompt, outs in outputs]
     req = sample_budget(cfg).required_samples
     per_mb = max(1, req // cfg.async_training.require_batches)
+    if not groups:
+        raise ValueError("measure_train needs measure_rollout outputs; got none")
+    if len(groups) < req:  # fewer groups than one step (notebook 06 at smoke size): reuse them to fill one,
+        groups = [groups[k % len(groups)] for k in range(req)]  # else no step ran and s_per_token read 0
 
     loss_fn = actor_loss_fn(cfg)
     steps, seconds, tokens = 0, 0.0, 0

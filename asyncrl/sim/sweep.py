@@ -104,7 +104,7 @@ def plot_sweep(df, x: str, y: str = "samples_per_s", hue: Optional[str] = None, 
 
 
 LANE_COLORS = {"decode": "#4c72b0", "prefill": "#8172b2", "weight load": "#c44e52", "update": "#55a868",
-               "log_prob": "#64b5cd", "ref_log_prob": "#64b5cd", "sync": "#c44e52",
+               "log_prob": "#64b5cd", "ref_log_prob": "#64b5cd", "sync": "#8c564b",
                "switch+sync": "#dd8452"}
 
 
