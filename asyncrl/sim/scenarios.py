@@ -48,6 +48,7 @@ def verl_dapo_7b(colocated: bool, *, steps: int = 8, token_scale: int = 64, medi
     cfg = ExperimentConfig()
     cfg.trainer.total_training_steps = steps
     cfg.trainer.test_freq = 0
+    cfg.trainer.watchdog_timeout_s = 1800.0  # a colocated step of this size takes ~340 s: not a hang
     cfg.trainer.experiment_name = "verl_dapo_7b_" + ("colocated" if colocated else "async")
     cfg.data.train_size = 2048
     ro = cfg.actor_rollout_ref.rollout
