@@ -80,7 +80,10 @@ def _receiver(port: int, plan, queue) -> None:
         buf = torch.empty(max(m.bucket_offset + m.nbytes for m in metas), dtype=torch.uint8)
         gloo_broadcast(group, buf, 0)
         got.update(asm.feed(buf, metas))
-    queue.put({n: (str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).clone() if t.numel() else b"") for n, t in got.items()})
+    # plain bytes: a tensor on a multiprocessing queue travels as a file descriptor that this process must
+    # outlive; it exits right after the put (CI: ConnectionResetError in the parent's get)
+    queue.put({n: (str(t.dtype), tuple(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+               for n, t in got.items()})
 
 
 def test_gloo_broadcast_bit_exact_across_processes():
@@ -102,7 +105,7 @@ def test_gloo_broadcast_bit_exact_across_processes():
         dtype, shape, raw = got[name]
         assert dtype == str(t.dtype) and shape == tuple(t.shape)
         if t.numel():
-            assert torch.equal(raw, t.reshape(-1).view(torch.uint8)), name
+            assert raw == t.reshape(-1).view(torch.uint8).numpy().tobytes(), name
 
 
 # --------------------------------------------------------------------------- CPU engines -> HF replicas
