@@ -118,8 +118,14 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
     cores = len(os.sched_getaffinity(0))
     if args.gpu:  # the GPU resource keys (verl fully-async split); colocated replicas share the trainer's GPUs
         if mode == "colocated":
-            return ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2", "rollout.n_gpus_per_node=0"]
-        return ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+            return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus}",
+                    "rollout.n_gpus_per_node=0"]
+        if args.gpus < 2:
+            raise SystemExit(f"--gpus {args.gpus}: mode {mode} splits the GPUs between rollout and trainer; "
+                             "it needs --gpus 2 or more (only 'colocated' runs on one GPU)")
+        half = args.gpus // 2
+        return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus - half}",
+                f"rollout.n_gpus_per_node={half}"]
     if mode == "colocated" or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
@@ -409,6 +415,8 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true",
                    help="two GPUs: async = replica on GPU 0 + FSDP2 trainer on GPU 1, colocated = both on both; "
                         "a random Qwen2.5-0.5B-shaped model with synthetic lengths (needs no vllm with --backend hf)")
+    p.add_argument("--gpus", type=int, default=2,
+                   help="--gpu: GPUs of the run (colocated shares all; async modes give half to the rollout)")
     p.add_argument("--gpu-median-tokens", type=int, default=256, help="--gpu: median synthetic response length")
     p.add_argument("--gpu-max-tokens", type=int, default=4096, help="--gpu: longest synthetic response")
     p.add_argument("--census", action="store_true",

@@ -26,7 +26,7 @@ def _args(bench, tmp_path, *extra):
     import argparse
 
     ns = argparse.Namespace(task="longtail", steps=5, time=0.0, backend="hf", set=None, out=str(tmp_path), gpu=True,
-                            gpu_median_tokens=256, gpu_max_tokens=4096)
+                            gpu_median_tokens=256, gpu_max_tokens=4096, gpus=2)
     for kv in extra:
         k, v = kv.split("=")
         setattr(ns, k, type(getattr(ns, k))(v))
@@ -45,3 +45,13 @@ def test_gpu_micro_batch_logits_fit_in_a_fraction_of_an_h200(bench, tmp_path, mo
     assert ac.strategy == "fsdp2" and ro.name == "hf"
     assert cfg.actor_rollout_ref.hybrid_engine is (mode == "colocated")
     assert (cfg.trainer.n_gpus_per_node, cfg.rollout.n_gpus_per_node) == ((2, 0) if mode == "colocated" else (1, 1))
+
+
+def test_gpu_count_splits_async_modes_and_one_gpu_runs_only_colocated(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "gpu_model", lambda args: str(REPO / "asyncrl" / "models" / "tiny_qwen2_arith"))
+    one = bench.mode_config("colocated", _args(bench, tmp_path, "gpus=1"))
+    assert (one.trainer.n_gpus_per_node, one.rollout.n_gpus_per_node) == (1, 0)
+    four = bench.mode_config("d", _args(bench, tmp_path, "gpus=4"))
+    assert (four.trainer.n_gpus_per_node, four.rollout.n_gpus_per_node) == (2, 2)
+    with pytest.raises(SystemExit, match="needs --gpus 2"):
+        bench.mode_config("d", _args(bench, tmp_path, "gpus=1"))
