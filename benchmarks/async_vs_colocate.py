@@ -86,6 +86,9 @@ def base_config(args: argparse.Namespace):
         cfg.data.task, cfg.data.max_prompt_length = "arith", 64
         ro = cfg.actor_rollout_ref.rollout
         ro.response_length, ro.max_model_len = args.gpu_max_tokens, args.gpu_max_tokens + 64
+        # CUDA-graph decode (verl's GPU default; the CPU recipe's enforce_eager ran a 1-GPU colocated step's
+        # generation at ~57 ms per token, 2026-12-01)
+        ro.enforce_eager = False
         lw = cfg.data.length_workload
         lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", args.gpu_median_tokens, 1.0, 8
         # fp32 logits of one micro-batch are rows x tokens x 151,936 x 4 bytes: the CPU recipe's 64 rows at
@@ -485,6 +488,11 @@ def report(result: dict) -> None:
         print(f"{m:10s} {r['samples_per_s']:9.3f} {x}  {f}  {r['step_s_median']:6.2f}  {r['trainer_idle_ratio']:12.2f}"
               f"  {r['rollouter_idle_ratio']:14.2f}  {r['lag_mean']:5.2f}/{r['lag_max']:<3d}  "
               f"{r['reward_first']:.2f} -> {r['reward_last']:.2f}  {tt}")
+    steady = {m: r.get("steady_samples_per_s") or 0.0 for m, r in modes.items()}
+    if any(steady.values()):  # GPU runs pay CUDA-graph captures and compiles in their first steps
+        sb = steady.get("colocated") or 0.0
+        print("steady state (after the first steps' warm-up): " + ", ".join(
+            f"{m} {v:.3f} samples/s" + (f" ({v / sb:.2f}x)" if sb and m != "colocated" else "") for m, v in steady.items()))
     if ideal:
         i = result["ideal"]
         print(f"ideal bound {ideal:.3f} samples/s = 1 / max(rollout-only {i['rollout_s_per_sample']:.3f},"

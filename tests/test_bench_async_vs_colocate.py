@@ -55,3 +55,16 @@ def test_gpu_count_splits_async_modes_and_one_gpu_runs_only_colocated(bench, tmp
     assert (four.trainer.n_gpus_per_node, four.rollout.n_gpus_per_node) == (2, 2)
     with pytest.raises(SystemExit, match="needs --gpus 2"):
         bench.mode_config("d", _args(bench, tmp_path, "gpus=1"))
+
+
+def test_gpu_modes_decode_from_cuda_graphs(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "gpu_model", lambda args: str(REPO / "asyncrl" / "models" / "tiny_qwen2_arith"))
+    for mode in ("colocated", "d"):
+        assert bench.mode_config(mode, _args(bench, tmp_path)).actor_rollout_ref.rollout.enforce_eager is False
+
+
+def test_report_prints_steady_state_ratio(bench, capsys):
+    row = dict(samples_per_s=1.0, step_s_median=1.0, trainer_idle_ratio=0.5, rollouter_idle_ratio=0.5, lag_mean=0.0,
+               lag_max=0, reward_first=0.0, reward_last=0.0, time_to_target_s=None)
+    bench.report({"modes": {"colocated": {**row, "steady_samples_per_s": 2.0}, "d": {**row, "steady_samples_per_s": 3.0}}})
+    assert "colocated 2.000 samples/s, d 3.000 samples/s (1.50x)" in capsys.readouterr().out
