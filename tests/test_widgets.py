@@ -121,6 +121,8 @@ def test_funnel_live_widget_tracks_the_model():
     assert f._rows["message_queue"][2].value == 4 and f._rows["message_queue"][2].bar_style == "info"
     html = f.to_html()
     assert 'class="binding" data-layer="active_tasks"' in html
+    # what "binding layer" means is said in the widget itself, live and in the static snapshot
+    assert "the layer at its limit" in f._head.value and "the layer at its limit" in html
 
 
 # ---------------------------------------------------------------------- staleness

@@ -25,6 +25,10 @@ from typing import Any, Optional
 
 from widgets._common import SnapshotView, as_int, bar_html, count_limit, sparkline
 
+#: the one line under the funnel's head that says what its "binding layer" is (GLOSSARY.md#binding-layer)
+BINDING_NOTE = ("binding layer: the layer at its limit (red), which sets the pace; "
+                "the layers above it wait on it (glossary: binding layer)")
+
 #: keys looked up in the rollouter snapshot for optional pools (shape: see ``count_limit``)
 OPTIONAL_POOLS = (("agent_loop_workers", "AgentLoopWorker pool"), ("sandboxes", "sandboxes"))
 
@@ -227,7 +231,8 @@ class ConcurrencyFunnel(SnapshotView):
         paused = ' &middot; <span class="warn">rollouter paused for weight sync</span>' if m.paused else ""
         drops = ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(m.drops.items()))
         dropped = f"<br>trainer dropped (after the queue): {drops}" if drops else ""
-        return f"binding layer: <b style='color:#cf1322'>{html.escape(binding)}</b>{paused}{dropped}"
+        return (f"binding layer: <b style='color:#cf1322'>{html.escape(binding)}</b>{paused}{dropped}"
+                f"<br><span style='color:#888;font-size:90%'>{BINDING_NOTE}</span>")
 
     def _head_live(self, m: FunnelModel) -> str:
         return f"<b>{html.escape(self.title)}</b><br>{self._head_html(m)}"
