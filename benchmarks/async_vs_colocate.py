@@ -128,7 +128,7 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
                              "it needs --gpus 2 or more (only 'colocated' runs on one GPU)")
         half = args.gpus // 2
         return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus - half}",
-                f"rollout.n_gpus_per_node={half}"]
+                f"rollout.n_gpus_per_node={half}", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
     if mode == "colocated" or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
