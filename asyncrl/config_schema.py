@@ -168,8 +168,9 @@ class CheckpointEngineConfig:
 
     backend: str = "cpu"
     """Transport: ``cpu`` (= ``gloo``: torch gloo broadcast, the CPU default), ``cpu_rpc`` (Ray object
-    store + engine RPC) or ``nccl`` (bucketed NCCL broadcast from trainer rank 0's GPU into the
-    replicas' GPUs; needs ``strategy=fsdp2`` and rollout GPUs)."""
+    store + engine RPC), ``nccl`` (bucketed NCCL broadcast from trainer rank 0's GPU into the
+    replicas' GPUs; needs ``strategy=fsdp2`` and rollout GPUs) or ``cuda_ipc`` (``hybrid_engine`` on
+    GPUs: each rank shares its GPU buckets with the hf replica on the same GPU, no host copy)."""
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra settings of the backend. ``nccl``: ``metadata_channel`` (``zmq`` | ``store``),
     ``rebuild_group_each_sync``, ``timeout_s``, ``backend`` (``gloo`` runs the nccl engine's code

@@ -101,12 +101,19 @@ def validate_resources(cfg: ExperimentConfig) -> None:
             raise ConfigError("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl with "
                               "actor_rollout_ref.hybrid_engine=true: a trainer rank and its colocated replica share "
                               "one GPU, and NCCL cannot connect two ranks on the same GPU; set "
-                              "checkpoint_engine.backend=cpu (or hybrid_engine=false with rollout GPUs)")
+                              "checkpoint_engine.backend=cpu or cuda_ipc (hf rollout; or hybrid_engine=false with "
+                              "rollout GPUs)")
         if _nccl_transport(cfg) and (trainer_gpus(cfg) == 0 or rollout_gpus(cfg) == 0):
             raise ConfigError("actor_rollout_ref.rollout.checkpoint_engine.backend=nccl needs CUDA GPUs on both "
                               f"sides (trainer GPUs {trainer_gpus(cfg)}, rollout GPUs {rollout_gpus(cfg)}); set "
                               "trainer.n_gpus_per_node >= 1 and rollout.n_gpus_per_node >= 1 (separate GPUs), or "
                               "checkpoint_engine.backend=cpu")
+    if ce.backend == "cuda_ipc" and not (arr.hybrid_engine and trainer_gpus(cfg) and ro.name == "hf"):
+        raise ConfigError("actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc shares GPU memory between a "
+                          "trainer rank and the replica on the same GPU: it needs actor_rollout_ref.hybrid_engine=true, "
+                          "actor.strategy=fsdp2 with trainer.n_gpus_per_node>=1 and rollout.name=hf (got hybrid_engine="
+                          f"{arr.hybrid_engine}, trainer GPUs {trainer_gpus(cfg)}, rollout.name={ro.name}); use nccl "
+                          "for separate GPUs or cpu")
     if ce.verify_each_sync and ro.name != "hf":
         raise ConfigError(f"actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true compares the replicas' "
                           f"tensors with the trainer's, which only the hf backend keeps as they are (rollout.name="

@@ -122,7 +122,7 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
     if args.gpu:  # the GPU resource keys (verl fully-async split); colocated replicas share the trainer's GPUs
         if mode == "colocated":
             return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus}",
-                    "rollout.n_gpus_per_node=0"]
+                    "rollout.n_gpus_per_node=0", "actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"]
         if args.gpus < 2:
             raise SystemExit(f"--gpus {args.gpus}: mode {mode} splits the GPUs between rollout and trainer; "
                              "it needs --gpus 2 or more (only 'colocated' runs on one GPU)")

@@ -53,9 +53,10 @@ def test_gpu_count_splits_async_modes_and_one_gpu_runs_only_colocated(bench, tmp
     assert (one.trainer.n_gpus_per_node, one.rollout.n_gpus_per_node) == (1, 0)
     four = bench.mode_config("d", _args(bench, tmp_path, "gpus=4"))
     assert (four.trainer.n_gpus_per_node, four.rollout.n_gpus_per_node) == (2, 2)
-    # separate GPUs sync over NCCL; a colocated GPU's two processes cannot (NCCL refuses one device twice)
+    # separate GPUs sync over NCCL; a colocated GPU's two processes cannot (NCCL refuses one device twice):
+    # they share the buckets by CUDA IPC
     assert four.actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl"
-    assert one.actor_rollout_ref.rollout.checkpoint_engine.backend == "cpu"
+    assert one.actor_rollout_ref.rollout.checkpoint_engine.backend == "cuda_ipc"
     with pytest.raises(SystemExit, match="needs --gpus 2"):
         bench.mode_config("d", _args(bench, tmp_path, "gpus=1"))
 

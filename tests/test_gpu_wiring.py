@@ -64,6 +64,20 @@ def test_two_gpus_config_to_engines_to_fit_step_to_nccl_sync(tmp_path):
                     "trainer.progress_bar=false"], tmp_path, steps=1)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_colocated_gpus_sync_by_cuda_ipc_bit_exact(tmp_path):
+    """hybrid_engine on every GPU here (up to 2): each fsdp2 rank shares its GPU with an hf replica and hands
+    it the weights by CUDA IPC; every tensor compared byte for byte after each sync."""
+    gpus = min(2, torch.cuda.device_count())
+    _run_and_check(["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={gpus}",
+                    "actor_rollout_ref.hybrid_engine=true", "async_training.staleness_threshold=0",
+                    "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc",
+                    "actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true",
+                    "trainer.total_training_steps=2", "trainer.test_freq=0", "data.val_size=4",
+                    "trainer.progress_bar=false"], tmp_path, steps=2)
+
+
 def test_fsdp2_checkpoint_through_the_experiment_resumes_exactly(ray_session, tmp_path):
     """Issue 12 on the GPU path's trainer: 2 FSDP2 ranks (gloo) save every step; a second Experiment
     resumes from step 1's checkpoint in the same run directory and trains step 2 only, with A's

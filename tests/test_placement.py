@@ -76,6 +76,15 @@ def test_fsdp2_on_cpu_ranks_without_gpus():
     (["actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true"], "verify_each_sync=true",
      "rollout.name=hf"),
     (["rollout.nnodes=0"], "rollout.nnodes must be >= 1", ""),
+    # cuda_ipc maps a colocated rank's GPU memory: separate GPUs, vLLM replicas or a CPU trainer cannot
+    (GPU2[:-1] + ["actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"], "backend=cuda_ipc",
+     "use nccl for separate GPUs"),
+    (["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=1", "actor_rollout_ref.hybrid_engine=true",
+      "async_training.staleness_threshold=0", "actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"],
+     "rollout.name=vllm", "rollout.name=hf"),
+    (["actor_rollout_ref.hybrid_engine=true", "async_training.staleness_threshold=0",
+      "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"],
+     "trainer GPUs 0", "trainer.n_gpus_per_node>=1"),
 ])
 def test_impossible_combinations_are_refused_naming_key_and_fix(overrides, key, fix):
     with pytest.raises(ConfigError) as err:
@@ -90,3 +99,12 @@ def test_more_gpus_than_the_cluster_has_is_refused_at_start():
                                           r"nccl needs CUDA\); lower those keys"):
         check_cluster(cfg, {"CPU": 2.0})
     check_cluster(load_config(), {"CPU": 2.0})  # the CPU default needs none
+
+
+def test_cuda_ipc_is_accepted_for_colocated_hf_ranks():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2",
+                                 "actor_rollout_ref.hybrid_engine=true", "async_training.staleness_threshold=0",
+                                 "actor_rollout_ref.rollout.name=hf",
+                                 "actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"])
+    lay = plan_layout(cfg)
+    assert lay.colocated and [s.bundle for s in lay.trainer] == [s.bundle for s in lay.rollout] == [0, 1]

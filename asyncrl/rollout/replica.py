@@ -176,6 +176,19 @@ class _ReplicaActor:
         t0 = time.perf_counter()
         return self._loaded(await self.engine.nccl_receive(version), t0)
 
+    async def receive_weights_ipc(self, items: list, version: int) -> int:
+        """``cuda_ipc`` checkpoint engine: buckets shared from the trainer rank on this GPU (hf backend)."""
+        t0 = time.perf_counter()
+        if not hasattr(self.engine, "ipc_receive"):
+            raise NotImplementedError(f"checkpoint_engine.backend=cuda_ipc: the {type(self.engine).__name__} cannot "
+                                      "receive CUDA-IPC buckets; use actor_rollout_ref.rollout.name=hf")
+        return self._loaded(await self.engine.ipc_receive(items, version), t0)
+
+    def device_uuid(self) -> str:
+        from asyncrl.sync.cuda_ipc import device_uuid
+
+        return device_uuid()
+
     def health(self) -> dict:
         """``{"restarted", "weights_current"}``: a restarted replica is out of the sync group until
         it has been given the current weights (asyncrl.trainer.fault_tolerance)."""

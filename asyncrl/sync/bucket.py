@@ -92,21 +92,22 @@ def plan_buckets(named_shapes: Iterable[tuple[str, torch.dtype, tuple[int, ...]]
     return [b for b in buckets if b]
 
 
-def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[tuple[torch.Tensor, list[ChunkMeta]]]:
-    """Yield ``(bucket, metas)``: a ``(<= bucket_bytes,)`` uint8 CPU tensor and its layout.
+def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                 device: str | torch.device = "cpu") -> Iterator[tuple[torch.Tensor, list[ChunkMeta]]]:
+    """Yield ``(bucket, metas)``: a ``(<= bucket_bytes,)`` uint8 tensor on ``device`` and its layout.
 
     The tensors are materialised lazily, one bucket at a time, so peak extra memory is one bucket
-    plus the tensor being copied.
+    plus the tensor being copied. ``device="cuda"`` packs on the GPU (the ``cuda_ipc`` engine).
     """
     items = [(n, t) for n, t in named_tensors]
     by_name = {n: t for n, t in items}
     plan = plan_buckets(((n, t.dtype, tuple(t.shape)) for n, t in items), bucket_bytes)
     for metas in plan:
         size = max(m.bucket_offset + m.nbytes for m in metas)
-        buf = torch.empty(size, dtype=torch.uint8)
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
         for m in metas:
             if m.nbytes:
-                src = _as_bytes(by_name[m.name].cpu())
+                src = _as_bytes(by_name[m.name].to(buf.device))
                 buf[m.bucket_offset:m.bucket_offset + m.nbytes] = src[m.tensor_offset:m.tensor_offset + m.nbytes]
         yield buf, metas
 

@@ -5,6 +5,7 @@
     cpu_rpc : begin() -> load_bucket(bucket, metas)* -> finish()     BucketAssembler -> copy_
     gloo    : gloo_init(...) once; gloo_receive(plan)                gloo broadcast -> assembler -> copy_
     nccl    : nccl_init(...) once; nccl_receive()                    NCCLWeightReceiver -> copy_ (unpack stream)
+    cuda_ipc: ipc_receive([(handle, metas), ...])                    mapped GPU bucket -> assembler -> copy_
 
 Engine-agnostic: it only needs a callable returning the engine's ``{name: tensor}`` (parameters and
 buffers, tied weights under every name), and copies into *those* tensors, so the engine serves the
@@ -91,8 +92,9 @@ class ModelWeightReceiver:
         self._loaded += len(weights)
 
     # ------------------------------------------------------------------ RPC transport
-    async def begin(self) -> None:
-        self._assembler, self._loaded = BucketAssembler("cpu"), 0
+    async def begin(self, device: str | torch.device = "cpu") -> None:
+        """Start a bucketed update; ``device``: where split tensors are rejoined (the buckets' device)."""
+        self._assembler, self._loaded = BucketAssembler(device), 0
 
     async def load_bucket(self, bucket: Any, metas: Sequence[Any]) -> None:
         """Feed one bucket (uint8 tensor or numpy array; a read-only numpy view is copied)."""
@@ -113,6 +115,17 @@ class ModelWeightReceiver:
         if pending:
             raise RuntimeError(f"weight update incomplete, missing chunks of {pending[:5]}")
         return self._loaded
+
+    async def ipc_receive(self, items: Sequence[tuple[Any, Any]], device: torch.device) -> int:
+        """``cuda_ipc``: map each shared bucket (:func:`asyncrl.sync.cuda_ipc.open_ipc_bucket`) and load it on
+        ``device``; the copies finish before this returns (the sender frees the buckets then)."""
+        from asyncrl.sync.cuda_ipc import open_ipc_bucket
+
+        await self.begin(device)
+        for handle, metas in items:
+            await self.load_bucket(open_ipc_bucket(handle), metas)
+        torch.cuda.synchronize(device)
+        return await self.finish()
 
     # ------------------------------------------------------------------ gloo broadcast
     async def gloo_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:

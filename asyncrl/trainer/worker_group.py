@@ -97,18 +97,24 @@ class TrainWorker:
             sampling=SamplingFilters.from_rollout_config(arr.rollout), sync_dtype=dtype)
         return self.engine.num_params()
 
+    def _per_rank_sender(self) -> bool:
+        """``cuda_ipc``: every rank sends to the replica on its own GPU (the engine picks it among
+        ``replicas`` by device UUID), not rank 0 to all."""
+        return self.cfg.actor_rollout_ref.rollout.checkpoint_engine.backend == "cuda_ipc"
+
     def init_sender(self, replicas: Sequence[Any]) -> None:
-        """Rank 0: build the configured checkpoint engine into ``replicas`` (actor handles)."""
+        """Rank 0: build the configured checkpoint engine into ``replicas`` (actor handles); with
+        ``cuda_ipc`` every rank builds one (it sends to the replica on its GPU)."""
         from asyncrl.sync.sender import make_checkpoint_engine
 
-        if self.rank == 0:
+        if self._per_rank_sender() or self.rank == 0:
             self.sender = make_checkpoint_engine(self.cfg, replicas)
 
     async def set_receivers(self, replicas: Sequence[Any]) -> None:
         """Rank 0: a new checkpoint engine into ``replicas`` (the live ones after a replica fault)."""
         from asyncrl.sync.sender import make_checkpoint_engine
 
-        if self.rank == 0:
+        if self._per_rank_sender() or self.rank == 0:
             old, self.sender = self.sender, make_checkpoint_engine(self.cfg, replicas)
             try:
                 if old is not None:
@@ -138,6 +144,9 @@ class TrainWorker:
     async def send_weights(self, version: int) -> Optional[dict[str, float]]:
         """Every rank drains the parameter gather; rank 0 sends it (its metrics are returned)."""
         tensors = self.engine.named_tensors_for_sync()
+        if self._per_rank_sender():
+            metrics = await self.sender.send_weights(tensors, version)
+            return metrics if self.rank == 0 else None
         if self.rank != 0:
             for _ in tensors:
                 pass
