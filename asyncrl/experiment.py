@@ -118,6 +118,7 @@ class Experiment:
         from asyncrl.rollout.replica import RolloutReplica
         from asyncrl.rollouter import FullyAsyncRollouter
         from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+        from asyncrl.trainer.hybrid_rollout import RolloutForward, in_process_rollout
 
         cfg = self.config
         self.t_start = time.time()
@@ -130,7 +131,8 @@ class Experiment:
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
         layout = self._place()
-        rollout_opts = [self.placement.actor_options(s) if self.placement else None for s in layout.rollout]
+        local = in_process_rollout(cfg) and not self._external_replicas  # trainer/hybrid_rollout.py
+        rollout_opts = [] if local else [self.placement.actor_options(s) if self.placement else None for s in layout.rollout]
         self._replica_objs = self._external_replicas or [
             RolloutReplica(cfg, server_id=f"replica_{i}", replica_rank=i, actor_options=actor_opts)
             for i, actor_opts in enumerate(rollout_opts)]
@@ -149,13 +151,18 @@ class Experiment:
             logger.info("resuming %s from %s", self.name, self.resume_from)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
-            cfg, train, val, self.replicas, self.lb, self.mq, resume)
+        if not local:
+            self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
+                cfg, train, val, self.replicas, self.lb, self.mq, resume)
         worker_opts = [self.placement.actor_options(s) for s in layout.trainer] if self.placement else None
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64).remote(
             cfg, self.mq, self.rollouter, self.replicas, worker_opts, str(self.run_dir),
-            str(self.resume_from) if self.resume_from else None, logging.getLogger("asyncrl").getEffectiveLevel())
-        ray.get(self.rollouter.attach_trainer.remote(self.trainer))  # restarted replicas rejoin through it
+            str(self.resume_from) if self.resume_from else None, logging.getLogger("asyncrl").getEffectiveLevel(),
+            {"train_rows": train, "val_rows": val, "resume": resume} if local else None)
+        if local:  # the rollouter body lives in the trainer actor: calls go through it
+            self.rollouter = RolloutForward(self.trainer)
+        else:
+            ray.get(self.rollouter.attach_trainer.remote(self.trainer))  # restarted replicas rejoin through it
         if (self._external_replicas or cfg.actor_rollout_ref.rollout.load_format == "dummy"
                 or self.resume_from is not None):  # replicas hold other (random, older) weights than the trainer
             ray.get(self.trainer.initial_sync.remote())  # the trainer's weights (and version) everywhere

@@ -56,6 +56,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 MODES = {
     "colocated": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0},
+    # the same, its engine in a replica actor: with --backend hf on CPU, "colocated" runs the rollout in
+    # the trainer process over the actor's module (asyncrl/trainer/hybrid_rollout.py); this is the path before
+    "colocated_replica": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0},
     "a": {"async_training.trigger_parameter_sync_step": 1, "async_training.staleness_threshold": 0.0},
     "b": {"async_training.trigger_parameter_sync_step": 2, "async_training.staleness_threshold": 0.0},
     "c": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": False},
@@ -120,7 +123,7 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
     """Resource overrides: colocated shares everything, async splits rollout / trainer."""
     cores = len(os.sched_getaffinity(0))
     if args.gpu:  # the GPU resource keys (verl fully-async split); colocated replicas share the trainer's GPUs
-        if mode == "colocated":
+        if mode.startswith("colocated"):
             return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus}",
                     "rollout.n_gpus_per_node=0", "actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"]
         if args.gpus < 2:
@@ -129,7 +132,7 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
         half = args.gpus // 2
         return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus - half}",
                 f"rollout.n_gpus_per_node={half}", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
-    if mode == "colocated" or cores < 2:
+    if mode.startswith("colocated") or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
 
@@ -342,7 +345,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     lengths = empirical_lengths(cal["response_lengths"])
     out = {}
     for m, measured in result["modes"].items():
-        kind = "shared" if m == "colocated" else "split"
+        kind = "shared" if m.startswith("colocated") else "split"
         if f"decode_{kind}" not in cal:
             continue
         cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, cal[f"train_s_per_token_{kind}"],
@@ -385,11 +388,20 @@ def run_reference(path: str, seconds: float) -> dict:
             "train_s_median": statistics.median(r["train_s"] for r in steps)}
 
 
+def replica_kind(mode: str, args: argparse.Namespace) -> str:
+    """The shared replica a mode runs on (``shared`` | ``split``), or ``""``: colocated with the hf backend
+    on CPU builds its engine in the trainer process (verl's hybrid engine), so it is given none."""
+    if mode == "colocated" and args.backend == "hf" and not args.gpu:
+        return ""
+    return "shared" if mode.startswith("colocated") else "split"
+
+
 def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
     """One engine per placement: ``split`` (rollout cores only) for the async modes, ``shared`` for colocated."""
     from asyncrl.rollout.replica import RolloutReplica
 
-    need = {"shared" if m == "colocated" else "split" for m in modes} | ({"split"} if args.ideal else set())
+    need = {"shared" if m.startswith("colocated") else "split" for m in modes if replica_kind(m, args)}
+    need |= {"split"} if args.ideal else set()
     if args.simulate and not args.gpu:
         need |= {"shared", "split"}
     reps = {}
@@ -450,7 +462,7 @@ def main() -> None:
     try:
         print(f"{args.task} ({args.backend}), {args.steps} steps per mode:", flush=True)
         for m in modes:
-            result["modes"][m] = run_mode(m, replicas.get("shared" if m == "colocated" else "split"), args)
+            result["modes"][m] = run_mode(m, replicas.get(replica_kind(m, args) or ""), args)
             save(result, args)  # a later phase that fails loses nothing measured
         if args.ideal and "split" in replicas:
             result["ideal"] = ideal_bound(replicas["split"], args)

@@ -65,6 +65,8 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             :func:`asyncrl.trainer.factory.build_train_engine`.
         run_dir: artifact directory: ``metrics.csv`` and the loggers stream there, checkpoints go to
             ``<run_dir>/checkpoints``; ``None`` keeps the rows in memory only.
+        local_rollout: ``{"train_rows", "val_rows", "resume"}``: build the rollouter and an hf engine over
+            the actor module in this process (:mod:`asyncrl.trainer.hybrid_rollout`; ``rollouter`` is then None).
         resume_dir: a ``global_step_<N>`` checkpoint to continue from (step ``N + 1`` is next).
         log_level: level of the ``asyncrl`` loggers in this actor (the driver's, so ``console``
             lines show with ``--log-level INFO``).
@@ -72,7 +74,8 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
 
     def __init__(self, config: ExperimentConfig, message_queue: Any, rollouter: Any, replicas: dict,
                  worker_options: Optional[list] = None, run_dir: Optional[str] = None,
-                 resume_dir: Optional[str] = None, log_level: Optional[int] = None):
+                 resume_dir: Optional[str] = None, log_level: Optional[int] = None,
+                 local_rollout: Optional[dict] = None):
         if log_level is not None:
             logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             logging.getLogger("asyncrl").setLevel(log_level)
@@ -85,6 +88,11 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         self.with_reference = actor.use_kl_loss or al.use_kl_in_reward
         # strategy cpu: TrainEngine here; fsdp2: a TrainWorkerGroup (also the sender). Checkpoint engine from config.
         self.engine, self.weight_sender = build_train_engine(config, list(replicas.values()), worker_options)
+        if local_rollout is not None:  # hybrid_engine + hf on CPU: rollout in this process (trainer/hybrid_rollout.py)
+            from asyncrl.trainer.hybrid_rollout import build_local_rollout
+
+            self.rollouter, self.replicas, self.weight_sender = build_local_rollout(self, message_queue, **local_rollout)
+            replicas = self.replicas
         self.critic = None
         if al.adv_estimator == "gae":
             from asyncrl.trainer.critic import CriticEngine
@@ -96,7 +104,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
                                        micro_batch_size=cr.ppo_micro_batch_size, seed=config.trainer.seed)
         self.kl_ctrl = make_kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None
         # syncs reach the live replicas only; restarted ones rejoin (asyncrl.trainer.fault_tolerance)
-        self.synchronizer = ParameterSynchronizer(rollouter, self._init_replicas(replicas, self.weight_sender))
+        self.synchronizer = ParameterSynchronizer(self.rollouter, self._init_replicas(replicas, self.weight_sender))
         self.param_version = 0
         self.global_steps = 0
         self.updates = 0  # actor optimizer updates done
@@ -377,6 +385,10 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
 
     def _set_phase(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.time()
+
+    async def call_rollouter(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``rollouter.<name>(...)`` for the driver when the rollouter lives in this process (``local_rollout``)."""
+        return await getattr(self.rollouter, name).remote(*args, **kwargs)
 
     async def initial_sync(self) -> dict:
         """Push the starting weights as the current version (0, or a resumed checkpoint's): for

@@ -1,0 +1,96 @@
+"""verl's hybrid engine with the hf backend on CPU: the rollout inside the trainer process, over the
+actor's own module (``asyncrl/trainer/hybrid_rollout.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import ray
+import torch
+
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.trainer.hybrid_rollout import RolloutForward, SharedModuleHFEngine, SharedWeightsSender, in_process_rollout
+
+
+def _greedy_reference(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_shared_engine_serves_the_trained_module_after_adopt_weights(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    engine = SharedModuleHFEngine(model, str(model_dir), max_num_seqs=4, max_model_len=64, seed=0)
+    q = model.model.layers[0].self_attn.q_proj.weight
+    fused = engine._fused[0][0]
+    # the actor's parameters keep their own storage (optimizer steps and checkpoints see plain tensors)
+    assert q.requires_grad and q.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr()
+    sp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=True, ignore_eos=True)
+    prompt = [5, 6, 7, 8]
+
+    async def run() -> tuple:
+        before = await engine.generate("a", prompt, sp)
+        with torch.no_grad():  # a training step changes the module
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.5)
+        stats = await SharedWeightsSender(engine).send(7)
+        after = await engine.generate("b", prompt, sp)
+        return before, stats, after
+
+    before, stats, after = asyncio.run(run())
+    assert "sync/refresh_s" in stats and engine.param_version == 7
+    assert after.response_versions == [7] * 6
+    assert after.token_ids == _greedy_reference(model, prompt, 6)  # the new weights, q/k/v and mlp included
+    assert after.token_ids != before.token_ids
+    assert q.grad is None  # generation left no autograd state on the actor's parameters
+
+
+def test_in_process_rollout_is_chosen_by_config():
+    from asyncrl.config import load_config
+
+    base = ["actor_rollout_ref.hybrid_engine=true", "async_training.staleness_threshold=0",
+            "actor_rollout_ref.rollout.agent.num_workers=0"]
+    assert in_process_rollout(load_config(overrides=base + ["actor_rollout_ref.rollout.name=hf"]))
+    assert not in_process_rollout(load_config(overrides=base + ["actor_rollout_ref.rollout.name=vllm"]))
+    assert not in_process_rollout(load_config(overrides=["actor_rollout_ref.rollout.name=hf"]))  # async modes
+    assert not in_process_rollout(load_config(overrides=base[:2] + ["actor_rollout_ref.rollout.name=hf",
+                                                                     "actor_rollout_ref.rollout.agent.num_workers=1"]))
+
+
+@pytest.mark.e2e
+def test_hybrid_engine_hf_trains_in_the_trainer_process(ray_session, tmp_path):
+    """`hybrid_engine=True` + `rollout.name=hf`: no replica or rollouter actor; every token on-policy,
+    the accounting balances, the sync moves nothing, and a checkpoint of the shared module saves."""
+    from asyncrl.experiment import Experiment
+    from asyncrl.recipes import smoke_cpu
+    from asyncrl.staleness import sample_budget
+
+    cfg = smoke_cpu("a")
+    cfg.actor_rollout_ref.hybrid_engine = True
+    cfg.actor_rollout_ref.rollout.name = "hf"
+    cfg.trainer.total_training_steps = 3
+    cfg.trainer.test_freq = 0
+    cfg.trainer.save_freq = 3
+    cfg.trainer.default_local_dir = str(tmp_path)
+    cfg.trainer.progress_bar = False
+    exp = Experiment(cfg)
+    try:
+        exp.start()
+        assert isinstance(exp.rollouter, RolloutForward) and exp.replicas == {}
+        summary = exp.wait(progress=False)
+        history = ray.get(exp.trainer.status.remote())["history"]
+        trajectories = ray.get(exp.rollouter.trajectories.remote(8))
+    finally:
+        exp.stop()
+    acc = summary.accounting
+    assert acc["balanced"] and acc["failed_total"] == 0, acc
+    assert acc["trained"] == 3 * sample_budget(cfg).required_samples
+    assert summary.param_version == 3 and set(summary.lag_counts) == {0}  # every token on-policy
+    assert all(r["timing/gen_s"] > 0 and "sync/refresh_s" in r for r in history), history[-1]
+    assert trajectories and summary.accuracy_after is not None  # the final evaluation ran on the shared engine
+    assert summary.last_checkpoint and "global_step_3" in summary.last_checkpoint
