@@ -245,8 +245,9 @@ class ActorRolloutRefConfig:
     hybrid_engine: bool = False
     """Colocated (verl's synchronous baseline): the phases alternate, generate the whole batch ->
     train -> sync, with no overlap (:mod:`asyncrl.hybrid_engine`), and on GPUs the trainer's GPUs also
-    hold the rollout replicas (fractional GPUs). Needs ``async_training.staleness_threshold=0``.
-    False: separate resources, fully async."""
+    hold the rollout replicas (fractional GPUs); with ``rollout.name=hf`` on CPU the rollout runs in
+    the trainer process over the actor's own module, no weight transfer (:mod:`asyncrl.trainer.hybrid_rollout`).
+    Needs ``async_training.staleness_threshold=0``. False: separate resources, fully async."""
 
 
 @dataclass
