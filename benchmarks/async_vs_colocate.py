@@ -59,6 +59,9 @@ MODES = {
     # the same, its engine in a replica actor: with --backend hf on CPU, "colocated" runs the rollout in
     # the trainer process over the actor's module (asyncrl/trainer/hybrid_rollout.py); this is the path before
     "colocated_replica": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0},
+    # colocated with one torch thread (on a loaded 2-core box two OpenMP threads can lose more than they give)
+    "colocated_1t": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
+                     "trainer.torch_threads": 1},
     "a": {"async_training.trigger_parameter_sync_step": 1, "async_training.staleness_threshold": 0.0},
     "b": {"async_training.trigger_parameter_sync_step": 2, "async_training.staleness_threshold": 0.0},
     "c": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": False},
@@ -140,7 +143,7 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
 def mode_config(mode: str, args: argparse.Namespace):
     from asyncrl.config import load_config
 
-    over = [f"{k}={v}" for k, v in MODES[mode].items()] + placement(mode, args)
+    over = placement(mode, args) + [f"{k}={v}" for k, v in MODES[mode].items()]  # a mode's own keys win
     return load_config(base=base_config(args), overrides=over)
 
 
@@ -391,7 +394,7 @@ def run_reference(path: str, seconds: float) -> dict:
 def replica_kind(mode: str, args: argparse.Namespace) -> str:
     """The shared replica a mode runs on (``shared`` | ``split``), or ``""``: colocated with the hf backend
     on CPU builds its engine in the trainer process (verl's hybrid engine), so it is given none."""
-    if mode == "colocated" and args.backend == "hf" and not args.gpu:
+    if mode.startswith("colocated") and mode != "colocated_replica" and args.backend == "hf" and not args.gpu:
         return ""
     return "shared" if mode.startswith("colocated") else "split"
 

@@ -94,3 +94,43 @@ def test_hybrid_engine_hf_trains_in_the_trainer_process(ray_session, tmp_path):
     assert all(r["timing/gen_s"] > 0 and "sync/refresh_s" in r for r in history), history[-1]
     assert trajectories and summary.accuracy_after is not None  # the final evaluation ran on the shared engine
     assert summary.last_checkpoint and "global_step_3" in summary.last_checkpoint
+
+
+def test_skipping_zero_advantage_rows_gives_the_same_update(model_dir):
+    """GRPO groups whose responses all scored alike carry no gradient: the engine leaves them out of the
+    forward / backward, and the optimizer step is the same as with them (the step's normalisers count them)."""
+    import random
+
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.recipes import arith_grpo_cpu
+    from asyncrl.trainer.advantages import compute_advantages
+    from asyncrl.trainer.engine import TrainEngine, collate, rows_with_gradient
+    from asyncrl.trainer.update import actor_loss_fn
+
+    cfg = arith_grpo_cpu()
+    rng = random.Random(0)
+    outs = []
+    for g in range(6):  # groups 0, 2, 4 all wrong or all right: zero advantage
+        for _ in range(4):
+            n = rng.randint(3, 9)
+            reward = float(g % 4 == 0) if g % 2 == 0 else float(rng.random() < 0.5)
+            outs.append(AgentLoopOutput(prompt_ids=[rng.randint(3, 60) for _ in range(5)],
+                                        response_ids=[rng.randint(3, 60) for _ in range(n)], response_mask=[1] * n,
+                                        response_logprobs=[-2.0] * n, reward_score=reward, response_versions=[0] * n))
+    outs[5].reward_score = 1.0 - outs[4].reward_score  # group 1 surely has signal
+    batch = collate(outs, [g for g in range(6) for _ in range(4)])
+    adv, ret = compute_advantages("grpo", batch.rewards[:, None] * batch.response_mask, batch.response_mask,
+                                  batch.group_ids, cfg.algorithm, None)
+    batch.extras.update(old_log_probs=batch.rollout_log_probs, advantages=adv, returns=ret)
+    kept = rows_with_gradient(batch)
+    assert 4 <= len(kept) < len(batch)
+    engines = [TrainEngine(str(model_dir), lr=1e-2, warmup=0, total_updates=10, micro_batch_size=5, skip_zero_advantage=s)
+               for s in (False, True)]
+    metrics = [e.update(batch, actor_loss_fn(cfg)) for e in engines]
+    assert metrics[0]["actor/grad_norm"] == pytest.approx(metrics[1]["actor/grad_norm"], rel=1e-5)
+    for (name, a), (_, b) in zip(*[e.model.named_parameters() for e in engines]):  # the step's gradients
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
+    no_signal = [i for i in range(len(batch)) if not (batch.extras["advantages"][i] * batch.response_mask[i]).any()]
+    assert len(no_signal) == len(batch) - len(kept)
+    zero = batch.select(no_signal)  # no signal at all: one row still runs, so the optimizer steps as before
+    assert len(rows_with_gradient(zero)) == 1

@@ -27,6 +27,14 @@ LossFn = Callable[[torch.Tensor, "Batch", LossScale, Optional[torch.Tensor]], tu
 """``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)``, see :meth:`TrainEngine.update`."""
 
 
+def rows_with_gradient(batch: Batch) -> Batch:
+    """``batch`` without the rows whose advantage is 0 on every response token (at least one row kept,
+    so every parameter still gets its - zero - gradient and the optimizer steps as it would)."""
+    adv = batch.extras["advantages"] * batch.response_mask
+    keep = (adv != 0).any(-1).nonzero().flatten().tolist() or [0]
+    return batch if len(keep) == len(batch) else batch.select(keep)
+
+
 @dataclass
 class Batch:
     """Training tensors for ``batch`` responses.
@@ -185,6 +193,11 @@ class TrainEngine:
         with_reference: keep a frozen copy for the KL penalty.
         sampling: the rollout's sampling filters; every log-prob is computed under them so it is
             of the distribution the rollout sampled from (vLLM ``processed_logprobs``).
+        skip_zero_advantage: leave rows whose advantage is 0 on every token out of the forward and
+            backward of :meth:`update`. Exact only when the loss is advantage times a function of the
+            ratio (the PPO-clip policy loss without KL loss or entropy bonus): such rows add exactly zero
+            gradient, and the step's normalisers (:class:`LossScale`) still count them. GRPO groups whose
+            responses all scored the same are such rows. Metrics then count the skipped rows as zero.
     """
 
     metric_prefix = "actor"
@@ -192,8 +205,10 @@ class TrainEngine:
     def __init__(self, model_path: str, lr: float, warmup: int, total_updates: int, weight_decay: float = 0.0,
                  betas: tuple = (0.9, 0.999), clip_grad: float = 1.0, dtype: str = "float32",
                  micro_batch_size: int = 64, with_reference: bool = False, seed: int = 0,
-                 sampling: Optional[SamplingFilters] = None, max_token_len: Optional[int] = None):
+                 sampling: Optional[SamplingFilters] = None, max_token_len: Optional[int] = None,
+                 skip_zero_advantage: bool = False):
         torch.manual_seed(seed)
+        self.skip_zero_advantage = skip_zero_advantage
         self.dtype = getattr(torch, dtype)
         self.model = self._load(model_path)
         self.model.train()
@@ -266,6 +281,8 @@ class TrainEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scale = LossScale.of(batch.response_mask)
+        if self.skip_zero_advantage and "advantages" in batch.extras:
+            batch = rows_with_gradient(batch)
         agg: dict[str, float] = {}
         for mb in self._chunks(batch):
             weight = float(mb.response_mask.sum()) / max(scale.tokens, 1.0)

@@ -45,5 +45,6 @@ def build_train_engine(cfg: ExperimentConfig, replicas: Sequence[Any],
         arr.model.path, **optim_kwargs(cfg, actor.optim, actor.ppo_epochs), dtype=arr.model.dtype,
         micro_batch_size=actor.ppo_micro_batch_size, with_reference=actor.use_kl_loss or al.use_kl_in_reward,
         seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout),
-        max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
+        max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+        skip_zero_advantage=not actor.use_kl_loss and not actor.entropy_coeff)  # exact then: see TrainEngine
     return engine, LocalWeightSender(engine, make_checkpoint_engine(cfg, replicas))
