@@ -70,13 +70,17 @@ def plot_run(history: pd.DataFrame, evals: pd.DataFrame, path: Path) -> Path:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import MaxNLocator
+
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    if not history.empty:
-        ax1.plot(history["step"], history["reward/mean"], label="train reward (mean)", color="tab:blue")
-        ax2.plot(history["step"], history["staleness/lag_mean"], label="lag mean", color="tab:orange")
-        ax2.plot(history["step"], history["staleness/lag_max"], label="lag max", color="tab:red", linestyle="--")
+    # wide lines under narrow ones with markers: equal values (a short run's zeros, lag mean = lag max) stay visible
     if not evals.empty and "step" in evals:
-        ax1.plot(evals["step"], evals["accuracy"], "o-", label="held-out greedy accuracy", color="tab:green")
+        ax1.plot(evals["step"], evals["accuracy"], "o-", lw=3, ms=7, label="held-out greedy accuracy", color="tab:green")
+    if not history.empty:
+        ax1.plot(history["step"], history["reward/mean"], "s-", ms=3, label="train reward (mean)", color="tab:blue")
+        ax2.plot(history["step"], history["staleness/lag_max"], label="lag max", color="tab:red", linestyle="--", lw=3)
+        ax2.plot(history["step"], history["staleness/lag_mean"], "s-", ms=3, label="lag mean", color="tab:orange")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_ylabel("reward / accuracy")
     ax1.set_ylim(-0.02, 1.02)
     ax1.legend(loc="lower right")

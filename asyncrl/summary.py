@@ -50,7 +50,9 @@ class Summary:
                 + ("  (*_at_shutdown: prompts the rollouter had taken ahead of the trainer, still queued, generating or"
                    " unconsumed when training stopped; counted, not failures)\n"
                    if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "") +
-                f"  token version lag counts: {dict(sorted(self.lag_counts.items()))} (bound {self.staleness_bound})"
+                f"  trained tokens by version lag: "
+                + (", ".join(f"lag {k}: {v}" for k, v in sorted(self.lag_counts.items())) or "none")
+                + f" (bound: lag <= {self.staleness_bound})"
                 + self._eval_failure_line() + self._tool_lines())
 
     def _eval_failure_line(self) -> str:
@@ -69,7 +71,8 @@ class Summary:
             return ""
         first, last = self.evals[0], self.evals[-1]
         keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")))
-        shown = [k for k in keys if first.get(k) or last.get(k)]  # zero before and after says nothing
+        # a tool metric zero before and after says nothing; the well-formed rate is the point of tasks that report it
+        shown = [k for k in keys if k.startswith("eval/format") or first.get(k) or last.get(k)]
         quiet = (f"\n  ({len(keys) - len(shown)} other eval/tool_* metrics: 0 before and after)"
                  if len(shown) < len(keys) else "")
         return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"

@@ -96,6 +96,13 @@ def test_run_summary_shows_what_is_not_zero_and_explains_shutdown_drops():
     assert "tool_calls: before 0.750 -> after 0.800" in text and "timeout" not in text
     assert "(1 other eval/tool_* metrics: 0 before and after)" in text
     assert "*_at_shutdown: prompts the rollouter had taken ahead of the trainer" in text
+    assert "trained tokens by version lag: lag 0: 5 (bound: lag <= 0)" in text
+    # the well-formed rate is shown even when it is 0 before and after (it is what word_problems is about)
+    evals = [{**e, "eval/format": 0.0} for e in evals]
+    text = str(Summary(run_dir="r", steps=2, param_version=2, accuracy_before=0.5, accuracy_after=0.5,
+                       accounting=acc, wall_s=3.0, evals=evals, lag_counts={0: 5, 1: 3}, staleness_bound=2))
+    assert "format: before 0.000 -> after 0.000" in text and "(1 other eval/tool_* metrics" in text
+    assert "lag 0: 5, lag 1: 3 (bound: lag <= 2)" in text
 
 
 def test_notebook_kernels_get_no_transformers_progress_bars():

@@ -210,7 +210,7 @@ def header_html(m: TrajectoryModel) -> str:
              if m.lengths_ok else "".join(f'<div class="warn">&#9888; {html.escape(w)}</div>' for w in m.warnings))
     reward = "not scored" if m.reward is None else f"reward <b>{m.reward}</b>"  # a proxy session has no reward
     return (f"<div>sample <code>{html.escape(m.uid)}</code> &middot; {reward} &middot; "
-            f"turns {m.num_turns} &middot; {m.model_tokens}/{len(m.response)} model tokens &middot; "
+            f"turns {m.num_turns} <span class='muted'>(user, assistant and tool messages)</span> &middot; {m.model_tokens}/{len(m.response)} model tokens &middot; "
             f"versions {span} {m.versions if len(m.versions) > 1 else ''}</div><div>{check}</div>"
             f'<div class="legend"><span class="tok prompt">prompt ({LEGEND["prompt"][0]})</span><span class="tok m1" '
             f'style="{token_style(Token(0, "", 0, 1, 0.0))}">mask 1 ({LEGEND["mask 1"][0]}: model, shade = p)</span>'
