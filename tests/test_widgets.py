@@ -122,7 +122,7 @@ def test_funnel_live_widget_tracks_the_model():
     html = f.to_html()
     assert 'class="binding" data-layer="active_tasks"' in html
     # what "binding layer" means is said in the widget itself, live and in the static snapshot
-    assert "the layer at its limit" in f._head.value and "the layer at its limit" in html
+    assert "the one at its limit (red)" in f._head.value and "the one at its limit (red)" in html
 
 
 # ---------------------------------------------------------------------- staleness

@@ -26,8 +26,7 @@ from typing import Any, Optional
 from widgets._common import SnapshotView, as_int, bar_html, count_limit, sparkline
 
 #: the one line under the funnel's head that says what its "binding layer" is (GLOSSARY.md#binding-layer)
-BINDING_NOTE = ("binding layer: the layer at its limit (red), which sets the pace; "
-                "the layers above it wait on it (glossary: binding layer)")
+BINDING_NOTE = "the binding layer is the one at its limit (red): it sets the pace"
 
 #: keys looked up in the rollouter snapshot for optional pools (shape: see ``count_limit``)
 OPTIONAL_POOLS = (("agent_loop_workers", "AgentLoopWorker pool"), ("sandboxes", "sandboxes"))
