@@ -112,3 +112,16 @@ def test_order_of_samples_in_a_group_does_not_matter(estimator):
     adv_p, _ = compute_advantages(estimator, outcome_token_rewards(scores[perm], mask[perm]), mask[perm],
                                   [ids[i] for i in perm], algo())
     assert torch.allclose(adv[perm], adv_p, atol=1e-6)
+
+
+def test_advantage_metrics_average_over_response_tokens_only():
+    from asyncrl.trainer.advantages import advantage_metrics
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, -3.0, 99.0], [2.0, 99.0, 99.0]])
+    ret = torch.tensor([[0.5, 0.5, 99.0], [2.0, 99.0, 99.0]])
+    m = advantage_metrics(mask, torch.tensor([1.0, 0.0]), adv, ret)
+    assert m == {"critic/score_mean": 0.5, "critic/advantages_mean": 0.0, "critic/advantages_abs_mean": 2.0,
+                 "critic/returns_mean": 1.0}
+    empty = advantage_metrics(torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), torch.ones(1, 2))
+    assert empty["critic/advantages_mean"] == 0.0 and empty["critic/score_mean"] == 1.0

@@ -190,3 +190,16 @@ def compute_advantages(estimator: str, token_rewards: torch.Tensor, mask: torch.
     if estimator not in ADV_ESTIMATORS:
         raise ValueError(f"unknown adv_estimator {estimator!r}; valid: {', '.join(ADV_ESTIMATORS)}")
     return ADV_ESTIMATORS[estimator](token_rewards.float(), mask.float(), group_ids, values, algorithm_cfg)
+
+
+def advantage_metrics(response_mask: torch.Tensor, scores: torch.Tensor, advantages: torch.Tensor,
+                      returns: torch.Tensor) -> dict[str, float]:
+    """verl's ``critic/*`` step metrics: mean score (``(B,)``), and the mean advantage, mean absolute
+    advantage and mean return over response tokens (``(B, T)`` each, masked by ``response_mask``)."""
+    m = response_mask > 0
+    adv = advantages[m]
+    if not adv.numel():
+        return {"critic/score_mean": float(scores.mean()), "critic/advantages_mean": 0.0,
+                "critic/advantages_abs_mean": 0.0, "critic/returns_mean": 0.0}
+    return {"critic/score_mean": float(scores.mean()), "critic/advantages_mean": float(adv.mean()),
+            "critic/advantages_abs_mean": float(adv.abs().mean()), "critic/returns_mean": float(returns[m].mean())}

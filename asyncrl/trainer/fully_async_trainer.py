@@ -41,7 +41,7 @@ from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, token_lags, update_lag_metrics
 from asyncrl.sync.synchronizer import ParameterSynchronizer
-from asyncrl.trainer.advantages import compute_advantages
+from asyncrl.trainer.advantages import advantage_metrics, compute_advantages
 from asyncrl.checkpoint.trainer_state import CheckpointedRun
 from asyncrl.trainer.engine import Batch, collate
 from asyncrl.trainer.factory import build_train_engine, optim_kwargs
@@ -99,7 +99,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
 
             cr = config.critic
             self.critic = CriticEngine(cr.model.path or config.actor_rollout_ref.model.path,
-                                       **self._optim_kwargs(cr.optim, cr.ppo_epochs),
+                                       **optim_kwargs(self.cfg, cr.optim, cr.ppo_epochs),
                                        dtype=config.actor_rollout_ref.model.dtype,
                                        micro_batch_size=cr.ppo_micro_batch_size, seed=config.trainer.seed)
         self.kl_ctrl = make_kl_controller(al.kl_ctrl) if al.use_kl_in_reward else None
@@ -222,7 +222,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         if values is not None:
             batch.extras["values"] = values
         metrics.update(kl_metrics)
-        metrics.update(self._advantage_metrics(batch, scores, advantages, returns))
+        metrics.update(advantage_metrics(batch.response_mask, scores, advantages, returns))
         # 6. update the critic, then the actor: require_batches mini-batches x ppo_epochs
         updates_before = self.updates
         async with self._weights_lock:  # a replica rejoining now waits for the step's weights
@@ -247,9 +247,6 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         return True
 
     # ------------------------------------------------------------------ steps
-    def _optim_kwargs(self, optim: Any, epochs: int) -> dict:
-        return optim_kwargs(self.cfg, optim, epochs)
-
     async def _fetch_batch(self, n: int) -> Optional[list[RolloutSample]]:
         """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train."""
         bound, fg = self.budget.staleness_bound, self.cfg.algorithm.filter_groups
@@ -303,14 +300,6 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             metrics.update(run_updates(self.engine, batch, actor_loss_fn(cfg), at.require_batches, actor.ppo_epochs,
                                        with_entropy=bool(actor.entropy_coeff)))
         return metrics
-
-    @staticmethod
-    def _advantage_metrics(batch: Batch, scores: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor) -> dict:
-        m = batch.response_mask > 0
-        adv = advantages[m]
-        return {"critic/score_mean": float(scores.mean()), "critic/advantages_mean": float(adv.mean()) if adv.numel() else 0.0,
-                "critic/advantages_abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
-                "critic/returns_mean": float(returns[m].mean()) if adv.numel() else 0.0}
 
     # ------------------------------------------------------------------ bookkeeping
     def _on_synced(self, version: int) -> None:
