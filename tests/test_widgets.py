@@ -125,6 +125,26 @@ def test_funnel_live_widget_tracks_the_model():
     assert "the one at its limit (red)" in f._head.value and "the one at its limit (red)" in html
 
 
+def test_funnel_bars_have_the_same_colour_live_in_html_and_in_the_png():
+    """A reader saw the pending queue blue live and grey in the PNG: one colour per layer state everywhere."""
+    import re
+
+    from widgets._common import FUNNEL_COLORS, funnel_bar_color
+
+    seen = set()
+    for name in ("mq_bound", "active_bound", "pools", "early", "done"):
+        f = ConcurrencyFunnel()
+        f.update(load(name))
+        f.widget  # build
+        html = f.to_html()
+        for layer in f.model.layers:
+            live = f._rows[layer.key][2].style.bar_color
+            row = re.search(rf'data-layer="{layer.key}">(.*?)</tr>', html).group(1)
+            assert live == funnel_bar_color(layer, f.model.binding) and live in row, (name, layer.key, live)
+            seen.add(live)
+    assert {FUNNEL_COLORS["binding"], FUNNEL_COLORS["not bindable"], FUNNEL_COLORS["open"]} <= seen, seen
+
+
 # ---------------------------------------------------------------------- staleness
 def test_lag_histogram_bins_from_json_keys():
     assert lag_histogram({"0": 700, "1": 250, "2": 50}, bound=2) == ([0, 1, 2], [700, 250, 50])

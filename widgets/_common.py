@@ -25,6 +25,18 @@ logger = logging.getLogger(__name__)
 #: text; the HTML (``widgets._common.CSS``) and PNG (``widgets.static``) renderings use these values.
 LEGEND = {"prompt": ("grey", "#f0f0f0"), "mask 1": ("blue", "#1890ff"), "mask 0": ("orange", "#ffe7ba")}
 
+#: the funnel's bar colours, the same in the live widget, its HTML fallback and the PNG
+FUNNEL_COLORS = {"binding": "#f5222d", "not bindable": "#bfbfbf", "full": "#faad14", "open": "#1890ff"}
+
+
+def funnel_bar_color(layer: Any, binding: Optional[str]) -> str:
+    """Colour of one funnel layer's bar: red binding, grey for a layer that cannot bind (a pool shown for
+    reference), orange full, blue otherwise (``FUNNEL_COLORS``)."""
+    state = ("binding" if layer.key == binding else "not bindable" if not layer.bindable
+             else "full" if layer.full else "open")
+    return FUNNEL_COLORS[state]
+
+
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 CSS = """

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from widgets._common import SnapshotView, as_int, bar_html, count_limit, sparkline
+from widgets._common import SnapshotView, as_int, bar_html, count_limit, funnel_bar_color, sparkline
 
 #: the one line under the funnel's head that says what its "binding layer" is (GLOSSARY.md#binding-layer)
 BINDING_NOTE = "the binding layer is the one at its limit (red): it sets the pace"
@@ -216,6 +216,7 @@ class ConcurrencyFunnel(SnapshotView):
                 bar.value = min(layer.count, bar.max)
                 bar.bar_style = ("danger" if layer.key == m.binding else "" if not layer.bindable else
                                  "warning" if layer.full else "info")
+                bar.style.bar_color = funnel_bar_color(layer, m.binding)  # as the HTML fallback and the PNG
             text = f"<b>{html.escape(layer.label)}</b>" if layer.key == m.binding else html.escape(layer.label)
             label.value = f'<span style="white-space:nowrap">{text}</span>'
             num.value = f"<code>{layer.count} / {layer.limit if layer.limit is not None else '?'}</code>"
@@ -242,8 +243,7 @@ class ConcurrencyFunnel(SnapshotView):
         rows = []
         for layer in m.layers:
             u = layer.utilisation
-            color = ("#f5222d" if layer.key == m.binding else "#bfbfbf" if not layer.bindable
-                     else "#faad14" if layer.full else "#1890ff")
+            color = funnel_bar_color(layer, m.binding)
             cls = ' class="binding"' if layer.key == m.binding else ""
             lim = "?" if layer.limit is None else layer.limit
             pct = "" if u is None else f"{100 * u:.0f}%"

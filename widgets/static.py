@@ -11,7 +11,7 @@ import logging
 import math
 from typing import Any, Optional
 
-from widgets._common import LEGEND, _plt, visible  # the colours named in the notebooks
+from widgets._common import LEGEND, _plt, funnel_bar_color, visible  # the colours named in the notebooks
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def draw_funnel(ax: Any, model: Any) -> None:
     ys = list(range(len(layers)))[::-1]
     for y, layer in zip(ys, layers):
         u = layer.utilisation
-        color = RED if layer.key == model.binding else GREY if not layer.bindable else ORANGE if layer.full else BLUE
+        color = funnel_bar_color(layer, model.binding)
         ax.barh(y, 1.0, color="#f0f0f0", height=0.6)
         ax.barh(y, min(1.0, u or 0.0), color=color, height=0.6)
         lim = "?" if layer.limit is None else layer.limit
