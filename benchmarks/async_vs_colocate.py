@@ -28,6 +28,10 @@ Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
     python benchmarks/async_vs_colocate.py --task arith --modes d --backend hf
     python benchmarks/async_vs_colocate.py --task arith --modes d --reference ../shared/baselines/rlproto
     python benchmarks/async_vs_colocate.py --gpu --backend hf --modes colocated,d   # 2 GPUs, no vLLM
+    python benchmarks/async_vs_colocate.py --gpu --simulate-only --steps 12      # no GPU: predicted (gpu_sim.py)
+
+With ``--gpu`` the simulator predicts from the documented H200 cost model instead of CPU calibration
+(``gpu_sim.py``, ``asyncrl.sim.cost_models.h200_qwen25_05b_hf``).
 
 On a shared machine the absolute numbers move with the load; the ratios are measured side by side.
 """
@@ -107,7 +111,10 @@ def base_config(args: argparse.Namespace):
 
 
 def gpu_model(args: argparse.Namespace) -> str:
-    """A random-init Qwen2 of Qwen2.5-0.5B's shape (494M parameters), built once under ``--out``."""
+    """A random-init Qwen2 of Qwen2.5-0.5B's shape (494M parameters), built once under ``--out``
+    (``--simulate-only``: the embedded model's directory stands in; the simulator loads no weights)."""
+    if getattr(args, "simulate_only", False):
+        return str(REPO / "asyncrl" / "models" / "tiny_qwen2_arith")
     path = Path(args.out) / "random_qwen2.5-0.5b"
     if not (path / "config.json").exists():
         import torch
@@ -340,7 +347,13 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
 
 
 def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
-    """The simulator's prediction of every measured mode from the calibration alone."""
+    """The simulator's prediction of every measured mode from the calibration alone (``--gpu``: from the
+    documented H200 cost model, ``gpu_sim.py``)."""
+    if args.gpu:
+        import gpu_sim
+
+        result["simulated_from"] = gpu_sim.SIMULATED_FROM
+        return gpu_sim.simulate_measured(result, args, mode_config)
     from asyncrl.sim import simulate
     from asyncrl.sim.calibrate import cpu_cost_model, empirical_lengths
 
@@ -437,6 +450,9 @@ def main() -> None:
                    help="--gpu: GPUs of the run (colocated shares all; async modes give half to the rollout)")
     p.add_argument("--gpu-median-tokens", type=int, default=256, help="--gpu: median synthetic response length")
     p.add_argument("--gpu-max-tokens", type=int, default=4096, help="--gpu: longest synthetic response")
+    p.add_argument("--simulate-only", action="store_true",
+                   help="--gpu: no GPU, no Ray: predict colocated (1 and --gpus GPUs) and the async --modes "
+                        "(--gpus GPUs) with the H200 cost model, and their ratios (gpu_sim.py)")
     p.add_argument("--census", action="store_true",
                    help="sample every process's CPU time, cores and threads during each mode (cpu_census.py)")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
@@ -447,6 +463,15 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             p.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if args.simulate_only:
+        if not args.gpu:
+            p.error("--simulate-only predicts the --gpu rows (the CPU path calibrates on measured engines)")
+        import gpu_sim
+
+        predicted = gpu_sim.simulate_only(args, modes, mode_config)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "predicted": predicted}, indent=1))
+        return
     import ray
 
     from asyncrl.experiment import _init_ray
@@ -460,7 +485,7 @@ def main() -> None:
     result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
                               "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.gpu:  # replicas are placed on GPUs by each Experiment; the CPU-core measurements do not apply
-        args.ideal = args.simulate = False
+        args.ideal = False  # and the simulator predicts from the H200 cost model instead (simulate_modes)
     replicas = {} if args.gpu else start_replicas(args, modes)
     try:
         print(f"{args.task} ({args.backend}), {args.steps} steps per mode:", flush=True)
@@ -470,7 +495,7 @@ def main() -> None:
         if args.ideal and "split" in replicas:
             result["ideal"] = ideal_bound(replicas["split"], args)
             save(result, args)
-        if args.simulate:
+        if args.simulate and not args.gpu:
             result["calibration"] = calibrate(replicas, result, args)
             save(result, args)
     finally:
@@ -479,7 +504,7 @@ def main() -> None:
         ray.shutdown()
     if args.reference:
         result["reference"] = run_reference(args.reference, args.reference_seconds)
-    if args.simulate and "calibration" in result:
+    if args.simulate and ("calibration" in result or args.gpu):
         result["simulated"] = simulate_modes(result, args)
     save(result, args)
     report(result)
@@ -514,9 +539,12 @@ def report(result: dict) -> None:
               f" train-only {i['train_s_per_sample']:.3f} s/sample)")
     sim = result.get("simulated") or {}
     if sim:
-        print("\nsimulated (asyncrl.sim calibrated on decode probes + train-only, alone and loaded, not on these runs):")
+        print("\nsimulated (" + result.get("simulated_from", "asyncrl.sim calibrated on decode probes + train-only, "
+                                                "alone and loaded, not on these runs") + "):")
         for m, r in sim.items():
             err = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
+            if r.get("steady_error") is not None:
+                err += f"; {100 * r['steady_error']:+.0f}% vs steady"
             bare = r.get("without_contention_samples_per_s")
             was = f"; without the contention term {bare:.3f} ({100 * (bare / modes[m]['samples_per_s'] - 1):+.0f}%)" if bare else ""
             print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured)  trainer idle {r['trainer_idle_ratio']:.2f}"

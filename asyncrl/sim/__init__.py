@@ -10,9 +10,9 @@ See :mod:`asyncrl.sim.runner` (what runs), :mod:`asyncrl.sim.clock` (virtual tim
 
 from asyncrl.sim.clock import SimulationStalled, VirtualTimeLoop, charge
 from asyncrl.sim.cost_models import (PRESETS, ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel,
-                                     cpu_embedded_vllm, h20_qwen25_7b, h100_qwen25_7b)
+                                     cpu_embedded_vllm, h20_qwen25_7b, h100_qwen25_7b, h200_qwen25_05b_hf)
 from asyncrl.sim.runner import SimResult, simulate
 
 __all__ = ["PRESETS", "ClusterCostModel", "RolloutCostModel", "SimResult", "SimulationStalled", "SyncCostModel",
-           "TrainCostModel", "VirtualTimeLoop", "charge", "cpu_embedded_vllm", "h100_qwen25_7b", "h20_qwen25_7b",
-           "simulate"]
+           "TrainCostModel", "VirtualTimeLoop", "charge", "cpu_embedded_vllm", "h100_qwen25_7b", "h200_qwen25_05b_hf",
+           "h20_qwen25_7b", "simulate"]

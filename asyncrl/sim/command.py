@@ -4,6 +4,7 @@
     asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
     asyncrl sim --preset h20-qwen2.5-7b --rollout-gpus 64 --train-gpus 64 --token-scale 64 [config.yaml] [k=v ...]
     asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~1 min)
+    asyncrl sim --preset h200-qwen2.5-0.5b-hf --rollout-gpus 1 --train-gpus 1 [k=v ...]  # hf engine + FSDP2 on H200s
     asyncrl sim task=longtail --contention 0.3                  # both sides 30% slower while they overlap
 """
 
@@ -17,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulate a run in virtual time (asyncrl.sim) and print its throughput")
     p.add_argument("overrides", nargs="*", help="[config.yaml] key=value ... (verl key names)")
     p.add_argument("--recipe", default=None, help="base recipe (default: the task's, else arith_grpo_cpu)")
-    p.add_argument("--preset", default="cpu-embedded-vllm", help="cost model: cpu-embedded-vllm | h20-qwen2.5-7b | h100-qwen2.5-7b")
+    p.add_argument("--preset", default="cpu-embedded-vllm",
+                   help="cost model: cpu-embedded-vllm | h20-qwen2.5-7b | h100-qwen2.5-7b | h200-qwen2.5-0.5b-hf")
     p.add_argument("--cores", type=int, default=1, help="cpu-embedded-vllm: cores each side (1) or shared (2)")
     p.add_argument("--rollout-gpus", type=int, default=None)
     p.add_argument("--train-gpus", type=int, default=None)

@@ -37,8 +37,10 @@ the runs it is meant to predict. 0 (the default) for separate machines or GPUs; 
 never overlap the phases, so the simulator applies it to fully async runs only.
 
 Presets: :func:`cpu_embedded_vllm` (calibrated from measured runs on the 2-core CPU machine, see
-``benchmarks/RESULTS.md``) and :func:`h20_qwen25_7b` / :func:`h100_qwen25_7b` (from datasheets and
-the Qwen2.5-7B shapes; the H20 one is checked against verl's published component timings).
+``benchmarks/RESULTS.md``), :func:`h20_qwen25_7b` / :func:`h100_qwen25_7b` (from datasheets and
+the Qwen2.5-7B shapes; the H20 one is checked against verl's published component timings) and
+:func:`h200_qwen25_05b_hf` (the GPU rows of ``benchmarks/async_vs_colocate.py``: hf engine + FSDP2
+trainer on H200s, every constant from a measurement in ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ class RolloutCostModel:
     contention: float = 0.0
     """Fractional slowdown of every decode iteration from sharing the host with a busy trainer
     (module docstring: Contention); 0.3 = each iteration takes 30% longer."""
+    static_slots: bool = False
+    """Fixed KV-cache slots, as the ``hf`` engine (:mod:`asyncrl.rollout.hf_batch`): an iteration computes
+    ``R`` rows, the power-of-two bucket above the highest occupied slot (slots handed out lowest first),
+    and every row attends over the longest running context ``K``, so it costs
+    ``step_s + per_seq_s * R + per_ctx_token_s * R * K`` (``B`` and ``S`` of the paged form above
+    replaced by ``R`` and ``R * K``). False: vLLM's paged form."""
 
     def decode_time(self, iterations: float, batch: int, ctx: float) -> float:
         """Seconds for ``iterations`` decode steps of ``batch`` sequences whose summed context starts
@@ -109,6 +117,9 @@ class TrainCostModel:
     """GPUs per data-parallel rank (sequence / tensor parallel size), for the rollout:trainer split."""
     padded: bool = False
     """Rows are padded to the longest in the batch (the CPU trainer) instead of packed."""
+    pad_to_step: bool = False
+    """With ``padded``: to the longest row of the whole trainer step, not of the mini-batch (the FSDP2
+    engine: ``collate`` pads the step, its mini-batches keep that width, micro-batches are not trimmed)."""
     forward_fraction: float = 1.0 / 3.0
     """Log-prob recompute (forward only) relative to forward + backward."""
     contention: float = 0.0
@@ -260,3 +271,82 @@ def h100_qwen25_7b() -> ClusterCostModel:
 
 
 PRESETS = {"cpu-embedded-vllm": cpu_embedded_vllm, "h20-qwen2.5-7b": h20_qwen25_7b, "h100-qwen2.5-7b": h100_qwen25_7b}
+
+
+# The measurements behind h200_qwen25_05b_hf (benchmarks/RESULTS.md; section names quoted in its docstring).
+_HF_ATTN_S = 0.94e-3 / (256 * 512)
+"""Decode attention per row per attended KV position: cuDNN flash attention 0.94 ms of one decode step at
+256 rows x kv_len 512 ("GPU: the hf rollout backend on one H200", the ``--profile`` kernel table)."""
+_HF_KV_BUCKET_PAD = 1.16
+"""Mean ``kv_len / longest context`` over a decode: the hf engine rounds ``kv_len`` up to buckets 1.5x apart
+(64, 96, 128, 192, ...; :func:`asyncrl.rollout.hf_batch._buckets`); 1.16-1.17 for any range of contexts
+from 34 to 2,081 or 257 to 512 (computed from the bucket list, not measured)."""
+_HF_ROW_S = (0.31 + 0.15 + (0.86 - 0.26)) * 1e-3 / 256
+"""Decode work per row at 256 rows (same kernel table): the 151,936-entry CDF ``cumsum`` 0.31 ms, softmax
+0.15 ms, and the matmuls' 0.86 ms less the weight read they cost at any batch (0.99 GB at 80% of the H200's
+4.8 TB/s, 0.26 ms: an assumption, the split is not measured)."""
+_HF_STEP_256_S = 4.29e-3
+"""Engine wall time per decode step at 256 rows, host work included, over kv_len 384 and 512 (mean 448):
+4.29 ms (run 2 of the same section, 50,522 tokens/s)."""
+_FSDP_UPDATE_S = 4.826
+"""One FSDP2 optimizer update of a 128-row mini-batch padded to 2,081 tokens (266,368 tokens) on one H200:
+median ``perf/step_s`` of steps 2-6 of "GPU row, session 5" run 3 (``tests/data/avc_gpu_colocated_h200.json``;
+step 1, 6.98 s, compiles)."""
+_FSDP_ATTN_S = 56.6e-3 / (8 * 4096) / (4096 / 2)
+"""Causal attention per token per context token in training: 56.6 ms of cuDNN flash attention per step of
+8 x 4,096 tokens per GPU ("Trainer: FSDP2, Qwen2.5-0.5B shapes, seq 4096, 2 H200", the profile table)."""
+SYNC_S = {"cuda_ipc": (0.1185, 0.0), "nccl": (0.0092 + 0.0834, 0.0087)}
+"""``(transfer s, load s)`` of one 0.99 GB sync. ``cuda_ipc`` (colocated): median ``sync/total_s`` of "GPU
+row, session 5" run 3 (pause 5 ms + pack and load 107 ms + resume 7 ms; the load is in the transfer).
+``nccl`` (separate GPUs): the in-pipeline stall of "GPU: the whole pipeline on two H200s" (b), pause 9.2 +
+transfer 83.4 ms, then load + resume 8.7 ms."""
+
+
+def h200_qwen25_05b_hf(sync_backend: str = "nccl") -> ClusterCostModel:
+    """The GPU workload of ``benchmarks/async_vs_colocate.py --gpu``: random-init Qwen2.5-0.5B shape (bf16),
+    the ``hf`` rollout engine with CUDA-graph decode (one replica per H200, 256 KV slots) and the FSDP2
+    trainer (one rank per H200, 8-row micro-batches, rows padded to the batch's longest), ~33-token prompts.
+
+    Measured (``benchmarks/RESULTS.md``; the module constants above quote each source):
+
+    * decode, static slots (:attr:`RolloutCostModel.static_slots`): ``per_ctx_token_s`` = flash attention
+      0.94 ms at 256 rows x kv 512, times the kv-bucket padding 1.16 (computed); ``step_s + 256 per_seq_s``
+      = the engine's 4.29 ms wall per step at 256 rows less its attention at the run's mean kv 448;
+    * prefill: 65,536 prompt tokens in 0.19 s (2.9 us per token);
+    * training: 4.826 s per 128 x 2,081-token update on one H200 (the colocated run's own ``perf/step_s``),
+      of which causal attention takes ``per_token_ctx_s`` (issue 6's profile); ``per_update_s`` = the rest
+      of ``timing/update_s`` (median 9.866 s for two updates: collate, reward, advantages, the batch's trip
+      to the rank), 0.107 s per update;
+    * sync: ``cuda_ipc`` 0.1185 s per step (colocated), ``nccl`` 0.101 s (separate GPUs), 0.99 GB.
+
+    Assumed (not measured): how the 3.47 ms of non-attention decode time at 256 rows splits into a
+    per-iteration floor (2.41 ms: host work 0.65 ms, the weight read, launches) and per-row work (4.1 us,
+    from the kernel table); attention linear in kv_len down to short contexts; no fixed cost per prefill
+    (the engine's eager prefill forward); FSDP2 over ``n`` ranks divides a padded update by ``n`` with the
+    collectives hidden (issue 6: NCCL overlapped on its own stream) and the same ``per_update_s``; no
+    warm-up (the measured runs' first step also captures CUDA graphs and compiles: ~10 s more).
+
+    Args:
+        sync_backend: ``cuda_ipc`` (colocated: trainer rank and replica on one GPU) or ``nccl``.
+    """
+    if sync_backend not in SYNC_S:
+        raise ValueError(f"sync_backend must be one of {sorted(SYNC_S)}, got {sync_backend!r}")
+    attn = _HF_ATTN_S * _HF_KV_BUCKET_PAD
+    step_s = _HF_STEP_256_S - 256 * 448 * _HF_ATTN_S - 256 * _HF_ROW_S
+    seq = 33 + 2048  # the padded rows of the measured updates
+    transfer, load = SYNC_S[sync_backend]
+    return ClusterCostModel(
+        name=f"h200-qwen2.5-0.5b-hf-{sync_backend}",
+        rollout=RolloutCostModel(step_s=step_s, per_seq_s=_HF_ROW_S, per_ctx_token_s=attn,
+                                 per_prefill_token_s=0.19 / 65536, weight_load_s=load, max_num_seqs=256,
+                                 static_slots=True),
+        train=TrainCostModel(per_token_s=_FSDP_UPDATE_S / (128 * seq) - _FSDP_ATTN_S * seq / 2,
+                             per_token_ctx_s=_FSDP_ATTN_S, per_update_s=(9.866 - 2 * _FSDP_UPDATE_S) / 2, padded=True,
+                             pad_to_step=True),
+        sync=SyncCostModel(fixed_s=transfer),
+        prompt_tokens=33,
+        notes="H200, hf engine + FSDP2, Qwen2.5-0.5B shape: benchmarks/RESULTS.md (GPU sections)",
+    )
+
+
+PRESETS["h200-qwen2.5-0.5b-hf"] = h200_qwen25_05b_hf

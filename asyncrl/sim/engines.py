@@ -48,6 +48,7 @@ class _Request:
     fut: asyncio.Future
     g0: float = 0.0  # global iteration count when it started running
     seq: int = 0
+    slot: int = 0  # KV-cache slot (lowest free first, as the hf engine hands them out)
     logprobs: bool = True
     stop: str = "length"  # stop reason when it runs to the end ("completed" = natural EOS)
 
@@ -96,6 +97,7 @@ class CostModelInferenceEngine:
         self._admit = True  # new requests may start
         self._timer: Optional[asyncio.TimerHandle] = None
         self._first_prompt: dict[str, int] = {}
+        self._free_slots = list(range(max(1, int(cost.max_num_seqs))))  # a heap: lowest slot first
         self._switches: list[tuple[float, int]] = [(float("-inf"), 0)]  # (decode iteration, version from then on)
         self._drained: Optional[asyncio.Event] = None
         self.generated_tokens = 0
@@ -111,12 +113,23 @@ class CostModelInferenceEngine:
         start = max(self._t, self._busy_until)
         if self.running and not self._frozen and now > start:
             b = len(self.running)
-            dg = self.cost.decode_iterations(now - start, b, self._ctx)
+            dg = self.cost.decode_iterations(now - start, *self._shape())
             self._g += dg
             self._ctx += b * dg
             if self.timeline is not None:
                 self.timeline.add(self.name, start, now, "decode")
         self._t = now
+
+    def _shape(self) -> tuple[int, float]:
+        """``(rows, context)`` a decode iteration is priced at (:meth:`RolloutCostModel.decode_time`): the
+        running sequences and their summed context; with ``static_slots`` (the hf engine) the rows up to
+        the power-of-two bucket above the highest occupied slot, each attending over the longest running
+        context (``rows x longest``, which grows by ``rows`` per iteration: the same closed form)."""
+        if not self.cost.static_slots or not self.running:
+            return len(self.running), self._ctx
+        reqs = self.running.values()
+        rows = min(self.cost.max_num_seqs, 1 << max(r.slot for r in reqs).bit_length())
+        return rows, rows * (max(r.ctx0 - r.g0 for r in reqs) + self._g)
 
     def _reschedule(self) -> None:
         if self._timer is not None:
@@ -128,7 +141,7 @@ class CostModelInferenceEngine:
             return
         dg = max(0.0, self._finish_heap[0][0] - self._g)
         now = self._loop.time()
-        at = max(now, self._busy_until) + self.cost.decode_time(dg, len(self.running), self._ctx)
+        at = max(now, self._busy_until) + self.cost.decode_time(dg, *self._shape())
         self._timer = self._loop.call_at(at, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -150,6 +163,7 @@ class CostModelInferenceEngine:
 
     def _finish(self, req: _Request, how: str) -> None:
         del self.running[req.rid]
+        heapq.heappush(self._free_slots, req.slot)
         self._ctx -= req.ctx0 + min(self._g - req.g0, req.need)
         n = self._tokens_of(req) if how == "aborted" else int(round(req.need / self.scale))
         self.generated_tokens += n
@@ -180,6 +194,7 @@ class CostModelInferenceEngine:
         if self.timeline is not None:
             self.timeline.add(self.name, begin, self._busy_until, "prefill")
         req.g0 = self._g
+        req.slot = heapq.heappop(self._free_slots)
         self._ctx += req.ctx0
         self.running[req.rid] = req
         heapq.heappush(self._finish_heap, (req.g0 + req.need, req.seq, req.rid))
@@ -318,6 +333,8 @@ class CostModelTrainEngine:
 
     def _lengths(self, batch: Any) -> list[float]:
         resp = batch.response_mask.sum(-1).tolist()
+        if self.cost.padded and self.cost.pad_to_step:  # the step's width: every row costs its longest
+            resp = [batch.response_mask.shape[-1]] * len(resp)
         return [self.prompt_tokens + r * self.scale for r in resp]
 
     def _spend(self, seconds: float, label: str) -> None:

@@ -1,0 +1,120 @@
+"""The simulator on ``async_vs_colocate.py --gpu``: every GPU mode predicted with the H200 cost model.
+
+::
+
+    mode_config(mode, args with --gpus G)  the benchmark's own config of each mode (no weights built)
+      -> asyncrl.sim.simulate(config, h200_qwen25_05b_hf(sync))   colocated: G GPUs shared, cuda_ipc sync
+                                                                   async:     G/2 rollout + G/2 trainer, nccl
+      -> rows: samples/s, per-step split (gen / fetch wait / update / sync), idle ratios, version lag
+
+Used two ways (``benchmarks/RESULTS.md``, "GPU: the simulator on the measured H200 runs"):
+
+* ``--gpu --simulate-only``: no GPU, no Ray. Predicts colocated on 1 GPU and on ``--gpus`` GPUs and every
+  async mode of ``--modes`` on ``--gpus`` GPUs, and prints each async mode's ratio to colocated: what a user
+  runs before spending GPU hours.
+* ``--gpu`` (measured run, ``--simulate`` is on by default): after the measured modes, predicts each one on
+  the run's own ``--gpus`` and steps, and ``report()`` prints the prediction beside the measurement.
+
+The cost model's constants are measurements of the hf engine, the FSDP2 trainer and the syncs on H200s
+(:func:`asyncrl.sim.cost_models.h200_qwen25_05b_hf` quotes each source); nothing here is fitted to the
+runs being predicted except the trainer's update time (taken from the colocated run, as its docstring says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any, Callable
+
+SIMULATED_FROM = ("asyncrl.sim with the documented H200 cost model h200_qwen25_05b_hf: hf decode and prefill "
+                  "from hf_rollout_cuda.py, FSDP2 update from the colocated run, syncs from the GPU sections")
+
+
+def resources(mode: str, gpus: int) -> tuple[int, int, str]:
+    """``(rollout GPUs, trainer GPUs, sync backend)`` of ``mode`` on ``gpus`` GPUs, as ``placement()`` lays
+    the benchmark out: colocated shares every GPU (cuda_ipc), the async modes split them (nccl)."""
+    if mode.startswith("colocated"):
+        return gpus, gpus, "cuda_ipc"
+    if gpus < 2:
+        raise ValueError(f"mode {mode} splits the GPUs between rollout and trainer: it needs 2 or more, got {gpus}")
+    return gpus // 2, gpus - gpus // 2, "nccl"
+
+
+def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_config: Callable[..., Any]) -> dict:
+    """Simulate ``steps`` trainer steps of ``mode`` on ``gpus`` H200s with the benchmark's config of it.
+
+    Returns:
+        One row: ``mode``, ``gpus``, ``samples_per_s``, ``step_s`` (mean after 2 steps of fill), the median
+        ``gen_s`` / ``fetch_s`` / ``update_s`` / ``sync_s`` of a step, idle ratios, ``lag_mean``.
+    """
+    from asyncrl.sim import simulate
+    from asyncrl.sim.cost_models import h200_qwen25_05b_hf
+
+    rollout_gpus, train_gpus, sync = resources(mode, gpus)
+    cfg = mode_config(mode, argparse.Namespace(**{**vars(args), "gpus": gpus, "backend": "hf"}))  # the model's engine
+    cfg.trainer.total_training_steps, cfg.trainer.total_time_s = steps, 0.0
+    res = simulate(cfg, h200_qwen25_05b_hf(sync), rollout_gpus=rollout_gpus, train_gpus=train_gpus, name=f"{mode}@{gpus}")
+    rows = res.history[2:] if len(res.history) > 3 else res.history
+
+    def med(key: str) -> float:
+        return statistics.median(r.get(key, 0.0) for r in rows) if rows else 0.0
+
+    return {"mode": mode, "gpus": gpus, "samples_per_s": res.samples_per_s, "step_s": res.step_time(2),
+            "gen_s": med("timing/gen_s"), "fetch_s": med("timing/fetch_s"), "update_s": med("timing/update_s"),
+            "sync_s": med("sync/total_s"), "trainer_idle_ratio": res.trainer_idle_ratio,
+            "rollouter_idle_ratio": res.rollouter_idle_ratio, "lag_mean": res.summary()["lag_mean"]}
+
+
+def simulate_measured(result: dict, args: argparse.Namespace, mode_config: Callable[..., Any]) -> dict:
+    """Each measured mode of a ``--gpu`` run predicted on the run's ``--gpus`` for its measured steps, in the
+    shape ``report()`` prints (``error`` against the whole run, ``steady_error`` against its steady state);
+    ``{}`` for a vLLM run (the cost model is of the hf engine)."""
+    if args.backend != "hf":
+        print(f"not simulated: the H200 cost model is of the hf engine, this run used --backend {args.backend}")
+        return {}
+    out = {}
+    for m, measured in result["modes"].items():
+        row = predict(m, args.gpus, max(1, measured["steps"]), args, mode_config)
+        got, steady = measured["samples_per_s"], measured.get("steady_samples_per_s")
+        out[m] = {**row, "without_contention_samples_per_s": None,
+                  "error": row["samples_per_s"] / got - 1 if got else None,
+                  "steady_error": row["samples_per_s"] / steady - 1 if steady else None}
+    return out
+
+
+def simulate_only(args: argparse.Namespace, modes: list[str], mode_config: Callable[..., Any]) -> dict:
+    """Predict colocated on 1 and ``--gpus`` GPUs and each async mode of ``modes`` on ``--gpus`` GPUs; print
+    the table and every async mode's ratio to colocated. Needs no GPU and no Ray.
+
+    Returns:
+        ``{"rows": [predict() rows], "ratios": {"d / colocated@2": x, ...}}``.
+
+    Raises:
+        SystemExit: an async mode asked for with ``--gpus`` < 2.
+    """
+    setups = [("colocated", g) for g in sorted({1, args.gpus})]
+    for m in modes:
+        if not m.startswith("colocated"):
+            if args.gpus < 2:
+                raise SystemExit(f"--gpus {args.gpus}: mode {m} splits the GPUs between rollout and trainer; "
+                                 "it needs --gpus 2 or more")
+            setups.append((m, args.gpus))
+    rows = [predict(m, g, args.steps, args, mode_config) for m, g in setups]
+    base = {r["gpus"]: r["samples_per_s"] for r in rows if r["mode"] == "colocated"}
+    ratios = {f"{r['mode']} / colocated@{g}": r["samples_per_s"] / base[g]
+              for r in rows if not r["mode"].startswith("colocated") for g in sorted(base) if base[g]}
+    print_predictions(rows, ratios, args)
+    return {"rows": rows, "ratios": ratios}
+
+
+def print_predictions(rows: list[dict], ratios: dict, args: argparse.Namespace) -> None:
+    """The predicted table (one row per mode and GPU count) and the ratios."""
+    print(f"predicted on H200s ({SIMULATED_FROM}); {args.steps} steps, responses lognormal median "
+          f"{args.gpu_median_tokens}, max {args.gpu_max_tokens} tokens:")
+    print("mode        GPUs  samples/s  step s   gen s  fetch wait s  update s  sync s  trainer idle  rollouter idle  lag")
+    for r in rows:
+        print(f"{r['mode']:10s} {r['gpus']:5d} {r['samples_per_s']:10.3f} {r['step_s']:7.2f} {r['gen_s']:7.2f} "
+              f"{r['fetch_s']:13.2f} {r['update_s']:9.2f} {r['sync_s']:7.3f} {r['trainer_idle_ratio']:13.2f} "
+              f"{r['rollouter_idle_ratio']:15.2f} {r['lag_mean']:5.2f}")
+    for k, v in ratios.items():
+        print(f"predicted {k}: {v:.2f}x")
