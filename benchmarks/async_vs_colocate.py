@@ -543,11 +543,10 @@ def report(result: dict) -> None:
                                                 "alone and loaded, not on these runs") + "):")
         for m, r in sim.items():
             err = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
-            if r.get("steady_error") is not None:
-                err += f"; {100 * r['steady_error']:+.0f}% vs steady"
+            steady = f"; {100 * r['steady_error']:+.0f}% vs steady" if r.get("steady_error") is not None else ""
             bare = r.get("without_contention_samples_per_s")
             was = f"; without the contention term {bare:.3f} ({100 * (bare / modes[m]['samples_per_s'] - 1):+.0f}%)" if bare else ""
-            print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured)  trainer idle {r['trainer_idle_ratio']:.2f}"
+            print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured{steady})  trainer idle {r['trainer_idle_ratio']:.2f}"
                   f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}")
     ref = result.get("reference")
     if ref and ref.get("step_s_median"):

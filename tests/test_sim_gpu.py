@@ -90,8 +90,9 @@ def test_fsdp_updates_pad_every_row_to_the_steps_longest():
         mask = torch.zeros(len(lengths), width)
         for i, n in enumerate(lengths):
             mask[i, :n] = 1
-        return Batch(torch.zeros(len(lengths), width, dtype=torch.long), mask.long(), mask.long(), mask, mask, torch.zeros(len(lengths)),
-                     list(range(len(lengths))), mask.long())
+        ids = torch.zeros(len(lengths), width, dtype=torch.long)
+        return Batch(ids, mask.long(), mask.long(), mask, mask, torch.zeros(len(lengths)), list(range(len(lengths))),
+                     mask.long())
 
     step = TrainCostModel(per_token_s=1.0, padded=True, pad_to_step=True)
     mini = TrainCostModel(per_token_s=1.0, padded=True)
@@ -102,17 +103,26 @@ def test_fsdp_updates_pad_every_row_to_the_steps_longest():
         assert eng.busy_s == seconds
 
 
-def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench, tmp_path):
-    import gpu_sim
-
-    args = _gpu_args(bench, tmp_path, gpus=1)
-    row = gpu_sim.predict("colocated", 1, MEASURED["steps"], args, bench.mode_config)
+def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench, tmp_path, capsys):
+    """The measured run's JSON through the benchmark's own --gpu path: simulate_modes, then report()."""
+    result = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200.json").read_text())
+    args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False)
+    result["simulated"] = bench.simulate_modes(result, args)
+    row = result["simulated"]["colocated"]
     for measured in (MEASURED["samples_per_s"], MEASURED["steady_samples_per_s"]):  # 1.410 whole run, 1.550 steady
         assert row["samples_per_s"] == pytest.approx(measured, rel=0.15)
+    assert abs(row["error"]) <= 0.15 and abs(row["steady_error"]) <= 0.15
     split = MEASURED["step_split"]  # the parts: generation is the independent check (update and sync are inputs)
     assert row["gen_s"] == pytest.approx(split["gen"], rel=0.15)
     assert row["update_s"] == pytest.approx(split["update"], rel=0.02)
     assert row["trainer_idle_ratio"] == pytest.approx(MEASURED["trainer_idle_ratio"], abs=0.1)
+    bench.report(result)  # the simulated row printed under the measured one, as on the CPU path
+    out = capsys.readouterr().out
+    sim_line = next(line for line in out.splitlines()[out.splitlines().index(next(
+        line for line in out.splitlines() if line.startswith("simulated (asyncrl.sim with the documented H200"))):]
+        if line.startswith("colocated"))
+    assert f"{row['samples_per_s']:.3f} samples/s ({100 * row['error']:+.0f}% vs measured; " in sim_line, sim_line
+    assert "vs steady" in sim_line
 
 
 def _gpu_args(bench, tmp_path, **kw):
