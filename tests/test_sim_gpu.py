@@ -23,6 +23,7 @@ from asyncrl.sim.engines import CostModelInferenceEngine, CostModelTrainEngine
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200.json").read_text())["modes"]["colocated"]
+SHORT = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200_1024.json").read_text())["modes"]["colocated"]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,10 @@ def test_h200_model_reproduces_the_measurements_it_was_taken_from():
     update = cost.train.update_time([2081] * 128)
     assert 2 * update == pytest.approx(statistics.median(r["timing/update_s"] for r in MEASURED["history"][1:]), rel=0.01)
     assert cost.sync.transfer_time() == pytest.approx(MEASURED["step_split"]["sync"], rel=0.01)
+    # the second run (responses max 1,024): rows padded to 1,057 tokens; half the tokens, 0.74 of the time
+    short = cost.train.update_time([1057] * 128)
+    assert 2 * short == pytest.approx(statistics.median(r["timing/update_s"] for r in SHORT["history"][1:]), rel=0.02)
+    assert cost.train.per_row_s > 0.01  # the fixed part per row that a tokens-only line misses
     nccl = h200_qwen25_05b_hf("nccl")
     assert nccl.sync.transfer_time() + nccl.rollout.weight_load_s == pytest.approx(0.101, abs=1e-3)  # issue 9 (b)
     assert PRESETS["h200-qwen2.5-0.5b-hf"]().name == "h200-qwen2.5-0.5b-hf-nccl"
@@ -123,6 +128,19 @@ def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench
         if line.startswith("colocated"))
     assert f"{row['samples_per_s']:.3f} samples/s ({100 * row['error']:+.0f}% vs measured; " in sim_line, sim_line
     assert "vs steady" in sim_line
+
+
+def test_colocated_prediction_holds_for_the_shorter_h200_run(bench, tmp_path):
+    """Responses median 128, max 1,024 (session 6). The first model (update linear in tokens, from the 2,048
+    run alone) predicted +38% here; with the per-row term both runs' updates are inputs, and generation
+    (the decode model, untouched) is the part this run checks on its own."""
+    result = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200_1024.json").read_text())
+    args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_median_tokens=128, gpu_max_tokens=1024, steps=6)
+    row = bench.simulate_modes(result, args)["colocated"]
+    assert row["samples_per_s"] == pytest.approx(SHORT["samples_per_s"], rel=0.15)  # 2.350 measured
+    assert row["samples_per_s"] == pytest.approx(SHORT["steady_samples_per_s"], rel=0.15)  # 2.576 steady
+    assert row["gen_s"] == pytest.approx(SHORT["step_split"]["gen"], rel=0.10)
+    assert row["update_s"] == pytest.approx(SHORT["step_split"]["update"], rel=0.03)
 
 
 def _gpu_args(bench, tmp_path, **kw):

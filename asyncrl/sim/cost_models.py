@@ -15,7 +15,7 @@ bandwidth). This is the standard roofline picture of LLM decoding (e.g. the vLLM
 
 Training (data parallel over ``n_ranks``; a sequence is never split across ranks)::
 
-    work(L)  = per_token_s * L + per_token_ctx_s * L^2 / 2          one sequence of L tokens, fwd+bwd
+    work(L)  = per_row_s + per_token_s * L + per_token_ctx_s * L^2 / 2   one sequence of L tokens, fwd+bwd
     update   = per_update_s + max over ranks of the summed work of its sequences
                (sequences dealt longest-first to the least loaded rank: dynamic batch balancing)
     padded   : the CPU trainer pads every row to the batch's longest, so work = rows * work(L_max)
@@ -107,6 +107,9 @@ class TrainCostModel:
 
     per_token_s: float
     """Forward + backward time per token on one rank (linear part: matmuls)."""
+    per_row_s: float = 0.0
+    """Fixed forward + backward time per row whatever its length (per-micro-batch launches, host work and
+    low-occupancy kernels spread over its rows): what makes short rows cost more than their tokens."""
     per_token_ctx_s: float = 0.0
     """Attention part: a sequence of L tokens costs ``per_token_ctx_s * L^2 / 2`` more."""
     per_update_s: float = 0.0
@@ -127,7 +130,7 @@ class TrainCostModel:
     (module docstring: Contention)."""
 
     def work(self, length: float) -> float:
-        return self.per_token_s * length + self.per_token_ctx_s * length * length / 2.0
+        return self.per_row_s + self.per_token_s * length + self.per_token_ctx_s * length * length / 2.0
 
     def pass_time(self, lengths: Sequence[float]) -> float:
         """Forward + backward over ``lengths`` (one mini-batch), without the update overhead."""
@@ -292,6 +295,10 @@ _FSDP_UPDATE_S = 4.826
 """One FSDP2 optimizer update of a 128-row mini-batch padded to 2,081 tokens (266,368 tokens) on one H200:
 median ``perf/step_s`` of steps 2-6 of "GPU row, session 5" run 3 (``tests/data/avc_gpu_colocated_h200.json``;
 step 1, 6.98 s, compiles)."""
+_FSDP_UPDATE_1057_S = 3.56
+"""The same update with rows padded to 1,057 tokens (135,296 tokens): median ``perf/step_s`` of steps 2-6 of
+the session-6 colocated run with responses median 128, max 1,024 (``tests/data/avc_gpu_colocated_h200_1024.json``).
+Half the tokens, 0.74 of the time: a fixed cost per row (:attr:`TrainCostModel.per_row_s`)."""
 _FSDP_ATTN_S = 56.6e-3 / (8 * 4096) / (4096 / 2)
 """Causal attention per token per context token in training: 56.6 ms of cuDNN flash attention per step of
 8 x 4,096 tokens per GPU ("Trainer: FSDP2, Qwen2.5-0.5B shapes, seq 4096, 2 H200", the profile table)."""
@@ -313,8 +320,11 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl") -> ClusterCostModel:
       0.94 ms at 256 rows x kv 512, times the kv-bucket padding 1.16 (computed); ``step_s + 256 per_seq_s``
       = the engine's 4.29 ms wall per step at 256 rows less its attention at the run's mean kv 448;
     * prefill: 65,536 prompt tokens in 0.19 s (2.9 us per token);
-    * training: 4.826 s per 128 x 2,081-token update on one H200 (the colocated run's own ``perf/step_s``),
-      of which causal attention takes ``per_token_ctx_s`` (issue 6's profile); ``per_update_s`` = the rest
+    * training: 4.826 s per 128 x 2,081-token update and 3.56 s per 128 x 1,057-token update on one H200
+      (two colocated runs' own ``perf/step_s``), of which causal attention takes ``per_token_ctx_s`` (issue 6's
+      profile); the line through the two gives ``per_token_s`` and a fixed ``per_row_s`` (18.5 ms per row: the
+      first model, linear in tokens from the 2,081 point alone, predicted the 1,057 run's update 31% short and
+      its samples/s 38% high); ``per_update_s`` = the rest
       of ``timing/update_s`` (median 9.866 s for two updates: collate, reward, advantages, the batch's trip
       to the rank), 0.107 s per update;
     * sync: ``cuda_ipc`` 0.1185 s per step (colocated), ``nccl`` 0.101 s (separate GPUs), 0.99 GB.
@@ -333,16 +343,18 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl") -> ClusterCostModel:
         raise ValueError(f"sync_backend must be one of {sorted(SYNC_S)}, got {sync_backend!r}")
     attn = _HF_ATTN_S * _HF_KV_BUCKET_PAD
     step_s = _HF_STEP_256_S - 256 * 448 * _HF_ATTN_S - 256 * _HF_ROW_S
-    seq = 33 + 2048  # the padded rows of the measured updates
+    # per-row work w(L) = per_row + per_token L + attn L^2 / 2 through the two measured updates (128 rows each)
+    long, short = 33 + 2048, 33 + 1024  # padded widths of the two runs' updates
+    per_token = ((_FSDP_UPDATE_S - _FSDP_UPDATE_1057_S) / 128 - _FSDP_ATTN_S * (long ** 2 - short ** 2) / 2) / (long - short)
+    per_row = _FSDP_UPDATE_1057_S / 128 - per_token * short - _FSDP_ATTN_S * short ** 2 / 2
     transfer, load = SYNC_S[sync_backend]
     return ClusterCostModel(
         name=f"h200-qwen2.5-0.5b-hf-{sync_backend}",
         rollout=RolloutCostModel(step_s=step_s, per_seq_s=_HF_ROW_S, per_ctx_token_s=attn,
                                  per_prefill_token_s=0.19 / 65536, weight_load_s=load, max_num_seqs=256,
                                  static_slots=True),
-        train=TrainCostModel(per_token_s=_FSDP_UPDATE_S / (128 * seq) - _FSDP_ATTN_S * seq / 2,
-                             per_token_ctx_s=_FSDP_ATTN_S, per_update_s=(9.866 - 2 * _FSDP_UPDATE_S) / 2, padded=True,
-                             pad_to_step=True),
+        train=TrainCostModel(per_token_s=per_token, per_row_s=per_row, per_token_ctx_s=_FSDP_ATTN_S,
+                             per_update_s=(9.866 - 2 * _FSDP_UPDATE_S) / 2, padded=True, pad_to_step=True),
         sync=SyncCostModel(fixed_s=transfer),
         prompt_tokens=33,
         notes="H200, hf engine + FSDP2, Qwen2.5-0.5B shape: benchmarks/RESULTS.md (GPU sections)",
