@@ -23,7 +23,12 @@ from asyncrl.sim.engines import CostModelInferenceEngine, CostModelTrainEngine
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200.json").read_text())["modes"]["colocated"]
-SHORT = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200_1024.json").read_text())["modes"]["colocated"]
+RUNS = {(1024, 128): "avc_gpu_colocated_h200_1024.json", (512, 64): "avc_gpu_colocated_h200_512.json"}
+"""The shorter H200 runs of session 6: (max, median) response tokens -> recorded benchmark JSON."""
+
+
+def _colocated(name):
+    return json.loads((REPO / "tests" / "data" / name).read_text())["modes"]["colocated"]
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +63,14 @@ def test_h200_model_reproduces_the_measurements_it_was_taken_from():
     # one FSDP2 update of the colocated run: 128 rows padded to 2,081 tokens, 4.826 s (perf/step_s) + host work;
     # two per step = the measured timing/update_s median
     update = cost.train.update_time([2081] * 128)
-    assert 2 * update == pytest.approx(statistics.median(r["timing/update_s"] for r in MEASURED["history"][1:]), rel=0.01)
+    assert 2 * update == pytest.approx(statistics.median(r["timing/update_s"] for r in MEASURED["history"][1:]), rel=0.03)
     assert cost.sync.transfer_time() == pytest.approx(MEASURED["step_split"]["sync"], rel=0.01)
-    # the second run (responses max 1,024): rows padded to 1,057 tokens; half the tokens, 0.74 of the time
-    short = cost.train.update_time([1057] * 128)
-    assert 2 * short == pytest.approx(statistics.median(r["timing/update_s"] for r in SHORT["history"][1:]), rel=0.02)
-    assert cost.train.per_row_s > 0.01  # the fixed part per row that a tokens-only line misses
+    # the shorter runs: rows padded to 1,057 and 545 tokens; the least-squares line through all three updates
+    for (max_tokens, _), name in RUNS.items():
+        update = cost.train.update_time([33 + max_tokens] * 128) - cost.train.per_update_s  # the fitted part
+        measured = statistics.median(r["perf/step_s"] for r in _colocated(name)["history"][1:])
+        assert update == pytest.approx(measured, rel=0.10), (max_tokens, update, measured)  # -8%, +8%
+    assert cost.train.per_row_s > 0.005  # the fixed part per row that a tokens-only line misses
     nccl = h200_qwen25_05b_hf("nccl")
     assert nccl.sync.transfer_time() + nccl.rollout.weight_load_s == pytest.approx(0.101, abs=1e-3)  # issue 9 (b)
     assert PRESETS["h200-qwen2.5-0.5b-hf"]().name == "h200-qwen2.5-0.5b-hf-nccl"
@@ -119,7 +126,7 @@ def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench
     assert abs(row["error"]) <= 0.15 and abs(row["steady_error"]) <= 0.15
     split = MEASURED["step_split"]  # the parts: generation is the independent check (update and sync are inputs)
     assert row["gen_s"] == pytest.approx(split["gen"], rel=0.15)
-    assert row["update_s"] == pytest.approx(split["update"], rel=0.02)
+    assert row["update_s"] == pytest.approx(split["update"], rel=0.05)
     assert row["trainer_idle_ratio"] == pytest.approx(MEASURED["trainer_idle_ratio"], abs=0.1)
     bench.report(result)  # the simulated row printed under the measured one, as on the CPU path
     out = capsys.readouterr().out
@@ -130,17 +137,22 @@ def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench
     assert "vs steady" in sim_line
 
 
-def test_colocated_prediction_holds_for_the_shorter_h200_run(bench, tmp_path):
-    """Responses median 128, max 1,024 (session 6). The first model (update linear in tokens, from the 2,048
-    run alone) predicted +38% here; with the per-row term both runs' updates are inputs, and generation
-    (the decode model, untouched) is the part this run checks on its own."""
-    result = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200_1024.json").read_text())
-    args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_median_tokens=128, gpu_max_tokens=1024, steps=6)
+@pytest.mark.parametrize("max_tokens,median_tokens", list(RUNS))
+def test_colocated_prediction_holds_for_the_shorter_h200_runs(bench, tmp_path, max_tokens, median_tokens):
+    """Session 6, one H200, each predicted before it ran: max 1,024 (the tokens-only update model said +38%
+    samples/s) and max 512 (the two-point line said -5% / -17% steady, update +28%). The update is fitted
+    through all three runs now, so generation (the decode model, untouched) is what each run checks on its
+    own. The sim has no warm-up (the first step compiles and captures CUDA graphs), so the claim is on the
+    steady rate; the whole-run rate is looser."""
+    measured = _colocated(RUNS[(max_tokens, median_tokens)])
+    result = {"modes": {"colocated": measured}}
+    args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_median_tokens=median_tokens,
+                     gpu_max_tokens=max_tokens, steps=6)
     row = bench.simulate_modes(result, args)["colocated"]
-    assert row["samples_per_s"] == pytest.approx(SHORT["samples_per_s"], rel=0.15)  # 2.350 measured
-    assert row["samples_per_s"] == pytest.approx(SHORT["steady_samples_per_s"], rel=0.15)  # 2.576 steady
-    assert row["gen_s"] == pytest.approx(SHORT["step_split"]["gen"], rel=0.10)
-    assert row["update_s"] == pytest.approx(SHORT["step_split"]["update"], rel=0.03)
+    assert row["samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15)  # 2.576, 4.606
+    assert row["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.20)  # 2.350, 4.007
+    assert row["gen_s"] == pytest.approx(measured["step_split"]["gen"], rel=0.10)
+    assert row["update_s"] == pytest.approx(measured["step_split"]["update"], rel=0.10)
 
 
 def _gpu_args(bench, tmp_path, **kw):

@@ -295,10 +295,10 @@ _FSDP_UPDATE_S = 4.826
 """One FSDP2 optimizer update of a 128-row mini-batch padded to 2,081 tokens (266,368 tokens) on one H200:
 median ``perf/step_s`` of steps 2-6 of "GPU row, session 5" run 3 (``tests/data/avc_gpu_colocated_h200.json``;
 step 1, 6.98 s, compiles)."""
-_FSDP_UPDATE_1057_S = 3.56
-"""The same update with rows padded to 1,057 tokens (135,296 tokens): median ``perf/step_s`` of steps 2-6 of
-the session-6 colocated run with responses median 128, max 1,024 (``tests/data/avc_gpu_colocated_h200_1024.json``).
-Half the tokens, 0.74 of the time: a fixed cost per row (:attr:`TrainCostModel.per_row_s`)."""
+_FSDP_UPDATES_S = {2081: _FSDP_UPDATE_S, 1057: 3.56, 545: 2.336}
+"""Padded row width -> seconds of one 128-row FSDP2 update on one H200 (median ``perf/step_s`` of steps 2-6 of
+three colocated runs: responses max 2,048 / 1,024 / 512, ``tests/data/avc_gpu_colocated_h200{,_1024,_512}.json``).
+Half the tokens take ~0.7 of the time: a fixed cost per row (:attr:`TrainCostModel.per_row_s`)."""
 _FSDP_ATTN_S = 56.6e-3 / (8 * 4096) / (4096 / 2)
 """Causal attention per token per context token in training: 56.6 ms of cuDNN flash attention per step of
 8 x 4,096 tokens per GPU ("Trainer: FSDP2, Qwen2.5-0.5B shapes, seq 4096, 2 H200", the profile table)."""
@@ -320,11 +320,13 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl") -> ClusterCostModel:
       0.94 ms at 256 rows x kv 512, times the kv-bucket padding 1.16 (computed); ``step_s + 256 per_seq_s``
       = the engine's 4.29 ms wall per step at 256 rows less its attention at the run's mean kv 448;
     * prefill: 65,536 prompt tokens in 0.19 s (2.9 us per token);
-    * training: 4.826 s per 128 x 2,081-token update and 3.56 s per 128 x 1,057-token update on one H200
-      (two colocated runs' own ``perf/step_s``), of which causal attention takes ``per_token_ctx_s`` (issue 6's
-      profile); the line through the two gives ``per_token_s`` and a fixed ``per_row_s`` (18.5 ms per row: the
-      first model, linear in tokens from the 2,081 point alone, predicted the 1,057 run's update 31% short and
-      its samples/s 38% high); ``per_update_s`` = the rest
+    * training: 128-row updates on one H200 padded to 2,081 / 1,057 / 545 tokens in 4.826 / 3.56 / 2.336 s
+      (three colocated runs' own ``perf/step_s``), of which causal attention takes ``per_token_ctx_s`` (issue
+      6's profile); the least-squares line through them gives ``per_token_s`` and a fixed ``per_row_s``
+      (~13 ms per row; within 7% of each point). The first model, linear in tokens from the 2,081 point
+      alone, predicted the 1,057 run's update 31% short; a line through two points then predicted the 545
+      run's 28% long: the cost per token falls as micro-batches grow (concave), so the line is a fit over
+      this range, not a law; ``per_update_s`` = the rest
       of ``timing/update_s`` (median 9.866 s for two updates: collate, reward, advantages, the batch's trip
       to the rank), 0.107 s per update;
     * sync: ``cuda_ipc`` 0.1185 s per step (colocated), ``nccl`` 0.101 s (separate GPUs), 0.99 GB.
@@ -343,10 +345,13 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl") -> ClusterCostModel:
         raise ValueError(f"sync_backend must be one of {sorted(SYNC_S)}, got {sync_backend!r}")
     attn = _HF_ATTN_S * _HF_KV_BUCKET_PAD
     step_s = _HF_STEP_256_S - 256 * 448 * _HF_ATTN_S - 256 * _HF_ROW_S
-    # per-row work w(L) = per_row + per_token L + attn L^2 / 2 through the two measured updates (128 rows each)
-    long, short = 33 + 2048, 33 + 1024  # padded widths of the two runs' updates
-    per_token = ((_FSDP_UPDATE_S - _FSDP_UPDATE_1057_S) / 128 - _FSDP_ATTN_S * (long ** 2 - short ** 2) / 2) / (long - short)
-    per_row = _FSDP_UPDATE_1057_S / 128 - per_token * short - _FSDP_ATTN_S * short ** 2 / 2
+    # per-row work w(L) = per_row + per_token L + attn L^2 / 2: least squares through the measured updates
+    # (128 rows each), attention taken out first
+    widths = list(_FSDP_UPDATES_S)
+    rest = [_FSDP_UPDATES_S[w] / 128 - _FSDP_ATTN_S * w * w / 2 for w in widths]
+    mw, mr = sum(widths) / len(widths), sum(rest) / len(rest)
+    per_token = sum((w - mw) * (r - mr) for w, r in zip(widths, rest)) / sum((w - mw) ** 2 for w in widths)
+    per_row = mr - per_token * mw
     transfer, load = SYNC_S[sync_backend]
     return ClusterCostModel(
         name=f"h200-qwen2.5-0.5b-hf-{sync_backend}",
