@@ -79,8 +79,16 @@ MODES = {
 }
 
 
-GPU_MICRO_BATCH = 8
-"""``--gpu``: rows per trainer micro-batch (the 152k-vocabulary fp32 logits bound it)."""
+GPU_MICRO_BATCH_TOKENS = 8 * (2048 + 64)
+"""``--gpu``: tokens (rows x padded length) of one trainer micro-batch, at most 8 rows: what ran on one H200
+beside the replica at max 2,048 tokens. 8 rows at 4,160 tokens (the default ``--gpu-max-tokens 4096``) ran
+out of memory there in the backward (110 GB in the trainer, 2026-12-01: the 152k-vocabulary fp32 logits,
+their log-softmax and gradient are ~19 GB each)."""
+
+
+def gpu_micro_batch(max_tokens: int) -> int:
+    """Rows per FSDP2 micro-batch for responses up to ``max_tokens`` (prompts up to 64 tokens)."""
+    return max(1, min(8, GPU_MICRO_BATCH_TOKENS // (max_tokens + 64)))
 
 
 def base_config(args: argparse.Namespace):
@@ -103,7 +111,8 @@ def base_config(args: argparse.Namespace):
         lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", args.gpu_median_tokens, 1.0, 8
         # fp32 logits of one micro-batch are rows x tokens x 151,936 x 4 bytes: the CPU recipe's 64 rows at
         # 1,088 tokens asked for 26 GiB more on a full H200 (2026-11-30); 8 rows as pipeline_perf.py
-        cfg.actor_rollout_ref.actor.ppo_micro_batch_size = GPU_MICRO_BATCH
+        cfg.actor_rollout_ref.actor.ppo_micro_batch_size = gpu_micro_batch(args.gpu_max_tokens)
+        cfg.actor_rollout_ref.actor.use_dynamic_bsz = False  # the CPU recipe's packing: not in the fsdp2 engine
     over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",
             "trainer.test_freq=0", "trainer.progress_bar=False", "data.val_size=4",
             f"actor_rollout_ref.rollout.name={args.backend}", f"trainer.default_local_dir={args.out}"]
