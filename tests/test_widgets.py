@@ -122,7 +122,10 @@ def test_funnel_live_widget_tracks_the_model():
     html = f.to_html()
     assert 'class="binding" data-layer="active_tasks"' in html
     # what "binding layer" means is said in the widget itself, live and in the static snapshot
-    assert "the one at its limit (red)" in f._head.value and "the one at its limit (red)" in html
+    from widgets.funnel import BINDING_NOTE
+
+    assert "or the fullest when none is" in BINDING_NOTE  # a reader saw a half-full layer red under "at its limit"
+    assert BINDING_NOTE in f._head.value and BINDING_NOTE in html
 
 
 def test_funnel_bars_have_the_same_colour_live_in_html_and_in_the_png():

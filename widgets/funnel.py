@@ -26,7 +26,7 @@ from typing import Any, Optional
 from widgets._common import SnapshotView, as_int, bar_html, count_limit, funnel_bar_color, sparkline
 
 #: the one line under the funnel's head that says what its "binding layer" is (GLOSSARY.md#binding-layer)
-BINDING_NOTE = "the binding layer is the one at its limit (red): it sets the pace"
+BINDING_NOTE = "the binding layer (red) is the one at its limit, or the fullest when none is: it sets the pace"
 
 #: keys looked up in the rollouter snapshot for optional pools (shape: see ``count_limit``)
 OPTIONAL_POOLS = (("agent_loop_workers", "AgentLoopWorker pool"), ("sandboxes", "sandboxes"))
