@@ -110,7 +110,7 @@ def base_config(args: argparse.Namespace):
         lw = cfg.data.length_workload
         lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", args.gpu_median_tokens, 1.0, 8
         # fp32 logits of one micro-batch are rows x tokens x 151,936 x 4 bytes: the CPU recipe's 64 rows at
-        # 1,088 tokens asked for 26 GiB more on a full H200 (2026-11-30); 8 rows as pipeline_perf.py
+        # 1,088 tokens asked for 26 GiB more on a full H200 (2026-11-30); rows by token budget (gpu_micro_batch)
         cfg.actor_rollout_ref.actor.ppo_micro_batch_size = gpu_micro_batch(args.gpu_max_tokens)
         cfg.actor_rollout_ref.actor.use_dynamic_bsz = False  # the CPU recipe's packing: not in the fsdp2 engine
     over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",

@@ -323,7 +323,7 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl") -> ClusterCostModel:
     * training: 128-row updates on one H200 padded to 2,081 / 1,057 / 545 tokens in 4.826 / 3.56 / 2.336 s
       (three colocated runs' own ``perf/step_s``), of which causal attention takes ``per_token_ctx_s`` (issue
       6's profile); the least-squares line through them gives ``per_token_s`` and a fixed ``per_row_s``
-      (~13 ms per row; within 7% of each point). The first model, linear in tokens from the 2,081 point
+      (~13.5 ms per row; within 8% of each point). The first model, linear in tokens from the 2,081 point
       alone, predicted the 1,057 run's update 31% short; a line through two points then predicted the 545
       run's 28% long: the cost per token falls as micro-batches grow (concave), so the line is a fit over
       this range, not a law; ``per_update_s`` = the rest
