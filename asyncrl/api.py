@@ -123,6 +123,11 @@ class InferenceEngine(Protocol):
     async def nccl_receive(self, version: int) -> int:
         """Receive one NCCL sync into the engine's own tensors, adopt ``version``; returns tensors loaded."""
 
+    async def nccl_close(self) -> None:
+        """Leave the NCCL sender's group (no-op without one). NCCL's teardown is collective: the sender
+        calls this on every replica while it leaves itself (:meth:`NCCLReplicaEngine.shutdown`), or both
+        sides wait for each other."""
+
     async def param_checksums(self) -> dict[str, float]:
         """``{name: float64 sum}`` of the live parameters (tests)."""
 

@@ -245,7 +245,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             await self.mq.put_sample_async(ray.put(sample))
             self.counts["enqueued"] += 1
             self.ledger.record("enqueued", seq)
-            self.recent_trajectories.append(trajectory_view(sample, self.tokenizer))
+            self.recent_trajectories.append(sample)  # decoded for the inspector when asked, not per sample
             self.recent.append({"uid": uid, "reward_mean": sum(sample.rewards) / len(outs),
                                 "min_v": sample.min_global_steps, "max_v": sample.max_global_steps,
                                 "processing_s": finished - started})
@@ -336,8 +336,9 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
 
     # ------------------------------------------------------------------ status
     def trajectories(self, n: int = 8) -> list[dict]:
-        """The last ``n`` trajectories (first response of each recent sample) with decoded tokens."""
-        return list(self.recent_trajectories)[-n:]
+        """The last ``n`` trajectories (first response of each recent sample) with decoded tokens
+        (:func:`asyncrl.sample.trajectory_view`, computed here: one tokenizer call per token)."""
+        return [trajectory_view(s, self.tokenizer) for s in list(self.recent_trajectories)[-n:]] if n > 0 else []
 
     def accounting(self) -> dict:
         return {"taken": self.counts["taken"], "enqueued": self.counts["enqueued"],

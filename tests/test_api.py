@@ -154,6 +154,9 @@ def test_hf_engine_conforms_to_inference_engine(random_model_dir):
         th.join()
         digests = await eng.param_digests()
         assert all(digests[n] == tensor_digest(t) for n, t in sent) and eng.param_version == 5
+        await eng.nccl_close()
+        assert raw._weights._nccl is None
+        await eng.nccl_close()  # idempotent
         await eng.shutdown()
 
     asyncio.run(main())
@@ -212,6 +215,7 @@ class FakeReplicaHandle:
         self.num_weight_workers = _FakeActorMethod(lambda: engine.num_weight_workers)
         self.init_nccl_receiver = _FakeActorMethod(engine.nccl_init)
         self.receive_weights_nccl = _FakeActorMethod(engine.nccl_receive)
+        self.close_nccl_receiver = _FakeActorMethod(engine.nccl_close)
         self.param_digests = _FakeActorMethod(engine.param_digests)
 
 
@@ -239,7 +243,10 @@ def test_nccl_replica_engine_delivers_into_the_engines_own_tensors_over_gloo(ran
             assert m["sync/buckets"] > 1 and (version > 1 or m["sync/connect_s"] > 0)
             assert (await verify_sync(sender, handles))["sync/verified_tensors"] == len(dict(trainer.model.named_parameters()))
         ids_after = [{n: id(p) for n, p in e.model.named_parameters()} for e in engines]
+        assert all(e._weights._nccl is not None for e in engines)
         await sender.shutdown()
+        # NCCL's teardown is collective: the sender's shutdown takes every receiver out with it, at once
+        assert ckpt.sender is None and all(e._weights._nccl is None for e in engines)
         for e in engines:
             await e.shutdown()  # closes the receivers' sockets (an open zmq socket keeps the process alive)
         return ids_before, ids_after

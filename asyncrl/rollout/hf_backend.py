@@ -380,6 +380,9 @@ class HFEngine(InferenceEngine):
         return await self._weights.nccl_init(host, port, base_rank, world_size, timeout_s,
                                              device=str(self.device) if self.device.index is not None else None)
 
+    async def nccl_close(self) -> None:
+        await self._weights.nccl_close()
+
     async def ipc_receive(self, items: list, version: int) -> int:
         self._ensure_loop()
         loaded = await self._weights.ipc_receive(items, self.device)

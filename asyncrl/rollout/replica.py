@@ -176,6 +176,10 @@ class _ReplicaActor:
         t0 = time.perf_counter()
         return self._loaded(await self.engine.nccl_receive(version), t0)
 
+    async def close_nccl_receiver(self) -> None:
+        """Leave the ``nccl`` checkpoint engine's group (called by its shutdown, on every replica at once)."""
+        await self.engine.nccl_close()
+
     async def receive_weights_ipc(self, items: list, version: int) -> int:
         """``cuda_ipc`` checkpoint engine: buckets shared from the trainer rank on this GPU (hf backend)."""
         t0 = time.perf_counter()

@@ -358,6 +358,10 @@ class VLLMEngine(InferenceEngine):
         await self._set_version(version)
         return loaded
 
+    async def nccl_close(self) -> None:
+        """Every worker leaves the NCCL group (collective with the sender's teardown)."""
+        await self._require().collective_rpc("asyncrl_nccl_close")
+
     async def param_checksums(self) -> dict[str, float]:
         """Worker 0's ``{param name: sum}`` (tests / debugging)."""
         return (await self._require().collective_rpc("asyncrl_param_checksums"))[0]

@@ -165,6 +165,12 @@ class AsyncRLWorkerExtension:
         self._asyncrl_nccl.receive_weights(load)
         return self.asyncrl_finish_update()
 
+    def asyncrl_nccl_close(self) -> None:
+        """Leave the NCCL group (the sender leaves at the same time: NCCL's teardown is collective)."""
+        nccl, self._asyncrl_nccl = getattr(self, "_asyncrl_nccl", None), None
+        if nccl is not None:
+            nccl.close()
+
     # ------------------------------------------------------------------ inspection (tests)
 
     def asyncrl_param_checksums(self) -> dict[str, float]:

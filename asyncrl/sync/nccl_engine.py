@@ -256,7 +256,7 @@ class NCCLCheckpointEngine(CheckpointEngine, _Endpoint):
         return await asyncio.to_thread(run)
 
     async def shutdown(self) -> None:
-        self.close()
+        await asyncio.to_thread(self.close)  # collective with the receivers: keep the event loop free
 
     def _transfer(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[int, int]:
         bufs, deadline = self.buffers(), time.monotonic() + self.cfg.timeout_s

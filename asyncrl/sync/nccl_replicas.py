@@ -112,9 +112,21 @@ class NCCLReplicaEngine(CheckpointEngine):
         return metrics
 
     async def shutdown(self) -> None:
-        if self.sender is not None:
-            await self.sender.shutdown()
-            self.sender = None
+        """Tear the group down on both sides at once. NCCL's teardown (``ncclCommFinalize``) is collective:
+        a sender leaving alone waited for replicas that leave only at their own shutdown, later (60 s and
+        a timeout per run on two H200s). Bounded by ``timeout_s``; a side that does not answer is logged."""
+        sender, self.sender = self.sender, None
+        if sender is None:
+            return
+        parts = [sender.shutdown(), *[h.close_nccl_receiver.remote() for h in self.replicas]]
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*parts, return_exceptions=True), self.timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("NCCL weight-sync teardown did not finish in %.0f s", self.timeout_s)
+            return
+        for who, res in zip(["sender", *[f"replica {i}" for i in range(len(self.replicas))]], results):
+            if isinstance(res, BaseException):
+                logger.warning("NCCL weight-sync teardown on the %s: %r", who, res)
 
 
 def ray_cancel(ref: Any) -> None:

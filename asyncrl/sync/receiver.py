@@ -186,11 +186,16 @@ class ModelWeightReceiver:
             raise refused[0]
         return self._loaded
 
+    async def nccl_close(self) -> None:
+        """Leave the NCCL group (collective with the sender's teardown: in a thread, the loop stays free)."""
+        nccl, self._nccl = self._nccl, None
+        if nccl is not None:
+            await asyncio.to_thread(nccl.close)
+
     async def close(self) -> None:
         """Drop the groups (their stores belong to the sender)."""
-        if self._nccl is not None:
-            self._nccl.close()
-        self._gloo = self._nccl = None
+        await self.nccl_close()
+        self._gloo = None
 
     def digests(self) -> dict[str, str]:
         """``{name: sha256}`` of the live tensors (see :func:`tensor_digest`)."""
