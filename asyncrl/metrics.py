@@ -10,7 +10,7 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
                                     trained token (0 = on-policy)
 ``staleness/update_lag_mean``, ...  the same lag in optimizer updates (differs when a sync carries several
                                     updates, mode b; includes PPO's mini-batch lag within a step)
-``trainer/idle_ratio``              share of wall time the trainer waited for samples
+``trainer/idle_ratio``              share of wall time the trainer waited for samples, cumulative from its start to this step
 ``rollouter/idle_ratio``            share of wall time with no prompt group in generation (replicas idle)
 ``rollouter/partial_count``         samples in the step whose tokens span several versions
 ``rollouter/partial_max_span``      largest version span of one sample in the step

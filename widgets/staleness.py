@@ -140,12 +140,12 @@ class StalenessView(SnapshotView):
         last = ", ".join(f"v{a}&rarr;v{b}" for a, b in m.partial_spans[-6:] if b != a) or "&ndash;"
         return (
             f"<div>param version: trainer <b>v{m.param_version}</b>, rollouter <b>v{m.rollout_version}</b>"
-            f" &middot; bound: lag &le; {m.bound} &middot; mean lag {m.mean_lag:.2f} over {m.total_tokens} tokens</div>"
+            f" &middot; bound: lag &le; {m.bound} &middot; mean lag {m.mean_lag:.3f} over {m.total_tokens} tokens</div>"
             f"<table>{''.join(rows)}</table>"
             f"<div>staleness_samples <code>{m.staleness_samples} / {m.max_required_samples}</code> "
             f"{bar_html(budget_frac, '#722ed1')}</div>"
-            f"<div>trainer idle <code>{(ti or [0])[-1]:.2f}</code> "
-            f"<span class='spark'>{sparkline(ti[-12:], 0, 1)}</span> &middot; rollouter idle "
+            f"<div>trainer idle (run so far) <code>{(ti or [0])[-1]:.2f}</code> "
+            f"<span class='spark'>{sparkline(ti[-12:], 0, 1)}</span> &middot; rollouter idle (run so far) "
             f"<code>{(ri or [0])[-1]:.2f}</code> <span class='spark'>{sparkline(ri[-12:], 0, 1)}</span></div>"
             f"<div>partial rollouts spanning: {spans} &middot; recent: {last}</div>")
 

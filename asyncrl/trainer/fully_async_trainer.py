@@ -110,6 +110,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         self.updates = 0  # actor optimizer updates done
         self.updates_at_version: dict[int, int] = {0: 0}  # param version -> actor updates baked into it
         self.t_start = time.time()
+        self._t_logged: Optional[float] = None  # when the last step was logged (a finished run's wall ends there)
         self.idle_s = 0.0
         self.history: list[dict] = []
         self.trained = 0
@@ -315,13 +316,12 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             self.trained_rows.append((self.global_steps, s.seq, s.index))
         return lags.float()
 
-    def _log_step(self, samples: list[RolloutSample], batch: Batch, lags: torch.Tensor, upd: dict, sync: dict,
-                  timing: dict) -> None:
+    def _log_step(self, samples: list[RolloutSample], batch: Batch, lags: torch.Tensor, upd: dict, sync: dict, timing: dict) -> None:
         mask = batch.response_mask
         proc = [s.timings["finished"] - s.timings["started"] for s in samples]
-        spans = [s.max_global_steps - s.min_global_steps for s in samples
-                 if s.max_global_steps is not None and s.min_global_steps is not None]
-        wall = max(1e-9, time.time() - self.t_start)
+        spans = [s.max_global_steps - s.min_global_steps for s in samples if None not in (s.max_global_steps, s.min_global_steps)]
+        self._t_logged = time.time()
+        wall = max(1e-9, self._t_logged - self.t_start)
         row = {
             "step": self.global_steps, "param_version": self.param_version, "time_s": wall,
             "reward/mean": float(batch.rewards.mean()),
@@ -353,7 +353,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
     # ------------------------------------------------------------------ status
     def status(self) -> dict:
         """Live trainer state (cheap)."""
-        wall = max(1e-9, time.time() - self.t_start)
+        wall = max(1e-9, ((self.done and self._t_logged) or time.time()) - self.t_start)  # done: = last row's
         return {"global_steps": self.global_steps, "param_version": self.param_version, "trained": self.trained,
                 "dropped": dict(self.dropped), "idle_ratio": min(1.0, self.idle_s / wall), "done": self.done,
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
