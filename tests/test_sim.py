@@ -178,6 +178,10 @@ def test_partial_rollout_policies_side_by_side():
     assert aborts["drain"] == 0 and aborts["abort"] > 0  # drained samples never span a sync
     prefill = {k: sum(e - s for lane, s, e, lab in v.timeline.spans if lab == "prefill") for k, v in runs.items()}
     assert prefill["keep"] < prefill["abort"]  # aborted requests are prefilled again on resume
+    repeated = {k: v.timeline.repeated_prefill_tokens for k, v in runs.items()}
+    assert repeated["keep"] == 0 and repeated["drain"] == 0 and repeated["abort"] > 0  # 06 had total prefill as "repeated"
+    assert all(0 < v.timeline.prefill_tokens for v in runs.values())
+    assert repeated["abort"] < runs["abort"].timeline.prefill_tokens
     assert runs["keep"].samples_per_s >= runs["abort"].samples_per_s
     assert runs["drain"].samples_per_s < runs["keep"].samples_per_s  # waiting for the long tail at every sync
 

@@ -55,9 +55,13 @@ class _Request:
 
 @dataclass
 class Timeline:
-    """Busy intervals for the timeline picture: ``(lane, start_s, end_s, label)``."""
+    """Busy intervals for the timeline picture: ``(lane, start_s, end_s, label)``, and the replicas'
+    prefill work in real tokens: ``prefill_tokens`` (every prefill) and ``repeated_prefill_tokens`` (the
+    prefills of requests resumed after an abort: prompt + tokens so far, whose KV was computed before)."""
 
     spans: list = field(default_factory=list)
+    prefill_tokens: int = 0
+    repeated_prefill_tokens: int = 0
 
     def add(self, lane: str, start: float, end: float, label: str) -> None:
         if end > start:
@@ -97,6 +101,7 @@ class CostModelInferenceEngine:
         self._admit = True  # new requests may start
         self._timer: Optional[asyncio.TimerHandle] = None
         self._first_prompt: dict[str, int] = {}
+        self._prefilled: set[str] = set()  # requests that ran (their KV was computed) and may resume
         self._free_slots = list(range(max(1, int(cost.max_num_seqs))))  # a heap: lowest slot first
         self._switches: list[tuple[float, int]] = [(float("-inf"), 0)]  # (decode iteration, version from then on)
         self._drained: Optional[asyncio.Event] = None
@@ -169,6 +174,7 @@ class CostModelInferenceEngine:
         self.generated_tokens += n
         if how != "aborted":
             self._first_prompt.pop(req.rid, None)
+            self._prefilled.discard(req.rid)
         if not req.fut.done():
             stop = "aborted" if how == "aborted" else req.stop
             req.fut.set_result(TokenOutput(token_ids=[FILLER_TOKEN] * n, log_probs=[0.0] * n if req.logprobs else None,
@@ -193,6 +199,10 @@ class CostModelInferenceEngine:
         self._busy_until = begin + self.cost.prefill_time(int(req.ctx0))
         if self.timeline is not None:
             self.timeline.add(self.name, begin, self._busy_until, "prefill")
+            self.timeline.prefill_tokens += int(req.ctx0)
+            if req.rid in self._prefilled:
+                self.timeline.repeated_prefill_tokens += int(req.ctx0)
+        self._prefilled.add(req.rid)
         req.g0 = self._g
         req.slot = heapq.heappop(self._free_slots)
         self._ctx += req.ctx0

@@ -110,7 +110,9 @@ LANE_COLORS = {"decode": "#4c72b0", "prefill": "#8172b2", "weight load": "#c44e5
 
 def plot_timeline(result: SimResult, ax: Any = None, until: Optional[float] = None, max_replicas: int = 4) -> Any:
     """Gantt chart of a simulated run: each replica's decode / prefill / weight-load spans, the
-    trainer's updates and the weight syncs, over virtual time. Returns the matplotlib axes."""
+    trainer's updates and the weight syncs, over virtual time. A span narrower than 1/400 of the axis
+    (e.g. a 1 s weight load in a 700 s window) is drawn that wide (about 2 px on a 9-inch axis), so every
+    entry of the legend has a visible bar. Returns the matplotlib axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -122,7 +124,7 @@ def plot_timeline(result: SimResult, ax: Any = None, until: Optional[float] = No
     for y, lane in enumerate(lanes):
         spans = [(s, e, lab) for ln, s, e, lab in result.timeline.spans if ln == lane and s < until]
         for label in sorted({lab for *_, lab in spans}):
-            bars = [(s, min(e, until) - s) for s, e, lab in spans if lab == label]
+            bars = [(s, max(min(e, until) - s, until / 400)) for s, e, lab in spans if lab == label]
             ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=LANE_COLORS.get(label, "#999999"), label=label)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(lanes)
