@@ -135,7 +135,8 @@ class ActorConfig:
     """Sequences per forward/backward chunk (gradient accumulation); memory knob only."""
     use_dynamic_bsz: bool = False
     """Micro-batches by token budget (rows sorted by length) instead of ``ppo_micro_batch_size`` rows:
-    a long-tail batch is not padded to its longest response."""
+    a long-tail batch is not padded to its longest response. Both strategies; with ``fsdp2`` every rank
+    evens out to the largest rank's micro-batch count (each forward is a collective)."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget (rows x longest row) of one micro-batch when ``use_dynamic_bsz``."""
     ppo_epochs: int = 1

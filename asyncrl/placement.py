@@ -85,11 +85,6 @@ def validate_resources(cfg: ExperimentConfig) -> None:
         raise ConfigError("actor_rollout_ref.actor.strategy=fsdp2 shards the model over the trainer GPUs, but "
                           "trainer.n_gpus_per_node=0; set trainer.n_gpus_per_node>=1 (or strategy=cpu on a "
                           "machine without GPUs)")
-    if ac.strategy == "fsdp2" and ac.use_dynamic_bsz:  # found 2026-12-01: the fsdp2 engine had silently ignored it
-        raise ConfigError("actor_rollout_ref.actor.use_dynamic_bsz=true packs micro-batches by token budget in the cpu "
-                          "strategy only; the fsdp2 engine splits each rank's rows into ppo_micro_batch_size rows "
-                          "(every rank must run the same number of micro-batches): set use_dynamic_bsz=false and size "
-                          "ppo_micro_batch_size so that rows x longest sequence fits the GPU")
     if ac.strategy == "fsdp2" and cfg.algorithm.adv_estimator == "gae":
         raise ConfigError("algorithm.adv_estimator=gae trains a critic, which runs on CPU beside the trainer; with "
                           "actor_rollout_ref.actor.strategy=fsdp2 use a critic-free estimator (grpo, rloo, ...) or "

@@ -112,7 +112,9 @@ def base_config(args: argparse.Namespace):
         # fp32 logits of one micro-batch are rows x tokens x 151,936 x 4 bytes: the CPU recipe's 64 rows at
         # 1,088 tokens asked for 26 GiB more on a full H200 (2026-11-30); rows by token budget (gpu_micro_batch)
         cfg.actor_rollout_ref.actor.ppo_micro_batch_size = gpu_micro_batch(args.gpu_max_tokens)
-        cfg.actor_rollout_ref.actor.use_dynamic_bsz = False  # the CPU recipe's packing: not in the fsdp2 engine
+        # the H200 runs (tests/data/avc_gpu_*) split by rows, every row padded to the step's longest; the
+        # fsdp2 engine packs by token budget too since 2026-12-01 (use_dynamic_bsz), not measured on a GPU yet
+        cfg.actor_rollout_ref.actor.use_dynamic_bsz = False
     over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",
             "trainer.test_freq=0", "trainer.progress_bar=False", "data.val_size=4",
             f"actor_rollout_ref.rollout.name={args.backend}", f"trainer.default_local_dir={args.out}"]

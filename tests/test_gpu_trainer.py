@@ -68,6 +68,59 @@ def _check_exact_gradients(eng, ref, rank, world, vocab, dev, cuda):
             err = float((got - want).norm() / want.norm())
             if not err < tol:
                 errors.append(f"{mode} micro {micro}: gradient rel err {err} vs the full batch")
+    return errors + _check_token_budget_gradients(eng, ref, rank, world, vocab, dev, tol)
+
+
+def _check_token_budget_gradients(eng, ref, rank, world, vocab, dev, tol):
+    """verl's use_dynamic_bsz in the fsdp2 engine: rows packed by token budget and trimmed of padding, a
+    different count per rank (rank 0: 2 micro-batches, rank 1: 3) evened out; the gradient and the
+    recomputed log-probs equal the full batch's, for every loss_agg_mode."""
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.config_algorithm import LOSS_AGG_MODES
+    from asyncrl.trainer.engine import chunk_rows, collate, response_log_probs
+    from asyncrl.trainer.losses import agg_loss
+
+    g = torch.Generator().manual_seed(7)
+    lengths = [1, 2, 2, 6, 5, 6]  # response tokens; rows 0-2 on rank 0, 3-5 on rank 1; prompts of 4
+    outs = [AgentLoopOutput(torch.randint(1, vocab, (4,), generator=g).tolist(),
+                            torch.randint(1, vocab, (n,), generator=g).tolist(), [1] * n, [0.0] * n,
+                            response_versions=[0] * n) for n in lengths]
+    full = collate(outs, list(range(6)))
+    full.extras["adv"] = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 1.0])
+    mine = full.select([0, 1, 2] if rank == 0 else [3, 4, 5])
+    eng.max_token_len, eng.micro_batch_size = 14, 3
+    errors = []
+    if len(chunk_rows(mine, 3, 14)) != (2 if rank == 0 else 3):
+        errors.append(f"token budget: rank {rank} packed {chunk_rows(mine, 3, 14)}")
+    try:
+        with torch.no_grad():
+            want_lp = response_log_probs(ref, full)[0]
+        got_lp = eng.compute_log_probs(mine)
+        rows = [0, 1, 2] if rank == 0 else [3, 4, 5]
+        if not float((got_lp.cpu() - want_lp[rows].cpu()).abs().max()) < 1e-4:
+            errors.append("token budget: recomputed log-probs differ from the full batch's")
+        for mode in LOSS_AGG_MODES:
+            def loss_fn(log_probs, mb, scale, entropy, mode=mode):
+                mat = -mb.extras["adv"][:, None] * torch.exp(log_probs - log_probs.detach())
+                return agg_loss(mat, mb.response_mask, mode, scale, 10.0), {}
+
+            ref.zero_grad(set_to_none=True)
+            lp = response_log_probs(ref, full.to(dev))[0]
+            mat = -full.extras["adv"].to(dev)[:, None] * torch.exp(lp - lp.detach())
+            agg_loss(mat, full.response_mask.to(dev), mode, None, 10.0).backward()
+            want = torch.cat([p.grad.flatten() for p in ref.parameters()])
+            tokens = eng.train_step(mine, loss_fn)["perf/tokens"]
+            # rank 0 packs rows of 5, 6, 6 tokens as [5, 6] + [6] and evens out to rank 1's 3 forwards: 5 + 6 + 6,
+            # not 3 rows x the batch's 10 columns; rank 1: 9 + 10 + 10
+            if tokens != (17 if rank == 0 else 29):
+                errors.append(f"token budget: rank {rank} computed {tokens} padded tokens")
+            got = torch.cat([(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).flatten()
+                             for p in eng.model.parameters()])
+            err = float((got - want).norm() / want.norm())
+            if not err < tol:
+                errors.append(f"{mode} token budget: gradient rel err {err} vs the full batch")
+    finally:
+        eng.max_token_len = None
     return errors
 
 
@@ -223,3 +276,14 @@ def test_fsdp_engine_cpu_gloo():
                     reason="needs 2 CUDA GPUs (FSDP2 over NCCL)")
 def test_fsdp_engine_two_gpus():
     _run("cuda")
+
+
+def test_even_chunks_splits_the_largest_then_pads_with_empty_forwards():
+    from asyncrl.trainer.engine import even_chunks
+
+    assert even_chunks([[0, 1, 2, 3], [4]], 3) == [[0, 1], [2, 3], [4]]
+    assert even_chunks([[0, 1, 2]], 3) == [[0], [1], [2]]
+    assert even_chunks([[0], [1]], 4) == [[0], [1], [], []]  # one row per forward already: padding forwards
+    assert even_chunks([[0, 1]], 1) == [[0, 1]]
+    with pytest.raises(ValueError, match="cannot even 2 micro-batches out to 1"):
+        even_chunks([[0], [1]], 1)

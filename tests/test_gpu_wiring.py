@@ -50,7 +50,10 @@ def _run_and_check(overrides, tmp_path, steps=2):
 
 
 def test_fsdp2_ranks_and_nccl_engine_over_gloo_train_on_policy(ray_session, tmp_path):
-    _run_and_check(FSDP2_CPU, tmp_path)
+    """With verl's token-budget micro-batches (``use_dynamic_bsz``), which the fsdp2 ranks even out to one
+    count (each forward is a collective: a mismatch would hang the run, not fail it)."""
+    _run_and_check(FSDP2_CPU + ["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96"], tmp_path)
 
 
 @pytest.mark.gpu

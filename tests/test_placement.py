@@ -76,9 +76,6 @@ def test_fsdp2_on_cpu_ranks_without_gpus():
     (["actor_rollout_ref.rollout.checkpoint_engine.verify_each_sync=true"], "verify_each_sync=true",
      "rollout.name=hf"),
     (["rollout.nnodes=0"], "rollout.nnodes must be >= 1", ""),
-    # the fsdp2 engine splits by rows: a token-budget key it would ignore is refused, not silently dropped
-    (["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.use_dynamic_bsz=true"],
-     "use_dynamic_bsz=true", "set use_dynamic_bsz=false"),
     # cuda_ipc maps a colocated rank's GPU memory: separate GPUs, vLLM replicas or a CPU trainer cannot
     (GPU2[:-1] + ["actor_rollout_ref.rollout.checkpoint_engine.backend=cuda_ipc"], "backend=cuda_ipc",
      "use nccl for separate GPUs"),

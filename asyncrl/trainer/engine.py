@@ -120,21 +120,43 @@ def micro_batches(batch: Batch, micro_batch_size: int, max_token_len: Optional[i
     Returns:
         ``[(row indices into batch, chunk)]`` covering every row once.
     """
+    return [(idx, _trim(batch.select(idx))) for idx in chunk_rows(batch, micro_batch_size, max_token_len)]
+
+
+def chunk_rows(batch: Batch, micro_batch_size: int, max_token_len: Optional[int] = None) -> list[list[int]]:
+    """The row indices of each micro-batch of :func:`micro_batches` (fixed size, or packed by token budget)."""
     n = len(batch)
-    if max_token_len:
-        lengths = batch.attention_mask.sum(-1).tolist()
-        order = sorted(range(n), key=lambda i: lengths[i])
-        chunks, cur = [], []
-        for i in order:
-            if cur and (len(cur) + 1) * lengths[i] > max_token_len:
-                chunks.append(cur)
-                cur = []
-            cur.append(i)
-        if cur:
+    if not max_token_len:
+        return [list(range(i, min(n, i + micro_batch_size))) for i in range(0, n, micro_batch_size)]
+    lengths = batch.attention_mask.sum(-1).tolist()
+    chunks, cur = [], []
+    for i in sorted(range(n), key=lambda i: lengths[i]):
+        if cur and (len(cur) + 1) * lengths[i] > max_token_len:
             chunks.append(cur)
-    else:
-        chunks = [list(range(i, min(n, i + micro_batch_size))) for i in range(0, n, micro_batch_size)]
-    return [(idx, _trim(batch.select(idx))) for idx in chunks]
+            cur = []
+        cur.append(i)
+    return chunks + [cur] if cur else chunks
+
+
+def even_chunks(chunks: list[list[int]], count: int) -> list[list[int]]:
+    """``chunks`` split until there are ``count`` of them (the one with most rows halved each time), then
+    padded with empty chunks. FSDP ranks must run the same number of forwards (each is a collective), and
+    token-budget packing gives each rank its own count: every rank evens out to the largest.
+
+    Raises:
+        ValueError: ``count`` below ``len(chunks)``.
+    """
+    if count < len(chunks):
+        raise ValueError(f"cannot even {len(chunks)} micro-batches out to {count}")
+    out = [list(c) for c in chunks]
+    while len(out) < count:
+        big = max(range(len(out)), key=lambda i: len(out[i])) if out else None
+        if big is None or len(out[big]) < 2:
+            out.append([])  # an empty micro-batch: the caller runs a forward with no loss
+            continue
+        half = len(out[big]) // 2
+        out[big:big + 1] = [out[big][:half], out[big][half:]]
+    return out
 
 
 def _trim(mb: Batch) -> Batch:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -31,6 +30,8 @@ import torch.distributed as dist
 
 from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_log_probs
 from asyncrl.trainer.losses import LossScale
+from asyncrl.trainer.fsdp_dist import (  # noqa: F401 - re-exported: callers import them from here
+    FSDPCheckpointState, _get, _len, _reshard, _rows, init_distributed)
 
 logger = logging.getLogger(__name__)
 
@@ -38,50 +39,7 @@ LossFn = Callable[[torch.Tensor, Any, LossScale, Optional[torch.Tensor]], tuple[
 """``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)``, as the CPU engine's."""
 
 
-def init_distributed(backend: Optional[str] = None) -> tuple[int, int, torch.device]:
-    """Initialise the default process group from torchrun's env (single process if absent).
-
-    Returns:
-        ``(rank, world_size, device)``; the device is ``cuda:LOCAL_RANK`` when CUDA is present.
-    """
-    if not dist.is_initialized():
-        for key, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
-            os.environ.setdefault(key, val)
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group(backend)
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def _rows(batch: Any, i: int, j: int) -> Any:
-    if hasattr(batch, "select"):
-        return batch.select(range(i, j))
-    return {k: (v[i:j] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
-def _get(batch: Any, key: str, default: Any = None) -> Any:
-    return batch.get(key, default) if isinstance(batch, dict) else getattr(batch, key, default)
-
-
-def _reshard(model: torch.nn.Module) -> None:
-    """Reshard every FSDP2 unit of ``model`` (those kept gathered after a forward without backward)."""
-    for m in model.modules():
-        if hasattr(m, "reshard") and hasattr(m, "unshard"):
-            m.reshard()
-
-
-def _len(batch: Any) -> int:
-    return _get(batch, "input_ids").shape[0]
-
-
-class FSDPEngine:
+class FSDPEngine(FSDPCheckpointState):
     """A HF causal LM sharded with FSDP2, with AdamW and grad clipping.
 
     Args:
@@ -90,6 +48,11 @@ class FSDPEngine:
         lr, betas, weight_decay: AdamW settings (``actor_rollout_ref.actor.optim.*``).
         clip_grad: max global grad norm.
         micro_batch_size: sequences per forward/backward.
+        max_token_len: verl's ``use_dynamic_bsz`` / ``ppo_max_token_len_per_gpu``: a
+            :class:`~asyncrl.trainer.engine.Batch` is split into micro-batches of at most this many padded
+            tokens, each cut to its own longest row (:func:`~asyncrl.trainer.engine.chunk_rows`); the
+            ranks even out to the same count (:func:`~asyncrl.trainer.engine.even_chunks`). ``None``:
+            ``micro_batch_size`` rows, every one padded to the batch's longest.
         activation_checkpointing: recompute each decoder layer in backward.
         param_dtype / reduce_dtype: compute and gradient-reduction dtypes of the
             ``MixedPrecisionPolicy`` (master weights and optimizer stay fp32).
@@ -115,7 +78,8 @@ class FSDPEngine:
                  param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
                  compile: bool = False, reshard_after_forward: bool = True, fused_optimizer: bool = False,
                  seed: int = 0, sampling: Optional[SamplingFilters] = None, warmup: int = 0, total_updates: int = 0,
-                 with_reference: bool = False, sync_dtype: Optional[torch.dtype] = torch.bfloat16):
+                 with_reference: bool = False, sync_dtype: Optional[torch.dtype] = torch.bfloat16,
+                 max_token_len: Optional[int] = None):
         try:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -156,6 +120,7 @@ class FSDPEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule) if warmup or total_updates else None
         self.clip_grad = clip_grad
         self.micro_batch_size = micro_batch_size
+        self.max_token_len = max_token_len
         self.sampling = sampling
         self.sync_dtype = sync_dtype
         self.updates = 0
@@ -247,8 +212,37 @@ class FSDPEngine:
         _reshard(model or self.model)  # no backward follows: free the params kept gathered (root, last layer)
         return torch.cat(out).to(input_ids.device)
 
+    @torch.no_grad()
+    def _log_probs_by_tokens(self, batch: Any, model: Optional[torch.nn.Module] = None) -> torch.Tensor:
+        """:meth:`log_probs_of` over token-budget micro-batches (``max_token_len``)."""
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=self.device)
+        for idx, mb, plan in self._token_chunks(batch.to(self.device)):
+            lp = self._log_probs(mb.input_ids, mb.attention_mask, *plan, self.sampling, model=model)[0]
+            if idx:
+                out[idx, :lp.shape[1]] = lp
+        _reshard(model or self.model)
+        return out.to(batch.response_mask.device)
+
+    def _token_chunks(self, batch: Any) -> Iterator[tuple[list[int], Any, tuple]]:
+        """``(rows, trimmed micro-batch, _plan of it)`` per forward, the same count on every rank (an
+        empty ``rows`` is a padding forward of row 0 that carries no loss)."""
+        from asyncrl.trainer.engine import _trim, chunk_rows, even_chunks
+
+        chunks = chunk_rows(batch, self.micro_batch_size, self.max_token_len)
+        count = torch.tensor([len(chunks)], device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        for idx in even_chunks(chunks, int(count)):
+            mb = _trim(batch.select(idx or [0]))
+            yield idx, mb, self._plan(mb.input_ids, mb.attention_mask, mb.resp_index, mb.response_mask.shape[1])
+
+    def _by_tokens(self, batch: Any) -> bool:
+        return bool(self.max_token_len) and hasattr(batch, "select")
+
     def compute_log_probs(self, batch: Any) -> torch.Tensor:
         """``(batch, resp_len)`` logprobs of a :class:`~asyncrl.trainer.engine.Batch` (or dict) under the policy."""
+        if self._by_tokens(batch):
+            return self._log_probs_by_tokens(batch)
         return self.log_probs_of(_get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask"),
                                  _get(batch, "resp_index"))
 
@@ -256,6 +250,8 @@ class FSDPEngine:
         """Same under the frozen reference model. Raises ``RuntimeError`` without ``with_reference``."""
         if self.ref_model is None:
             raise RuntimeError("reference model not loaded (actor_rollout_ref.actor.use_kl_loss is off)")
+        if self._by_tokens(batch):
+            return self._log_probs_by_tokens(batch, model=self.ref_model)
         return self.log_probs_of(_get(batch, "input_ids"), _get(batch, "attention_mask"), _get(batch, "response_mask"),
                                  _get(batch, "resp_index"), model=self.ref_model)
 
@@ -278,7 +274,7 @@ class FSDPEngine:
 
         Returns:
             Token-weighted means of ``loss_fn``'s metrics over all ranks, plus ``actor/grad_norm``,
-            ``actor/lr``, ``perf/tokens`` (this rank, padded) and ``perf/step_s``.
+            ``actor/lr``, ``perf/tokens`` (this rank, padded tokens through the model) and ``perf/step_s``.
 
         The step-wide normalisers are all-reduced once (:meth:`LossScale.of`), each micro-batch loss
         is already its share of the global loss, and it is scaled by the world size because the
@@ -302,13 +298,19 @@ class FSDPEngine:
         scale = LossScale.of(rmask, all_reduce)
         agg: dict[str, torch.Tensor] = {}
         n, m = _len(batch), self.micro_batch_size
-        for i in range(0, n, m):
-            mb = _rows(batch, i, min(n, i + m))
-            log_probs, entropy = self._log_probs(ids[i:i + m], attn[i:i + m], ri[i:i + m], first, verl, full,
-                                                 sampling, with_entropy)
+        if self._by_tokens(batch):
+            parts = ((idx, mb, mb.input_ids, mb.attention_mask, plan) for idx, mb, plan in self._token_chunks(batch))
+        else:
+            parts = ((True, _rows(batch, i, min(n, i + m)), ids[i:i + m], attn[i:i + m], (ri[i:i + m], first, verl, full))
+                     for i in range(0, n, m))
+        computed = 0  # padded tokens through the model: what a token budget saves
+        for live, mb, mb_ids, mb_attn, plan in parts:
+            computed += mb_ids.numel()
+            log_probs, entropy = self._log_probs(mb_ids, mb_attn, *plan, sampling, with_entropy)
             loss, metrics = loss_fn(log_probs, mb, scale, entropy)
-            (loss * self.world_size).backward()
-            weight = rmask[i:i + m].sum()  # tokens: the metrics are token-weighted over all ranks below
+            (loss * (self.world_size if live else 0.0)).backward()  # a padding forward: no loss, same collectives
+            # tokens: the metrics are token-weighted over all ranks below
+            weight = _get(mb, "response_mask").to(self.device, torch.float32).sum() * (1.0 if live else 0.0)
             for k, v in metrics.items():
                 agg[k] = agg.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().float() * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad)
@@ -327,7 +329,7 @@ class FSDPEngine:
             dist.all_reduce(vals)
         out = {k: float(v) / max(float(vals[-1]), 1.0) for k, v in zip(keys, vals[:-1])}
         out.update({"actor/grad_norm": float(grad_norm), "actor/lr": lr,
-                    "perf/tokens": float(ids.numel()), "perf/step_s": time.perf_counter() - t0})
+                    "perf/tokens": float(computed), "perf/step_s": time.perf_counter() - t0})
         return out
 
     update = train_step  # name of the CPU TrainEngine
@@ -371,29 +373,6 @@ class FSDPEngine:
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
         """:meth:`iter_params_for_sync` in ``sync_dtype``, 1 GiB gathers (a collective: every rank drains it)."""
         return self.iter_params_for_sync(dtype=self.sync_dtype)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Full (unsharded) model and optimizer state on CPU, on rank 0; other ranks get empty dicts.
-        A collective: every rank calls it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        _reshard(self.model)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {"model": model_sd, "optimizer": optim_sd,
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "updates": self.updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore rank 0's :meth:`state_dict` output; every rank passes the same full dict and keeps its shard."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        _reshard(self.model)  # the optimizer holds the sharded parameters: they must be the registered ones
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                       options=StateDictOptions(full_state_dict=True))
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.updates = int(state["updates"])
 
     def num_params(self) -> int:
         """Total parameter count (full, not per shard)."""

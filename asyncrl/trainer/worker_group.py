@@ -91,6 +91,7 @@ class TrainWorker:
         self.engine = FSDPEngine(
             arr.model.path, **optim_kwargs(self.cfg, ac.optim, ac.ppo_epochs),
             micro_batch_size=ac.ppo_micro_batch_size, activation_checkpointing=fs.enable_gradient_checkpointing,
+            max_token_len=ac.ppo_max_token_len_per_gpu if ac.use_dynamic_bsz else None,
             param_dtype=dtype, compile=fs.use_torch_compile, reshard_after_forward=fs.reshard_after_forward,
             fused_optimizer=cuda, seed=self.cfg.trainer.seed,
             with_reference=ac.use_kl_loss or self.cfg.algorithm.use_kl_in_reward,
