@@ -21,6 +21,7 @@ short list); costs are computed in real tokens.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 import logging
@@ -185,13 +186,11 @@ class CostModelInferenceEngine:
     def _versions(self, req: _Request, n: int) -> list[int]:
         """The weight version of each of ``n`` tokens: the one in force at the iteration that produced it
         (a frozen request that continues after an in-flight update gets the new version from then on)."""
-        out, j = [], 0
-        for k in range(n):
-            g = req.g0 + (k + 1) * self.scale
-            while j + 1 < len(self._switches) and self._switches[j + 1][0] < g:
-                j += 1
-            out.append(self._switches[j][1])
-        return out
+        pos = [p for p, _ in self._switches]  # token k: the last switch strictly before g0 + (k + 1) x scale
+        at = [max(0, bisect.bisect_left(pos, req.g0 + (k + 1) * self.scale) - 1) for k in (0, n - 1)]
+        if at[0] == at[1]:  # no update during the request (the common case): one version
+            return [self._switches[at[0]][1]] * n
+        return [self._switches[max(0, bisect.bisect_left(pos, req.g0 + (k + 1) * self.scale) - 1)][1] for k in range(n)]
 
     def _start(self, req: _Request) -> None:
         now = self._loop.time()

@@ -310,7 +310,8 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
         self.trained += len(samples)
         lags = token_lags(self.param_version, batch.response_versions, batch.response_mask)
-        self.lag_counts.update(int(x) for x in lags.tolist())
+        vals, counts = torch.unique(lags, return_counts=True)  # not a Python loop over every token
+        self.lag_counts.update(dict(zip(vals.tolist(), counts.tolist())))
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
             self.trained_rows.append((self.global_steps, s.seq, s.index))
