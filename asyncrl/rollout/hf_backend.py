@@ -8,16 +8,14 @@
                                            ─► finished ─► resolve each request's future
     load_bucket ─► BucketAssembler ─► param.copy_ (in place) under the model lock, between steps
 
-The batching, KV cache and CUDA graphs are in :mod:`asyncrl.rollout.hf_batch` /
-:mod:`asyncrl.rollout.hf_forward`; sampling in :mod:`asyncrl.rollout.hf_sampler`. This module
-keeps the :class:`~asyncrl.rollout.base.InferenceEngine` contract of the vLLM backend:
-token-in-token-out with per-token log-probs of the distribution sampled from, stop reasons
-``completed`` / ``length`` / ``aborted``, ``pause(mode=abort|wait|keep)`` / ``resume``, and weights
-copied into the model's own tensors (CUDA graphs keep their addresses), so the next step after a
-weight update uses the new weights (every transport goes through
-:class:`~asyncrl.sync.receiver.ModelWeightReceiver`). Requests queued when ``pause`` is called are
-treated like vLLM's waiting queue: ``abort`` aborts them too, ``wait`` and ``keep`` hold them until
-``resume``. Stop strings and top logprobs are served; penalties are refused by name.
+Batching, KV cache and CUDA graphs: :mod:`asyncrl.rollout.hf_batch` / :mod:`asyncrl.rollout.hf_forward`;
+sampling: :mod:`asyncrl.rollout.hf_sampler`. The vLLM backend's :class:`~asyncrl.rollout.base.InferenceEngine`
+contract: token-in-token-out with per-token log-probs of the distribution sampled from, stop reasons
+``completed`` / ``length`` / ``aborted``, ``pause(mode=abort|wait|keep)`` / ``resume``, weights copied into
+the model's own tensors (CUDA graphs keep their addresses; every transport through
+:class:`~asyncrl.sync.receiver.ModelWeightReceiver`), so the next step uses them. Queued requests at
+``pause`` are vLLM's waiting queue (``abort`` aborts them, ``wait`` / ``keep`` hold them until ``resume``).
+Stop strings, top logprobs: served; penalties: refused by name.
 """
 
 from __future__ import annotations
@@ -370,11 +368,15 @@ class HFEngine(InferenceEngine):
     async def gloo_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
         return await self._weights.gloo_init(host, port, base_rank, world_size, timeout_s)
 
-    async def gloo_receive(self, plan: Sequence[Sequence[ChunkMeta]], version: int) -> int:
+    async def _adopt(self, receiving: Any, version: int) -> int:
+        """Run one transport's receive coroutine (on this engine's loop), then adopt ``version``."""
         self._ensure_loop()
-        loaded = await self._weights.gloo_receive(plan)
+        loaded = await receiving
         await self._set_version(version)
         return loaded
+
+    async def gloo_receive(self, plan: Sequence[Sequence[ChunkMeta]], version: int) -> int:
+        return await self._adopt(self._weights.gloo_receive(plan), version)
 
     async def nccl_init(self, host: str, port: int, base_rank: int, world_size: int, timeout_s: float = 600.0) -> list[int]:
         return await self._weights.nccl_init(host, port, base_rank, world_size, timeout_s,
@@ -384,16 +386,10 @@ class HFEngine(InferenceEngine):
         await self._weights.nccl_close()
 
     async def ipc_receive(self, items: list, version: int) -> int:
-        self._ensure_loop()
-        loaded = await self._weights.ipc_receive(items, self.device)
-        await self._set_version(version)
-        return loaded
+        return await self._adopt(self._weights.ipc_receive(items, self.device), version)
 
     async def nccl_receive(self, version: int) -> int:
-        self._ensure_loop()
-        loaded = await self._weights.nccl_receive()
-        await self._set_version(version)
-        return loaded
+        return await self._adopt(self._weights.nccl_receive(), version)
 
     async def param_checksums(self) -> dict[str, float]:
         return {n: float(p.detach().double().sum()) for n, p in self.model.named_parameters()}

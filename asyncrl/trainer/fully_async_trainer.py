@@ -310,8 +310,7 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
         """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
         self.trained += len(samples)
         lags = token_lags(self.param_version, batch.response_versions, batch.response_mask)
-        vals, counts = torch.unique(lags, return_counts=True)  # not a Python loop over every token
-        self.lag_counts.update(dict(zip(vals.tolist(), counts.tolist())))
+        self.lag_counts.update(dict(zip(*(t.tolist() for t in torch.unique(lags, return_counts=True)))))  # no per-token loop
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
             self.trained_rows.append((self.global_steps, s.seq, s.index))
