@@ -108,7 +108,7 @@ def _save_fsdp(engine: Any, actor_dir: Path, source_model_dir: Optional[str]) ->
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    from asyncrl.trainer.fsdp_engine import _reshard
+    from asyncrl.trainer.fsdp_dist import _reshard
 
     _reshard(engine.model)  # units kept gathered after a forward without backward must be the sharded ones
     full = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -133,7 +133,7 @@ def _load_fsdp(engine: Any, actor_dir: Path, load_weights: bool) -> None:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
-    from asyncrl.trainer.fsdp_engine import _reshard
+    from asyncrl.trainer.fsdp_dist import _reshard
 
     _reshard(engine.model)
     if load_weights:
