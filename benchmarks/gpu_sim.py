@@ -51,7 +51,9 @@ def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_con
     from asyncrl.sim.cost_models import h200_qwen25_05b_hf
 
     rollout_gpus, train_gpus, sync = resources(mode, gpus)
-    cfg = mode_config(mode, argparse.Namespace(**{**vars(args), "gpus": gpus, "backend": "hf"}))  # the model's engine
+    # the model's engine; simulate_only: the simulator prices the model by its cost model and loads no
+    # weights, so the 494M random-init checkpoint is not built (it was 2 GB written per call)
+    cfg = mode_config(mode, argparse.Namespace(**{**vars(args), "gpus": gpus, "backend": "hf", "simulate_only": True}))
     cfg.trainer.total_training_steps, cfg.trainer.total_time_s = steps, 0.0
     res = simulate(cfg, h200_qwen25_05b_hf(sync), rollout_gpus=rollout_gpus, train_gpus=train_gpus, name=f"{mode}@{gpus}")
     rows = res.history[2:] if len(res.history) > 3 else res.history
