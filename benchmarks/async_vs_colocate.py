@@ -72,6 +72,12 @@ MODES = {
     "d": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
     "keep": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.partial_rollout_mode": "keep"},
+    # colocated with verl's use_dynamic_bsz: micro-batches packed by a token budget (--gpu: the row
+    # micro-batch's budget, GPU_MICRO_BATCH_TOKENS), each cut to its longest row, instead of fixed rows padded
+    "colocated_dyn": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
+                      "actor_rollout_ref.actor.use_dynamic_bsz": True},
+    "d_dyn": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+              "actor_rollout_ref.actor.use_dynamic_bsz": True},
     # mode d with more look-ahead: a whole batch (staleness 1), or two updates per sync
     "d_s1": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
@@ -115,6 +121,7 @@ def base_config(args: argparse.Namespace):
         # the H200 runs (tests/data/avc_gpu_*) split by rows, every row padded to the step's longest; the
         # fsdp2 engine packs by token budget too since 2026-12-01 (use_dynamic_bsz), not measured on a GPU yet
         cfg.actor_rollout_ref.actor.use_dynamic_bsz = False
+        cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = GPU_MICRO_BATCH_TOKENS  # for the *_dyn modes
     over = [f"trainer.total_training_steps={args.steps}", f"trainer.total_time_s={args.time}",
             "trainer.test_freq=0", "trainer.progress_bar=False", "data.val_size=4",
             f"actor_rollout_ref.rollout.name={args.backend}", f"trainer.default_local_dir={args.out}"]

@@ -342,7 +342,7 @@ class CostModelTrainEngine:
 
     def _lengths(self, batch: Any) -> list[float]:
         resp = batch.response_mask.sum(-1).tolist()
-        if self.cost.padded and self.cost.pad_to_step:  # the step's width: every row costs its longest
+        if self.cost.padded and self.cost.pad_to_step and not self.cost.max_token_len:  # every row at the step's width
             resp = [batch.response_mask.shape[-1]] * len(resp)
         return [self.prompt_tokens + r * self.scale for r in resp]
 

@@ -135,7 +135,10 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         from asyncrl.trainer.schedule import optim_kwargs
 
         actor = cfg.actor_rollout_ref.actor
-        engine = CostModelTrainEngine(cost.train, token_scale, cost.prompt_tokens,
+        train = cost.train  # use_dynamic_bsz: micro-batches packed by the config's token budget
+        if actor.use_dynamic_bsz:
+            train = dataclasses.replace(train, max_token_len=actor.ppo_max_token_len_per_gpu)
+        engine = CostModelTrainEngine(train, token_scale, cost.prompt_tokens,
                                       lr=optim_kwargs(cfg, actor.optim, actor.ppo_epochs)["lr"], timeline=timeline,
                                       with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
         return engine, LocalWeightSender(engine, CostModelCheckpointEngine(

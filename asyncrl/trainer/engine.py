@@ -128,9 +128,15 @@ def chunk_rows(batch: Batch, micro_batch_size: int, max_token_len: Optional[int]
     n = len(batch)
     if not max_token_len:
         return [list(range(i, min(n, i + micro_batch_size))) for i in range(0, n, micro_batch_size)]
-    lengths = batch.attention_mask.sum(-1).tolist()
+    return pack_by_token_budget(batch.attention_mask.sum(-1).tolist(), max_token_len)
+
+
+def pack_by_token_budget(lengths: list[float], max_token_len: float) -> list[list[int]]:
+    """verl's ``use_dynamic_bsz`` packing: indices sorted by length, a chunk closed when one more row would
+    make ``rows x longest`` exceed ``max_token_len`` (one row at least per chunk). Used by the trainer's
+    engines and priced the same way by the simulator (``asyncrl.sim.cost_models.TrainCostModel``)."""
     chunks, cur = [], []
-    for i in sorted(range(n), key=lambda i: lengths[i]):
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
         if cur and (len(cur) + 1) * lengths[i] > max_token_len:
             chunks.append(cur)
             cur = []
