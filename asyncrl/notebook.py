@@ -8,6 +8,7 @@ engines start, run an experiment with its dashboard, check the chapter's claims,
     replica = await nb.replica(cfg)              engine start with a ticking progress line; closed by nb.close()
     run = await nb.run(cfg, replicas=[replica])  Experiment start (progress) -> Dashboard (live) -> wait
          |                                       -> final dashboard state ("done") -> stop -> snapshots
+         |                                       the run's status line: "done: N steps ... in T s" or the failure
     nb.claim("mode d shows a partial rollout", run.partial_samples > 0, f"{run.partial_samples} samples")
          |                                       "✓ text (evidence)", or ClaimFailed: the notebook stops there
     nb.claims()                                  the list of claims checked on this run (one line each)
@@ -22,115 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import html
 import importlib.util
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.notebook_claims import Claim, ClaimFailed, Claims  # noqa: F401 - part of this module's API
+from asyncrl.notebook_progress import Progress, RunLine, in_notebook, show  # noqa: F401 - part of this module's API
 
 logger = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------------- output helpers
-def in_notebook() -> bool:
-    """True inside an IPython kernel (Jupyter, papermill, nbval)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-class _Line:
-    """A one-line rich output (HTML in Jupyter, plain text elsewhere)."""
-
-    def __init__(self, text: str, color: str = "#555"):
-        self.text, self.color = text, color
-
-    def _repr_html_(self) -> str:
-        return f'<span style="font-family:monospace;color:{self.color}">{html.escape(self.text)}</span>'
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-class Progress:
-    """A status line that ticks while something slow runs (engine start, actor start).
-
-    In a notebook it is one output updated in place; elsewhere it logs the start and the end.
-
-    Args:
-        what: e.g. ``"starting vLLM engine replica_0"``.
-        tick_s: seconds between updates of the elapsed time.
-    """
-
-    def __init__(self, what: str, tick_s: float = 1.0):
-        self.what, self.tick_s = what, tick_s
-        self.t0 = time.monotonic()
-        self._handle = None
-        self._task: Optional[asyncio.Task] = None
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.t0
-
-    def _show(self, text: str, color: str = "#555") -> None:
-        if self._handle is not None:
-            self._handle.update(_Line(text, color))
-
-    def __enter__(self) -> "Progress":
-        self.t0 = time.monotonic()
-        if in_notebook():
-            from IPython.display import display
-
-            self._handle = display(_Line(f"⏳ {self.what} ..."), display_id=True)
-        else:
-            logger.info("%s ...", self.what)
-        return self
-
-    async def __aenter__(self) -> "Progress":
-        self.__enter__()
-        if self._handle is not None:
-            self._task = asyncio.get_running_loop().create_task(self._tick())
-        return self
-
-    async def _tick(self) -> None:
-        while True:
-            await asyncio.sleep(self.tick_s)
-            self._show(f"⏳ {self.what} ... {self.elapsed_s:.0f} s")
-
-    def done(self, text: str) -> None:
-        """Replace the line by its final text (call inside the ``with`` block)."""
-        self._final = text
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        if exc_type is None:
-            text = getattr(self, "_final", None) or f"{self.what}: done in {self.elapsed_s:.0f} s"
-            self._show(f"✓ {text}", "#237804")
-            if self._handle is None:
-                logger.info("%s", text)
-        else:
-            self._show(f"✗ {self.what}: failed after {self.elapsed_s:.0f} s ({exc_type.__name__})", "#a8071a")
-
-    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-
-def show(text: str, color: str = "#555") -> None:
-    """One plain line as an output (``print`` in scripts)."""
-    if in_notebook():
-        from IPython.display import display
-
-        display(_Line(text, color))
-    else:
-        print(text)  # noqa: T201 - scripts running a notebook's code want the line on stdout
 
 
 # ---------------------------------------------------------------------- Ray start
@@ -243,6 +145,7 @@ class NotebookSession:
         self.started_ray = False
         self.checked: list[Claim] = []
         self._owned: list[Any] = []  # closed in reverse order
+        self._lines: dict[int, RunLine] = {}  # id(experiment) -> its status line
 
     # -- things to close
     def track(self, obj: Any) -> Any:
@@ -270,14 +173,20 @@ class NotebookSession:
         return replica
 
     async def start(self, exp: Any) -> Any:
-        """``exp.start()`` in a worker thread with a progress line (the kernel stays live); returns ``exp``."""
+        """``exp.start()`` in a worker thread with a progress line (the kernel stays live); returns ``exp``.
+
+        The line reads "running" while the run trains and, once it ends (whoever waits for it), "done"
+        with its steps, final version and wall time, or the failure (:class:`~asyncrl.notebook_progress.RunLine`).
+        """
         n = len(exp._external_replicas or []) or exp.config.actor_rollout_ref.rollout.num_replicas
         what = ("starting the queue, rollouter and trainer, pushing version 0"
                 if exp._external_replicas else f"starting {n} engine(s), the queue, rollouter and trainer")
         self.track(exp)
         async with Progress(f"{exp.name}: {what}") as p:
             await asyncio.to_thread(exp.start)
-            p.done(f"{exp.name} running (actors up in {p.elapsed_s:.0f} s)")
+            up_s = p.elapsed_s
+            p.done(f"{exp.name} running (actors up in {up_s:.0f} s)")
+        self._lines[id(exp)] = RunLine(exp, p, up_s).watch()
         return exp
 
     async def run(self, cfg: Any, replicas: Optional[list] = None, *, dashboard: bool = True,
@@ -298,7 +207,6 @@ class NotebookSession:
 
         from asyncrl.experiment import Experiment
 
-        t0 = time.monotonic()
         exp = await self.start(Experiment(cfg, replicas=replicas))
         dash = None
         if dashboard:
@@ -320,12 +228,12 @@ class NotebookSession:
             if dash is not None:
                 dash.stop()
             exp.stop()
+            self._lines.pop(id(exp)).settle()  # "done: N steps ...", or the failure, in this cell's output
         if dash is not None:
             dash.save(self.snapshot_dir / (name or exp.name))
         metrics = Path(summary.run_dir) / "metrics.csv"
         history = pd.read_csv(metrics) if metrics.is_file() and metrics.stat().st_size > 1 else pd.DataFrame()
-        return RunResult(summary=summary, history=history, dashboard=dash, trajectories=recent,
-                         wall_s=time.monotonic() - t0)
+        return RunResult(summary=summary, history=history, dashboard=dash, trajectories=recent, wall_s=summary.wall_s)
 
     # -- claims
     def claim(self, text: str, ok: Any, evidence: Any = "") -> None:
@@ -369,6 +277,9 @@ class NotebookSession:
                 _close_one(obj)
             except Exception as exc:  # keep closing the rest
                 logger.warning("closing %r: %s", obj, exc)
+        for line in self._lines.values():  # runs nobody waited for: "done", or "stopped before its end"
+            line.settle()
+        self._lines.clear()
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
             self.started_ray = False

@@ -117,3 +117,50 @@ def test_notebook_kernels_get_no_transformers_progress_bars():
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
+
+
+def _summary(**kw):
+    from asyncrl.summary import Summary
+
+    base = dict(run_dir="r", steps=3, param_version=2, accuracy_before=None, accuracy_after=None, accounting={},
+                wall_s=31.4, stop_reason="trainer.total_training_steps=3 reached")
+    return Summary(**{**base, **kw})
+
+
+def test_run_end_text_says_done_with_steps_version_and_time_or_the_failure():
+    from asyncrl.notebook_progress import run_end_text
+
+    assert run_end_text("mode_b", _summary(), 20.2) == (
+        "mode_b done: 3 steps, final version v2, in 31 s (actors up in 20 s)", True)
+    text, ok = run_end_text("mode_b", _summary(stop_reason="trainer error at step 2: boom"), 9)
+    assert not ok and text == "mode_b failed after 31 s: trainer error at step 2: boom (actors up in 9 s)"
+    text, ok = run_end_text("m", _summary(stop_reason="time budget trainer.total_time_s=5 reached"), 1)
+    assert ok and "(time budget trainer.total_time_s=5 reached)" in text
+    assert run_end_text("m", None, 4) == ("m stopped before its end (actors up in 4 s)", False)
+
+
+def test_a_run_line_reads_done_when_the_run_ends_whoever_waits_for_it(caplog):
+    """The start line of ``nb.start`` is rewritten once ``exp.summary`` appears (00 and 02 wait with
+    ``exp.wait_async()`` themselves), and a run stopped without a summary says so."""
+    from asyncrl.notebook_progress import RunLine
+
+    caplog.set_level("INFO", logger="asyncrl.notebook")
+
+    class Exp:
+        name, summary, trainer, rollouter = "mode_a", None, object(), object()
+
+    async def main():
+        exp = Exp()
+        line = RunLine(exp, Progress("starting"), up_s=20, poll_s=0.01).watch()
+        await asyncio.sleep(0.05)
+        assert line.final is None  # still running
+        exp.summary = _summary(steps=4, param_version=4)
+        await asyncio.sleep(0.05)
+        stopped = Exp()
+        stopped.trainer = stopped.rollouter = None
+        return line.final, RunLine(stopped, Progress("s"), 3).settle()
+
+    done, stopped = asyncio.run(main())
+    assert done == "mode_a done: 4 steps, final version v4, in 31 s (actors up in 20 s)"
+    assert stopped == "mode_a stopped before its end (actors up in 3 s)"
+    assert [r.getMessage() for r in caplog.records] == [done, stopped]

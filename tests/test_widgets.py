@@ -572,3 +572,28 @@ def test_legend_colours_are_the_ones_rendered():
     assert "#%02x%02x%02x" % tuple(round(c * 255) for c in MASK1_RGB) == LEGEND["mask 1"][1]
     legend = header_html(trajectory_model({"response_ids": [1], "response_mask": [1], "response_logprobs": [0.0]}))
     assert "mask 1 (blue" in legend and "mask 0 (orange" in legend and "rgba(24,144,255," in legend
+
+
+def test_header_names_tool_turns_only_where_the_trajectory_has_them():
+    from widgets.inspector import header_html
+
+    def head(mask, turns):
+        return header_html(trajectory_model({"response_ids": list(range(len(mask))), "response_mask": mask,
+                                             "response_logprobs": [0.0] * len(mask), "num_turns": turns}))
+
+    assert "turns 2 <span class='muted'>(user + assistant: no tool turn)</span>" in head([1, 1, 1], 2)
+    assert "tool messages" not in head([1, 1, 0], 2)  # a trailing template newline is not a tool turn
+    assert "(user, assistant and tool messages: 1 tool turn)" in head([1, 0, 0, 1], 4)
+    assert "2 tool turns" in head([1, 0, 1, 0, 1], 6)
+
+
+def test_staleness_panel_labels_partial_rollouts_trained_and_produced():
+    """The panel's trained count is the run table's (rollouter/partial_count over the steps); the rollouter
+    produces more when some are still queued or dropped at shutdown (01's mode d: 4 produced, 3 trained)."""
+    snap = copy.deepcopy(load("mq_bound"))
+    snap["rollouter"]["partial_spans"] = [[1, 2], [1, 2], [2, 3], [3, 4], [4, 4]]
+    snap["trainer"]["history"] = [{**r, "rollouter/partial_count": n} for r, n in zip(snap["trainer"]["history"], [0, 2, 1, 0, 0, 0])]
+    v = StalenessView()
+    v.update(snap)
+    assert (v.model.partial_produced, v.model.partial_trained) == (4, 3)
+    assert "partial rollouts: trained <code>3</code> &middot; produced <code>4</code>" in v.to_html()

@@ -202,6 +202,14 @@ def version_label(lo: Any, hi: Any) -> str:
     return f"  v{lo}" if lo == hi or hi is None else f"  v{lo}-v{hi}"
 
 
+def turns_html(m: TrajectoryModel) -> str:
+    """``turns 2 (user + assistant: no tool turn)`` for a single-turn sample; with tool turns, how many."""
+    k = m.tool_turns
+    what = ("user + assistant: no tool turn" if k == 0 else
+            f"user, assistant and tool messages: {k} tool turn{'s' if k > 1 else ''}")
+    return f"turns {m.num_turns} <span class='muted'>({what})</span>"
+
+
 def header_html(m: TrajectoryModel) -> str:
     span = ("&ndash;" if m.min_version is None else
             f"v{m.min_version}" if m.min_version == m.max_version else
@@ -210,7 +218,7 @@ def header_html(m: TrajectoryModel) -> str:
              if m.lengths_ok else "".join(f'<div class="warn">&#9888; {html.escape(w)}</div>' for w in m.warnings))
     reward = "not scored" if m.reward is None else f"reward <b>{m.reward}</b>"  # a proxy session has no reward
     return (f"<div>sample <code>{html.escape(m.uid)}</code> &middot; {reward} &middot; "
-            f"turns {m.num_turns} <span class='muted'>(user, assistant and tool messages)</span> &middot; {m.model_tokens}/{len(m.response)} model tokens &middot; "
+            f"{turns_html(m)} &middot; {m.model_tokens}/{len(m.response)} model tokens &middot; "
             f"versions {span} {m.versions if len(m.versions) > 1 else ''}</div><div>{check}</div>"
             f'<div class="legend"><span class="tok prompt">prompt ({LEGEND["prompt"][0]})</span><span class="tok m1" '
             f'style="{token_style(Token(0, "", 0, 1, 0.0))}">mask 1 ({LEGEND["mask 1"][0]}: model, shade = p)</span>'

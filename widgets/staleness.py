@@ -36,6 +36,10 @@ class StalenessModel:
         trainer_idle / rollouter_idle: ``[(time_s, ratio)]`` series.
         span_counts: ``{versions spanned - 1: samples}`` over recent partial rollouts.
         partial_spans: the recent ``(min_v, max_v)`` pairs.
+        partial_produced: partial rollouts the rollouter produced (recent pairs spanning versions; includes
+            samples not trained, e.g. still queued or dropped at shutdown).
+        partial_trained: partial rollouts the trainer trained (``rollouter/partial_count`` summed over its
+            steps; the number a run's table counts).
     """
 
     lag_bins: list[int]
@@ -52,6 +56,8 @@ class StalenessModel:
     span_counts: dict[int, int] = field(default_factory=dict)
     partial_spans: list[tuple[int, int]] = field(default_factory=list)
     mean_lag: float = 0.0
+    partial_produced: int = 0
+    partial_trained: int = 0
 
 
 def lag_histogram(lag_counts: dict, bound: int = 0) -> tuple[list[int], list[int]]:
@@ -97,6 +103,8 @@ def staleness_model(snapshot: dict, rollouter_idle: Optional[list[tuple[float, f
         max_required_samples=ro.get("max_required_samples", budget.get("max_required_samples")),
         trainer_idle=trainer_idle, rollouter_idle=list(rollouter_idle or []),
         span_counts=span_counts(spans), partial_spans=spans,
+        partial_produced=sum(1 for lo, hi in spans if hi != lo),
+        partial_trained=sum(as_int(r.get("rollouter/partial_count", 0)) for r in hist),
         mean_lag=sum(b * t for b, t in zip(bins, tokens)) / total if total else 0.0)
 
 
@@ -147,7 +155,9 @@ class StalenessView(SnapshotView):
             f"<div>trainer idle (run so far) <code>{(ti or [0])[-1]:.2f}</code> "
             f"<span class='spark'>{sparkline(ti[-12:], 0, 1)}</span> &middot; rollouter idle (run so far) "
             f"<code>{(ri or [0])[-1]:.2f}</code> <span class='spark'>{sparkline(ri[-12:], 0, 1)}</span></div>"
-            f"<div>partial rollouts spanning: {spans} &middot; recent: {last}</div>")
+            f"<div>partial rollouts: trained <code>{m.partial_trained}</code> &middot; produced "
+            f"<code>{m.partial_produced}</code> <span class='muted'>(by the rollouter, recent; also those not trained:"
+            f" queued or dropped at shutdown)</span> &middot; spanning: {spans} &middot; recent: {last}</div>")
 
     def idle_svg(self, width: int = 300, height: int = 110) -> str:
         """Trainer and rollouter idle ratio over time as inline SVG (used by the Dashboard)."""
