@@ -134,7 +134,8 @@ def draw_spans(ax: Any, model: Any) -> None:
     ax.bar([k + 1 for k in ks], [model.span_counts[k] for k in ks], color=PURPLE)
     ax.set_xticks([k + 1 for k in ks])
     ax.set_xlabel("versions spanned by one sample", fontsize=8)
-    ax.set_title(f"partial rollouts produced (recent; {model.partial_trained} trained)", fontsize=10, loc="left")
+    ax.set_title(f"partial rollouts: {model.partial_produced} produced (recent), {model.partial_trained} trained",
+                 fontsize=10, loc="left")
 
 
 def plot_staleness(model: Any) -> Any:
