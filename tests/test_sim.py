@@ -184,6 +184,12 @@ def test_partial_rollout_policies_side_by_side():
     assert repeated["abort"] < runs["abort"].timeline.prefill_tokens
     assert runs["keep"].samples_per_s >= runs["abort"].samples_per_s
     assert runs["drain"].samples_per_s < runs["keep"].samples_per_s  # waiting for the long tail at every sync
+    # the drain happens inside the sync: the trainer waits there, not at fetch (06 showed drain's idle the lowest)
+    syncs = {k: v.trainer_sync_ratio for k, v in runs.items()}
+    assert syncs["drain"] > 2 * max(syncs["keep"], syncs["abort"]), syncs
+    assert syncs["drain"] == pytest.approx(sum(r.get("sync/total_s", 0.0) for r in runs["drain"].history)
+                                           / runs["drain"].wall_s)
+    assert runs["drain"].summary()["trainer_sync_ratio"] == syncs["drain"]
 
 
 def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
@@ -293,3 +299,34 @@ def test_timeline_lanes_that_share_a_chart_have_distinct_colours():
 
     shown_together = ["decode", "prefill", "weight load", "update", "log_prob", "sync", "switch+sync"]
     assert len({LANE_COLORS[k] for k in shown_together}) == len(shown_together)
+
+
+def test_timeline_and_sweep_plots_read_on_their_own():
+    """06: the top timeline panel had no x ticks (sharex), legends sat over bars, the sweep's y axis was a raw
+    column name starting at 0.23 (magnifying a few percent)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from asyncrl.sim.sweep import plot_sweep, plot_timeline
+
+    cfg = _config("d")
+    cfg.trainer.total_training_steps = 2
+    res = simulate(cfg, _cost())
+    fig, axes = plt.subplots(2, 1, sharex=True)
+    for ax in axes:
+        plot_timeline(res, ax)
+    fig.canvas.draw()
+    for ax in axes:
+        assert any(t.get_visible() and t.get_text() for t in ax.get_xticklabels())  # both panels keep ticks
+        legend = ax.get_legend().get_window_extent()
+        assert legend.x0 >= ax.get_window_extent().x1  # beside the bars, not over them
+    plt.close(fig)
+    df = pd.DataFrame({"async_training.staleness_threshold": [0.0, 0.5, 0.0, 0.5], "split": ["a", "a", "b", "b"],
+                       "samples_per_s": [0.23, 0.25, 0.24, 0.26], "trainer_idle_ratio": [0.5, 0.4, 0.5, 0.4]})
+    ax = plot_sweep(df, x="async_training.staleness_threshold", hue="split")
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 0.26
+    assert ax.get_ylabel() == "prompt groups trained / s" and ax.get_xlabel() == "staleness_threshold"
+    plt.close(ax.figure)

@@ -597,3 +597,13 @@ def test_staleness_panel_labels_partial_rollouts_trained_and_produced():
     v.update(snap)
     assert (v.model.partial_produced, v.model.partial_trained) == (4, 3)
     assert "partial rollouts: trained <code>3</code> &middot; produced <code>4</code>" in v.to_html()
+
+
+def test_a_full_pending_queue_is_drawn_full_not_grey():
+    """06: the full pending queue was drawn grey at 100% on a grey track and read as empty/inactive."""
+    from widgets._common import FUNNEL_COLORS, funnel_bar_color
+    from widgets.funnel import Layer
+
+    assert funnel_bar_color(Layer("pending_queue", "pending", 8, 8, bindable=False), None) == FUNNEL_COLORS["full"]
+    assert funnel_bar_color(Layer("pending_queue", "pending", 3, 8, bindable=False), None) == FUNNEL_COLORS["not bindable"]
+    assert funnel_bar_color(Layer("message_queue", "mq", 8, 8), "message_queue") == FUNNEL_COLORS["binding"]

@@ -30,10 +30,10 @@ FUNNEL_COLORS = {"binding": "#f5222d", "not bindable": "#bfbfbf", "full": "#faad
 
 
 def funnel_bar_color(layer: Any, binding: Optional[str]) -> str:
-    """Colour of one funnel layer's bar: red binding, grey for a layer that cannot bind (a pool shown for
-    reference), orange full, blue otherwise (``FUNNEL_COLORS``)."""
-    state = ("binding" if layer.key == binding else "not bindable" if not layer.bindable
-             else "full" if layer.full else "open")
+    """Colour of one funnel layer's bar: red binding, orange full (a full prefetch buffer too: grey at 100%
+    read as empty), grey for a layer that cannot bind (shown for reference), blue otherwise (``FUNNEL_COLORS``)."""
+    state = ("binding" if layer.key == binding else "full" if layer.full
+             else "not bindable" if not layer.bindable else "open")
     return FUNNEL_COLORS[state]
 
 

@@ -50,7 +50,8 @@ class SimResult:
         wall_s: from the trainer's start to its last step.
         trained: prompt groups trained.
         samples_per_s: ``trained / wall_s`` (prompt groups per second; x ``rollout.n`` for responses).
-        trainer_idle_ratio / rollouter_idle_ratio: as the real run reports them.
+        trainer_idle_ratio / rollouter_idle_ratio: as the real run reports them (the trainer's: waiting
+            for samples at fetch; its time in syncs is :attr:`trainer_sync_ratio`).
         lag_counts: trained tokens by version lag.
         accounting: the rollouter's prompt accounting.
         timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
@@ -81,6 +82,16 @@ class SimResult:
     def responses_per_s(self) -> float:
         return self.samples_per_s * self.config.actor_rollout_ref.rollout.n
 
+    @property
+    def trainer_sync_ratio(self) -> float:
+        """Share of ``wall_s`` the trainer spent in weight syncs (``sync/total_s`` summed over its steps).
+
+        The idle ratio counts only the wait for samples at fetch; a sync's pause (with
+        ``partial_rollout=False``: the drain of every in-flight sample) is counted here, so the trainer's
+        whole wait on the rollouter is ``trainer_idle_ratio`` plus the pause part of this.
+        """
+        return sum(r.get("sync/total_s", 0.0) for r in self.history) / self.wall_s if self.wall_s else 0.0
+
     def step_time(self, skip: int = 1) -> float:
         """Mean seconds per trainer step after the first ``skip`` (pipeline fill)."""
         rows = self.history
@@ -109,6 +120,7 @@ class SimResult:
             "step_s": self.step_time(),
             "samples_per_s": self.samples_per_s,
             "trainer_idle_ratio": self.trainer_idle_ratio,
+            "trainer_sync_ratio": self.trainer_sync_ratio,
             "rollouter_idle_ratio": self.rollouter_idle_ratio,
             "lag_mean": sum(int(k) * v for k, v in lags.items()) / total,
             "lag_max": max((int(k) for k in lags), default=0),

@@ -75,6 +75,13 @@ def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterab
     return pd.DataFrame(rows)
 
 
+AXIS_LABELS = {"samples_per_s": "prompt groups trained / s", "step_s": "seconds per trainer step",
+               "trainer_idle_ratio": "trainer idle (share of wall time)", "lag_mean": "mean lag (versions, per token)",
+               "async_training.staleness_threshold": "staleness_threshold",
+               "async_training.trigger_parameter_sync_step": "trigger_parameter_sync_step"}
+"""Readable axis labels (with units) for :meth:`SimResult.summary` columns and common sweep keys."""
+
+
 def plot_sweep(df, x: str, y: str = "samples_per_s", hue: Optional[str] = None, ax: Any = None,
                idle: bool = True) -> Any:
     """Line plot of ``y`` against ``x`` (one line per ``hue`` value), with the trainer's idle ratio
@@ -89,10 +96,11 @@ def plot_sweep(df, x: str, y: str = "samples_per_s", hue: Optional[str] = None, 
         return part[x].map(str) if part[x].dtype == object else part[x]
 
     for value, part in groups:
-        label = y if value is None else f"{hue.rsplit('.', 1)[-1]}={value}"
+        label = AXIS_LABELS.get(y, y) if value is None else f"{hue.rsplit('.', 1)[-1]}={value}"
         ax.plot(xvals(part), part[y], marker="o", label=label)
-    ax.set_xlabel(x.rsplit(".", 1)[-1])
-    ax.set_ylabel(y)
+    ax.set_xlabel(AXIS_LABELS.get(x, x.rsplit(".", 1)[-1]))
+    ax.set_ylabel(AXIS_LABELS.get(y, y))
+    ax.set_ylim(0, 1.1 * max(float(df[y].max()), 1e-9))  # from 0: a cut axis magnifies small differences
     if idle and "trainer_idle_ratio" in df:
         ax2 = ax.twinx()
         for value, part in groups:
@@ -130,8 +138,10 @@ def plot_timeline(result: SimResult, ax: Any = None, until: Optional[float] = No
     ax.set_yticklabels(lanes)
     ax.set_xlim(0, until)
     ax.set_xlabel("virtual seconds")
+    ax.tick_params(labelbottom=True)  # every panel keeps its x ticks, also with sharex=True
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper right", ncol=len(uniq))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0),
+              borderaxespad=0.0, frameon=False)  # beside the axes, never over a bar
     ax.set_title(result.name)
     return ax
