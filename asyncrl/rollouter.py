@@ -5,7 +5,8 @@
     feed_loop      dataset rows --put--> pending_queue (bound = max_required_samples)
                                             | waits while full
     processor_loop pending_queue --get--> [wait: not paused, active < max_concurrent_samples,
-                                            staleness_samples < max_required_samples]
+                                            staleness_samples < max_required_samples,
+                                            admission not closed (the trainer's last batch fetched)]
                                        --spawn--> active_tasks
     process_sample n x agent loop (generate via FullyAsyncLLMServerClient) -> reward
                    --ray.put--> MessageQueue.put_sample  (waits while the queue is full)
@@ -89,6 +90,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
         self.paused = False
         self.stopping = False
         self.halted = ""  # why rollout stopped early (a failure storm), else ""
+        self.admission_closed = False  # the trainer holds its last step's batch: start no new prompt group
         self.cond = asyncio.Condition()
         self.counts = collections.Counter()  # taken, enqueued
         self.dropped: collections.Counter = collections.Counter()
@@ -168,7 +170,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             await self.mq.shutdown_async(f"rollout stopped: {reason}")
 
     def _can_start(self) -> bool:
-        return (not self.paused and not self.halted and len(self.active_tasks) < self.budget.max_concurrent_samples
+        return (not self.paused and not self.halted and not self.admission_closed and len(self.active_tasks) < self.budget.max_concurrent_samples
                 and self.staleness_samples < self.budget.max_required_samples)
 
     async def _processor_loop(self) -> None:
@@ -207,6 +209,14 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
     async def _notify(self) -> None:
         async with self.cond:
             self.cond.notify_all()
+
+    async def close_admission(self) -> None:
+        """The trainer has fetched the batch of its last step (``trainer.total_training_steps``): no sample
+        started from now on could be trained, so start no new prompt group, also after the syncs that
+        follow (which reset ``staleness_samples``). Groups already started finish or are aborted at
+        :meth:`stop`; prompts waiting in ``pending_queue`` are dropped ``unstarted_at_shutdown``."""
+        async with self.cond:
+            self.admission_closed = True
 
     async def release_budget(self) -> None:
         """A started sample will never reach the trainer: give its staleness slot back."""
@@ -352,6 +362,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             "param_version": self.param_version,
             "staleness_samples": self.staleness_samples,
             "paused": self.paused,
+            "admission_closed": self.admission_closed,
             "pending_queue": self.pending_queue.qsize(),
             "pending_queue_max": self.budget.max_required_samples,
             "active_tasks": len(self.active_tasks),

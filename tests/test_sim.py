@@ -330,3 +330,18 @@ def test_timeline_and_sweep_plots_read_on_their_own():
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 0.26
     assert ax.get_ylabel() == "prompt groups trained / s" and ax.get_xlabel() == "staleness_threshold"
     plt.close(ax.figure)
+
+
+def test_no_prompt_group_starts_after_the_trainers_last_batch():
+    """Once the trainer holds its last step's batch, nothing started could be trained: the sync after that
+    step resets ``staleness_samples`` but must not refill the budget (before the fix mode a ended with all 32
+    of its budget in generation, then aborted at shutdown). Groups started earlier may still be running (d)."""
+    for mode in ("a", "c", "d"):
+        r = simulate(_config(mode), _cost())
+        budget = sample_budget(r.config)
+        acc = r.accounting
+        assert acc["active"] < budget.required_samples, (mode, acc)  # before: a 32, c 32, d 36
+        if mode in ("a", "c"):  # no partial rollout spans the last fetch: nothing at all is left running
+            assert acc["active"] == 0, (mode, acc)
+        # the rest waits unstarted: in pending_queue, and one row the processor loop holds until it may start
+        assert acc["taken"] == acc["enqueued"] + acc["pending"] + acc["active"] + 1, (mode, acc)

@@ -191,6 +191,8 @@ class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun):
             self.ledger.extend("dropped/fetched_at_shutdown", self._in_step)
             self._in_step = []
             return False
+        if self.global_steps + 1 >= cfg.trainer.total_training_steps and self.rollouter is not None:
+            await self.rollouter.close_admission.remote()  # the last batch: nothing started now could train
         self._set_phase("update")
         t_fetched = time.time()
         batch = collate([o for s in samples for o in s.outputs], [s.uid for s in samples for _ in s.outputs])
