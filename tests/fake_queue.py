@@ -53,6 +53,12 @@ class FakeRollouter:
             self.released += 1
 
         self.release_budget = _Remote(release)
+        self.admission_closed = False
+
+        def close():
+            self.admission_closed = True
+
+        self.close_admission = _Remote(close)
 
 
 def fake_samples(n_groups: int, n: int, vocab: int = 90, rewards=None, seed: int = 0, version: int = 0,

@@ -52,8 +52,10 @@ def _cfg(family, model_dir, **changes):
 def test_fit_step_runs_each_family(random_model_dir, family, changes, expect):
     cfg = _cfg(family, random_model_dir, **changes)
     trainer = _trainer(cfg, fake_samples(8, cfg.actor_rollout_ref.rollout.n))
-    for _ in range(2):
-        assert asyncio.run(trainer.fit_step())
+    assert asyncio.run(trainer.fit_step())
+    assert not trainer.rollouter.admission_closed  # one more step to come: the rollouter keeps admitting
+    assert asyncio.run(trainer.fit_step())
+    assert trainer.rollouter.admission_closed  # the last batch is fetched: nothing started now could train
     row = trainer.history[-1]
     for key in expect:
         assert key in row and math.isfinite(row[key]), (key, row.get(key))
