@@ -208,7 +208,10 @@ class Experiment:
         return self._status(ro, tr, self.mq.stats())
 
     def _status(self, ro: dict, tr: dict, mq: Any) -> dict:
-        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": time.time() - self.t_start,
+        # elapsed_s stops at the run's wall time once finish() has summarised it: a dashboard's last poll
+        # (after the final evaluation) then shows the status line's and the summary's seconds, not later ones
+        elapsed = self.summary.wall_s if self.summary is not None else time.time() - self.t_start
+        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": elapsed,
                 "watchdog": tr.get("watchdog"),
                 "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq),
                 "load_balancer": ro.pop("load_balancer", {}), "budget": dataclasses.asdict(self.budget)}

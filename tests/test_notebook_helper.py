@@ -164,3 +164,22 @@ def test_a_run_line_reads_done_when_the_run_ends_whoever_waits_for_it(caplog):
     assert done == "mode_a done: 4 steps, final version v4, in 31 s (actors up in 20 s)"
     assert stopped == "mode_a stopped before its end (actors up in 3 s)"
     assert [r.getMessage() for r in caplog.records] == [done, stopped]
+
+
+def test_status_elapsed_stops_at_the_summarys_wall_time():
+    """A dashboard's last poll comes after finish(): its header's seconds are the summary's (the status
+    line's and the notebook table's run s), not the moment of that poll."""
+    import time
+
+    from asyncrl.experiment import Experiment
+    from asyncrl.message_queue import QueueStats
+    from asyncrl.recipes import smoke_cpu
+    from asyncrl.summary import Summary
+
+    exp = Experiment(smoke_cpu("a"))
+    exp.t_start = time.time() - 30.0
+    tr, mq = {"done": True}, QueueStats(0, 0, 0, 0, 0, {}, 0, 0, False)
+    assert exp._status({}, tr, mq)["elapsed_s"] >= 30.0  # running, or done but not yet summarised: the clock
+    exp.summary = Summary(run_dir="", steps=3, param_version=3, accuracy_before=None, accuracy_after=None,
+                          accounting={}, wall_s=21.46)
+    assert exp._status({}, tr, mq)["elapsed_s"] == 21.46
