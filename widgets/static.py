@@ -69,7 +69,8 @@ def draw_funnel_history(ax: Any, model: Any) -> None:
             ax.plot([v / layer.limit for v in vals], label=layer.key, lw=2.2 if layer.key == model.binding else 1)
     ax.set_ylim(-0.05, 1.1)
     ax.set_xlabel("poll", fontsize=8)
-    ax.legend(fontsize=6, loc="lower left", ncol=2)
+    # beside the axes, not on them: at a peak most lines sit near 0 or 1, where any corner covers some
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False)
     ax.set_title("funnel history (utilisation)", fontsize=10, loc="left")
 
 
