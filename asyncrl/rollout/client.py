@@ -178,6 +178,12 @@ class FullyAsyncLLMServerClient(LLMServerClient):
 
         while True:
             try:
+                # the common case first, without a retry object: building tenacity's per request was
+                # 40% of the colocated rollout's event-loop thread (benchmarks/RESULTS.md, session 9)
+                try:
+                    return await self._once(request_id, prompt_ids, sp)
+                except NoServerAvailableError:
+                    pass  # the pool is empty: wait for a replica, with backoff
                 async for attempt in AsyncRetrying(retry=retry_if_exception_type(NoServerAvailableError),
                                                    wait=wait_exponential(multiplier=0.2, max=5.0),
                                                    stop=stop_after_delay(self.replica_wait_s), reraise=True):
