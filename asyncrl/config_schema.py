@@ -315,6 +315,11 @@ class TrainerConfig:
     """Global seed (data order, sampling, init)."""
     torch_threads: int = 1
     """torch intra-op threads in the trainer actor."""
+    omp_wait_policy: str = "passive"
+    """``OMP_WAIT_POLICY`` of the trainer actor's process (``passive`` | ``active``; ``""`` = OpenMP's default,
+    which spins): idle OpenMP threads sleep instead of spinning. On a shared CPU box the spinning threads
+    of ``torch_threads > 1`` took the cores from the work (benchmarks/RESULTS.md, session 9). The driver's
+    own ``OMP_WAIT_POLICY``, when set, wins."""
     cpu_affinity: str = ""
     """CPU cores of the trainer process, e.g. ``"1"``; ``""`` pins nothing (:mod:`asyncrl.cpu_affinity`)."""
     progress_bar: bool = True

@@ -36,6 +36,16 @@ from asyncrl.summary import Summary, TrainerError  # noqa: F401  (public here: a
 logger = logging.getLogger(__name__)
 
 
+def trainer_env(cfg: ExperimentConfig) -> dict:
+    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``,
+    or the driver's own setting); OpenMP reads it when the process loads it, so it goes in the actor's
+    runtime environment."""
+    import os
+
+    policy = os.environ.get("OMP_WAIT_POLICY", cfg.trainer.omp_wait_policy)
+    return {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": policy}}} if policy else {}
+
+
 def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
     """``ray.init`` that survives a slow start: a local raylet has a hard-coded 30 s deadline to
     register, which an overloaded laptop can miss; each failed attempt is shut down and retried.
@@ -155,7 +165,7 @@ class Experiment:
             self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
                 cfg, train, val, self.replicas, self.lb, self.mq, resume)
         worker_opts = [self.placement.actor_options(s) for s in layout.trainer] if self.placement else None
-        self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64).remote(
+        self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64, **trainer_env(cfg)).remote(
             cfg, self.mq, self.rollouter, self.replicas, worker_opts, str(self.run_dir),
             str(self.resume_from) if self.resume_from else None, logging.getLogger("asyncrl").getEffectiveLevel(),
             {"train_rows": train, "val_rows": val, "resume": resume} if local else None)

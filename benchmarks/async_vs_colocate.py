@@ -66,6 +66,9 @@ MODES = {
     # colocated with one torch thread (on a loaded 2-core box two OpenMP threads can lose more than they give)
     "colocated_1t": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
                      "trainer.torch_threads": 1},
+    # colocated with OpenMP's default wait policy in the trainer (its idle threads spin; before session 9)
+    "colocated_spin": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
+                       "trainer.omp_wait_policy": "''"},
     "a": {"async_training.trigger_parameter_sync_step": 1, "async_training.staleness_threshold": 0.0},
     "b": {"async_training.trigger_parameter_sync_step": 2, "async_training.staleness_threshold": 0.0},
     "c": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": False},

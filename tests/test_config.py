@@ -92,3 +92,16 @@ def test_multi_turn_keys_reach_the_tool_loop():
                                  "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
     loop = ToolAgentLoop(None, load_tokenizer(cfg.actor_rollout_ref.model.path), cfg)
     assert loop.mt.max_assistant_turns == 2 and loop.mt.max_parallel_calls == 1
+
+
+def test_trainer_omp_wait_policy(monkeypatch):
+    """The trainer actor's OpenMP threads sleep when idle unless told otherwise (the driver's setting wins)."""
+    from asyncrl.experiment import trainer_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cfg = arith_grpo_cpu()
+    assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "passive"}}}
+    cfg.trainer.omp_wait_policy = ""
+    assert trainer_env(cfg) == {}  # OpenMP's own default
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "ACTIVE"}}}
