@@ -314,7 +314,7 @@ def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
     rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
     out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
            "ideal_samples_per_s": 1.0 / max(rollout_s_per_sample, train_s_per_sample),
-           "rollout_tokens": sum(len(o.token_ids) for _, _, outs in outputs for o in outs), "rollout_s": gen_s}
+           "rollout_tokens": sum(len(o.token_ids) for _, _, outs, _ in outputs for o in outs), "rollout_s": gen_s}
     print(f"  rollout-only {1 / rollout_s_per_sample:.3f} samples/s, train-only {1 / train_s_per_sample:.3f} samples/s"
           f" -> ideal {out['ideal_samples_per_s']:.3f} samples/s", flush=True)
     return out
@@ -344,7 +344,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
               flush=True)
     split = replicas.get("split") or replicas["shared"]
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
-    cal["response_lengths"] = [len(o.token_ids) for _, _, outs in outputs for o in outs]
+    cal["response_lengths"] = [len(o.token_ids) for _, _, outs, _ in outputs for o in outs]
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
     for kind, mode in (("split", "d"), ("shared", "colocated")):
         cal[f"train_s_per_token_{kind}"] = ray.get(train.remote(mode_config(mode, args), outputs))["s_per_token"]

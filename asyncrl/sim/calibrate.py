@@ -145,8 +145,12 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
     sampling parameters, at most ``max_concurrent_samples`` groups at once (the async budget).
 
     Returns:
-        ``(seconds, [(group index, prompt_ids, [TokenOutput] * n)])``.
+        ``(seconds, [(group index, prompt_ids, [TokenOutput] * n, [reward] * n)])``: each response scored
+        by the task's rule reward (:func:`asyncrl.reward.compute_score`), as the agent loops score them,
+        so :func:`measure_train` trains on the advantages the trainer would.
     """
+    from asyncrl.reward import compute_score
+
     from asyncrl.agent_loop.single_turn import render_prompt_ids
     from asyncrl.data.length_workload import LengthWorkload
     from asyncrl.models import load_tokenizer
@@ -168,7 +172,12 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
             sps = wl.sampling_params(sp, i, ro.n) if wl.enabled else [sp] * ro.n
             outs = await asyncio.gather(*[replica.generate_async(f"measure-{time.time_ns()}-{i}-{k}", prompt, sps[k])
                                           for k in range(ro.n)])
-            outputs.append((i, prompt, outs))
+            rewards = []
+            for o in outs:
+                score = compute_score(row.get("data_source", ""), tok.decode(o.token_ids, skip_special_tokens=True),
+                                      row["reward_model"]["ground_truth"], row.get("extra_info"))
+                rewards.append(float(score["score"] if isinstance(score, dict) else score))
+            outputs.append((i, prompt, outs, rewards))
 
     t0 = time.perf_counter()
     await asyncio.gather(*[group(i) for i in range(groups)])
@@ -176,14 +185,20 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
 
 
 def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
-    """The train engine alone, at ``cfg``'s trainer placement (``trainer.cpu_affinity`` /
-    ``torch_threads``), updating on :func:`measure_rollout` outputs the way a trainer step does
-    (``require_batches`` mini-batches of ``required_samples`` groups). Pins the calling process:
-    run it in a fresh process (e.g. a Ray task with ``max_calls=1``). ``min_seconds``: go over the
-    outputs again until at least that long has been spent (a steady load beside another measurement).
+    """The trainer's own engine alone (:func:`asyncrl.trainer.factory.build_cpu_train_engine`), at
+    ``cfg``'s trainer placement (``trainer.cpu_affinity`` / ``torch_threads``), updating on
+    :func:`measure_rollout` outputs the way a trainer step does: ``require_batches`` mini-batches of
+    ``required_samples`` groups, advantages from the responses' own rewards by the configured estimator
+    (so rows whose advantage is 0 are skipped as the trainer skips them). Pins the calling process: run
+    it in a fresh process (e.g. a Ray task with ``max_calls=1``). ``min_seconds``: go over the outputs
+    again until at least that long has been spent (a steady load beside another measurement).
 
     Returns:
-        ``{"seconds", "steps", "tokens", "s_per_token", "s_per_sample"}``.
+        ``{"seconds", "steps", "tokens", "s_per_token", "s_per_sample"}`` (``tokens``: real tokens of the
+        rows stepped over, prompt + response, skipped rows included, as the simulator counts them).
+
+    Raises:
+        ValueError: no outputs, or outputs without their rewards (not from :func:`measure_rollout`).
     """
     import os
 
@@ -191,28 +206,26 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
 
     from asyncrl.agent_loop.base import AgentLoopOutput
     from asyncrl.cpu_affinity import pin_process
-    from asyncrl.rollout.sampling import SamplingFilters
     from asyncrl.staleness import sample_budget
-    from asyncrl.trainer.engine import TrainEngine
+    from asyncrl.trainer.factory import build_cpu_train_engine
     from asyncrl.trainer.update import actor_loss_fn
 
+    if not outputs:
+        raise ValueError("measure_train needs measure_rollout outputs; got none")
+    if any(len(item) != 4 for item in outputs):
+        raise ValueError("measure_train needs measure_rollout outputs (group, prompt_ids, outputs, rewards): "
+                         "the rewards decide which rows the trainer skips")
     if not cfg.trainer.cpu_affinity and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
     pin_process(cfg.trainer.cpu_affinity, torch_threads=False)
     torch.set_num_threads(cfg.trainer.torch_threads)
-    a = cfg.actor_rollout_ref.actor
-    engine = TrainEngine(cfg.actor_rollout_ref.model.path, lr=a.optim.lr, warmup=1, total_updates=1000,
-                         micro_batch_size=a.ppo_micro_batch_size,
-                         sampling=SamplingFilters.from_rollout_config(cfg.actor_rollout_ref.rollout),
-                         max_token_len=a.ppo_max_token_len_per_gpu if a.use_dynamic_bsz else None)
+    engine = build_cpu_train_engine(cfg)
     groups = [[AgentLoopOutput(prompt_ids=list(prompt), response_ids=list(o.token_ids), response_mask=[1] * len(o.token_ids),
-                               response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)), reward_score=float(k % 2),
+                               response_logprobs=list(o.log_probs or [0.0] * len(o.token_ids)), reward_score=r,
                                response_versions=list(o.response_versions))
-               for k, o in enumerate(outs)] for _, prompt, outs in outputs]
+               for o, r in zip(outs, rewards)] for _, prompt, outs, rewards in outputs]
     req = sample_budget(cfg).required_samples
     per_mb = max(1, req // cfg.async_training.require_batches)
-    if not groups:
-        raise ValueError("measure_train needs measure_rollout outputs; got none")
     if len(groups) < req:  # fewer groups than one step (notebook 06 at smoke size): reuse them to fill one,
         groups = [groups[k % len(groups)] for k in range(req)]  # else no step ran and s_per_token read 0
 
@@ -221,7 +234,7 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     starts = list(range(0, len(groups) - req + 1, req))
     while True:
         for start in starts:
-            dt, n = _train_step(engine, loss_fn, groups[start:start + req], req, per_mb)
+            dt, n = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
             seconds, tokens, steps = seconds + dt, tokens + n, steps + 1
         if seconds >= min_seconds or not starts:
             break
@@ -229,18 +242,24 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
             "s_per_sample": seconds / max(1, steps * req)}
 
 
-def _train_step(engine: Any, loss_fn: Any, step: list, req: int, per_mb: int) -> tuple[float, int]:
-    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, trained tokens)``."""
-    import torch
-
+def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_mb: int) -> tuple[float, int]:
+    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, tokens)``. Scores, token
+    rewards and advantages as :meth:`FullyAsyncTrainer.fit_step` computes them (bypass mode: the rollout's
+    log-probs are the old ones; no critic or reference)."""
+    from asyncrl.trainer.advantages import compute_advantages
     from asyncrl.trainer.engine import collate
+    from asyncrl.trainer.rewards import shaped_scores, token_level_rewards
 
+    al = cfg.algorithm
     t0, tokens = time.perf_counter(), 0
     for m in range(0, req, per_mb):
         part = step[m:m + per_mb]
         batch = collate([o for g in part for o in g], [j for j, g in enumerate(part) for _ in g])
-        batch.extras["old_log_probs"] = batch.rollout_log_probs
-        batch.extras["advantages"] = torch.randn(len(batch))
+        scores = shaped_scores(batch.rewards, batch.response_lengths, cfg)
+        token_rewards, _ = token_level_rewards(scores, batch.response_mask)
+        advantages, returns = compute_advantages(al.adv_estimator, token_rewards, batch.response_mask,
+                                                 batch.group_ids, al)
+        batch.extras.update(old_log_probs=batch.rollout_log_probs, advantages=advantages, returns=returns)
         engine.update(batch, loss_fn)
         tokens += int(batch.attention_mask.sum())
     return time.perf_counter() - t0, tokens

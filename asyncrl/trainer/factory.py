@@ -37,14 +37,21 @@ def build_train_engine(cfg: ExperimentConfig, replicas: Sequence[Any],
         opts = list(worker_options or [{"num_cpus": 0}] * trainer_world_size(cfg))
         group = TrainWorkerGroup(cfg, opts, replicas)
         return group, group
+    engine = build_cpu_train_engine(cfg)
+    return engine, LocalWeightSender(engine, make_checkpoint_engine(cfg, replicas))
+
+
+def build_cpu_train_engine(cfg: ExperimentConfig) -> Any:
+    """The ``strategy=cpu`` :class:`~asyncrl.trainer.engine.TrainEngine` as the trainer builds it (also what
+    :func:`asyncrl.sim.calibrate.measure_train` times, so the simulator prices the trainer's own update)."""
     from asyncrl.rollout.sampling import SamplingFilters
     from asyncrl.trainer.engine import TrainEngine
 
+    arr = cfg.actor_rollout_ref
     actor, al = arr.actor, cfg.algorithm
-    engine = TrainEngine(
+    return TrainEngine(
         arr.model.path, **optim_kwargs(cfg, actor.optim, actor.ppo_epochs), dtype=arr.model.dtype,
         micro_batch_size=actor.ppo_micro_batch_size, with_reference=actor.use_kl_loss or al.use_kl_in_reward,
         seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
         skip_zero_advantage=not actor.use_kl_loss and not actor.entropy_coeff)  # exact then: see TrainEngine
-    return engine, LocalWeightSender(engine, make_checkpoint_engine(cfg, replicas))
