@@ -189,7 +189,8 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     ``cfg``'s trainer placement (``trainer.cpu_affinity`` / ``torch_threads``), updating on
     :func:`measure_rollout` outputs the way a trainer step does: ``require_batches`` mini-batches of
     ``required_samples`` groups, advantages from the responses' own rewards by the configured estimator
-    (so rows whose advantage is 0 are skipped as the trainer skips them). Pins the calling process: run
+    (so rows whose advantage is 0 are skipped as the trainer skips them), after one untimed warm-up step.
+    Pins the calling process: run
     it in a fresh process (e.g. a Ray task with ``max_calls=1``). ``min_seconds``: go over the outputs
     again until at least that long has been spent (a steady load beside another measurement).
 
@@ -232,6 +233,9 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     loss_fn = actor_loss_fn(cfg)
     steps, seconds, tokens = 0, 0.0, 0
     starts = list(range(0, len(groups) - req + 1, req))
+    # one untimed step first: a fresh process's first update pays allocations and thread start-up, which the
+    # simulator (steady cost per token, no warm-up) must not spread over every step
+    _train_step(cfg, engine, loss_fn, groups[:req], req, per_mb)
     while True:
         for start in starts:
             dt, n = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
