@@ -124,6 +124,43 @@ def _check_token_budget_gradients(eng, ref, rank, world, vocab, dev, tol):
     return errors
 
 
+def _check_padding_layouts(eng, ref, vocab, dev, tol):
+    """Log-probs of rows whose prompts differ in length, right-padded as collate builds them (the engine
+    drops the attention mask: only the causal mask is needed) and left-padded (the mask is needed), each
+    equal to the row alone, unpadded, under the reference model."""
+    from asyncrl.agent_loop.base import AgentLoopOutput
+    from asyncrl.trainer.engine import collate
+
+    g = torch.Generator().manual_seed(11)
+    shapes = [(3, 5), (6, 2), (4, 7), (5, 1)]  # (prompt, response) tokens
+    outs = [AgentLoopOutput(torch.randint(1, vocab, (p,), generator=g).tolist(),
+                            torch.randint(1, vocab, (r,), generator=g).tolist(), [1] * r, [0.0] * r,
+                            response_versions=[0] * r) for p, r in shapes]
+    right = collate(outs, list(range(4)))
+    seq = right.input_ids.shape[1]
+    left = right.select(list(range(4)))
+    for i, (p, r) in enumerate(shapes):  # the same rows moved to the right end, pads before them
+        shift = seq - (p + r)
+        left.input_ids[i] = torch.roll(right.input_ids[i], shift)
+        left.attention_mask[i] = torch.roll(right.attention_mask[i], shift)
+        left.resp_index[i, :r] += shift
+    errors = []
+    facts = {name: eng._plan(b.input_ids, b.attention_mask, b.resp_index, b.resp_index.shape[1])
+             for name, b in (("right", right), ("left", left))}
+    if not (facts["right"][3] and not facts["left"][3] and not facts["right"][2]):
+        errors.append(f"layout facts (causal mask enough?, verl?): right {facts['right'][2:]}, left {facts['left'][2:]}")
+    for name, b in (("right", right), ("left", left)):
+        got = eng.compute_log_probs(b).cpu()
+        for i, (p, r) in enumerate(shapes):
+            row = torch.tensor(outs[i].prompt_ids + outs[i].response_ids, device=dev)[None]
+            with torch.no_grad():
+                want = _ref_log_probs(ref, row, torch.arange(p, p + r, device=dev)[None])[0].cpu()
+            err = float((got[i, :r] - want).abs().max())
+            if not (err < tol and torch.all(got[i, r:] == 0)):
+                errors.append(f"{name}-padded row {i}: logprob err {err}")
+    return errors
+
+
 def _worker(rank, world, port, device_type, q):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -170,6 +207,7 @@ def _worker(rank, world, port, device_type, q):
         err2 = float((lp2[1, :7] - want[1, :7]).abs().max())
         if not (err2 < (0.3 if cuda else 1e-4) and torch.all(lp2[1, 7:] == 0)):
             errors.append(f"collate-layout logprob err {err2}")
+        errors += _check_padding_layouts(eng, ref, cfg.vocab_size, dev, 0.3 if cuda else 1e-4)
         # 3. a few steps of maximising the response log-likelihood lower the loss
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": rmask.to(dev)}
 
