@@ -167,7 +167,9 @@ class FSDPEngine(FSDPCheckpointState):
         filters (0 where ``resp_index`` is 0), and the filtered entropy when asked."""
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         seq = input_ids.shape[1]
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        # causal only: no mask and no position ids (0..seq-1, the real tokens' own positions); ids that
+        # stop counting over the pads would read to transformers as packed sequences, and mask again
+        position_ids = None if causal_only else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         # logits only from the first predicting position on: the prompt's logits are never used
         out = (model or self.model)(input_ids=input_ids, attention_mask=None if causal_only else attention_mask,
                          position_ids=position_ids, logits_to_keep=seq - first, use_cache=False)
