@@ -299,7 +299,7 @@ def _run(device_type):
     procs = [ctx.Process(target=_worker, args=(r, 2, port, device_type, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = dict(q.get(timeout=300) for _ in procs)
+    res = dict(q.get(timeout=600) for _ in procs)  # a loaded 2-core box: ~250 s
     for p in procs:
         p.join(60)
     assert res == {0: [], 1: []}, res
