@@ -314,7 +314,8 @@ def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
     rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
     out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
            "ideal_samples_per_s": 1.0 / max(rollout_s_per_sample, train_s_per_sample),
-           "rollout_tokens": sum(len(o.token_ids) for _, _, outs, _ in outputs for o in outs), "rollout_s": gen_s}
+           "rollout_tokens": sum(len(o.token_ids) for _, _, outs, _ in outputs for o in outs), "rollout_s": gen_s,
+           "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])]}
     print(f"  rollout-only {1 / rollout_s_per_sample:.3f} samples/s, train-only {1 / train_s_per_sample:.3f} samples/s"
           f" -> ideal {out['ideal_samples_per_s']:.3f} samples/s", flush=True)
     return out
@@ -331,6 +332,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.models import load_tokenizer
     from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode
+    from asyncrl.staleness import sample_budget
 
     cfg = mode_config("d", args)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
@@ -345,9 +347,13 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     split = replicas.get("split") or replicas["shared"]
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs, _ in outputs for o in outs]
+    # the same rollout-only, timed, its groups in start order: what fit_per_request reproduces
+    cal["rollout_only"] = {"seconds": ro_s, "concurrency": sample_budget(cfg).max_concurrent_samples,
+                           "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])]}
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
     for kind, mode in (("split", "d"), ("shared", "colocated")):
-        cal[f"train_s_per_token_{kind}"] = ray.get(train.remote(mode_config(mode, args), outputs))["s_per_token"]
+        t = ray.get(train.remote(mode_config(mode, args), outputs))
+        cal[f"train_s_per_token_{kind}"], cal[f"train_s_per_priced_token_{kind}"] = t["s_per_token"], t["s_per_priced_token"]
     if "split" in replicas:  # contention: each side measured again with the other one busy
         load = train.remote(cfg, outputs, 45.0)  # the trainer busy on its core ...
         time.sleep(12.0)  # ... once its process has started and built its engine
@@ -367,6 +373,94 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     return cal
 
 
+PROBE_TOKENS = 48
+"""Tokens per request of the decode probes (``calibrate``)."""
+
+
+def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
+    """What the CPU simulation is priced from, out of a result's micro-measurements (never its runs).
+
+    * response lengths: the calibration's rollout-only plus the ideal bound's (both the replica alone; 64 +
+      96 groups). A long tail makes 64 groups' mean noisy: 22.7 and 26.5 tokens in two runs whose modes
+      trained on 27-35, and a short pool runs the simulated rollout fast. Results saved before session 10
+      kept the ideal's total tokens only: the pool is rescaled to the mean of both;
+    * per-request cost (``fit_per_request``): the calibration's timed rollout-only (saved since session 10),
+      else the ideal bound's, its lengths approximated by the pool's groups cycled and rescaled to its total;
+    * train price per *priced* token (``measure_train``'s ``s_per_priced_token``), else ``s_per_token``
+      times real / priced tokens of the pool's mini-batches (``priced_tokens``).
+
+    Returns:
+        ``{"pool", "per_request_s", "train": {kind: s per priced token}, "notes": [...]}``.
+    """
+    from asyncrl.sim.calibrate import fit_per_request, priced_tokens
+    from asyncrl.staleness import sample_budget
+
+    cal, ideal, notes = result["calibration"], result.get("ideal") or {}, []
+    cfg = mode_config("d", args)
+    n = cfg.actor_rollout_ref.rollout.n
+    pt = int(cal["prompt_tokens"])
+    pool = [int(x) for x in cal["response_lengths"]]
+    if ideal.get("groups"):
+        pool += [int(x) for g in ideal["groups"] for x in g]
+    elif ideal.get("rollout_tokens"):
+        k = (sum(pool) + ideal["rollout_tokens"]) / (len(pool) + ideal["rollout_s"] / ideal["rollout_s_per_sample"] * n) / (sum(pool) / len(pool))
+        pool = [max(1, round(x * k)) for x in pool]
+        notes.append(f"lengths: calibration pool x{k:.3f} to the mean of it and the ideal bound's rollout-only")
+    ro = cal.get("rollout_only")
+    if ro:
+        groups, seconds, conc = ro["groups"], ro["seconds"], ro["concurrency"]
+    elif ideal.get("rollout_s"):
+        own = [cal["response_lengths"][i:i + n] for i in range(0, len(cal["response_lengths"]), n)]
+        count = round(ideal["rollout_s"] / ideal["rollout_s_per_sample"])
+        groups = [own[i % len(own)] for i in range(count)]
+        k = ideal["rollout_tokens"] / sum(map(sum, groups))
+        groups = [[max(1, round(x * k)) for x in g] for g in groups]
+        seconds, conc = ideal["rollout_s"], sample_budget(cfg).max_concurrent_samples
+        notes.append(f"per-request cost fitted on the ideal bound's rollout-only, its lengths approximated "
+                     f"(the calibration's groups cycled to {count}, x{k:.3f})")
+    else:
+        groups = None
+    c = None
+    if groups:
+        c = fit_per_request({int(b): t for b, t in cal["decode_split"].items()}, PROBE_TOKENS, groups, conc, seconds,
+                            pt).prefill_s
+    budget = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu if cfg.actor_rollout_ref.actor.use_dynamic_bsz else None
+    train = {}
+    for kind in ("split", "shared"):
+        if f"train_s_per_priced_token_{kind}" in cal:
+            train[kind] = cal[f"train_s_per_priced_token_{kind}"]
+            continue
+        rows = [pt + x for x in cal["response_lengths"]]  # measure_train's mini-batches: per_mb groups in order
+        per_mb = n * max(1, sample_budget(cfg).required_samples // cfg.async_training.require_batches)
+        priced = sum(priced_tokens(rows[i:i + per_mb], budget) for i in range(0, len(rows), per_mb))
+        train[kind] = cal[f"train_s_per_token_{kind}"] * sum(rows) / priced
+        if kind == "split":
+            notes.append(f"train price per priced token: s_per_token x {sum(rows) / priced:.3f} (real / priced tokens)")
+    return {"pool": pool, "per_request_s": c, "train": train, "notes": notes}
+
+
+def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int = 96) -> dict:
+    """The simulator's own bound for ``cfg``: its rollout-only (``simulate_rollout_only``: ``groups`` groups of
+    the lengths it simulates, at ``cfg``'s concurrency budget, the replica alone) and its train-only (the
+    cost model's updates over those groups) -> ``1 / max`` (async) or ``1 / sum`` (colocated). A simulated
+    run above it is an error of the simulator unless it says why."""
+    from asyncrl.sim.calibrate import simulate_rollout_only
+    from asyncrl.staleness import sample_budget
+
+    n, b = cfg.actor_rollout_ref.rollout.n, sample_budget(cfg)
+    gl = [[int(lengths(f"bound-{i}-{k}")) for k in range(n)] for i in range(groups)]
+    ro = simulate_rollout_only(dataclasses.replace(cost.rollout, contention=0.0), gl, b.max_concurrent_samples,
+                               prompt_tokens) / groups
+    actor = cfg.actor_rollout_ref.actor
+    train = dataclasses.replace(cost.train, contention=0.0,
+                                max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
+    per_mb = max(1, b.required_samples // cfg.async_training.require_batches)
+    tr = sum(train.update_time([prompt_tokens + x for g in gl[i:i + per_mb] for x in g])
+             for i in range(0, groups, per_mb)) / groups
+    both = ro + tr if cfg.actor_rollout_ref.hybrid_engine else max(ro, tr)
+    return {"rollout_s_per_sample": ro, "train_s_per_sample": tr, "samples_per_s": 1.0 / both}
+
+
 def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     """The simulator's prediction of every measured mode from the calibration alone (``--gpu``: from the
     documented H200 cost model, ``gpu_sim.py``)."""
@@ -379,16 +473,23 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.sim.calibrate import cpu_cost_model, empirical_lengths
 
     cal = result["calibration"]
-    lengths = empirical_lengths(cal["response_lengths"])
+    inputs = cpu_calibration(result, args)
+    lengths = empirical_lengths(inputs["pool"])
+    result["sim_calibration"] = {k: v for k, v in inputs.items() if k != "pool"}
     out = {}
+    for note in inputs["notes"]:
+        print(f"  calibration: {note}", flush=True)
+    if inputs["per_request_s"] is not None:
+        print(f"  calibration: per-request cost {inputs['per_request_s'] * 1e3:.2f} ms (the rollout-only reproduced)", flush=True)
     for m, measured in result["modes"].items():
         kind = "shared" if m.startswith("colocated") else "split"
         if f"decode_{kind}" not in cal:
             continue
-        cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, cal[f"train_s_per_token_{kind}"],
+        cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, inputs["train"][kind],
                               cal["sync_s"], int(cal["prompt_tokens"]),
                               rollout_contention=cal.get("rollout_contention", 0.0) if kind == "split" else 0.0,
-                              train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0)
+                              train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0,
+                              per_request_s=inputs["per_request_s"], probe_tokens=PROBE_TOKENS)
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0
@@ -398,9 +499,16 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
             bare = simulate(cfg, dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, contention=0.0),
                                                      train=dataclasses.replace(cost.train, contention=0.0)),
                             natural_length=lengths, name=m).samples_per_s
+        bound = sim_bound(cost, cfg, lengths, int(cal["prompt_tokens"]))
+        above = None
+        if res.samples_per_s > 1.02 * bound["samples_per_s"]:
+            above = (f"simulated {res.samples_per_s:.3f} above its own bound {bound['samples_per_s']:.3f}: "
+                     f"the run's lengths are drawn per request id, the bound's from 96 groups of the same pool")
+            print(f"  WARNING {m}: {above}", flush=True)
         out[m] = {"samples_per_s": res.samples_per_s, "without_contention_samples_per_s": bare,
                   "trainer_idle_ratio": res.trainer_idle_ratio,
                   "rollouter_idle_ratio": res.rollouter_idle_ratio, "step_s": res.step_time(2),
+                  "bound": bound, "above_bound": above,
                   "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
     return out
 
@@ -474,6 +582,9 @@ def main() -> None:
     p.add_argument("--simulate-only", action="store_true",
                    help="--gpu: no GPU, no Ray: predict colocated (1 and --gpus GPUs) and the async --modes "
                         "(--gpus GPUs) with the H200 cost model, and their ratios (gpu_sim.py)")
+    p.add_argument("--calibration", default=None,
+                   help="with --simulate-only (CPU): a saved --json result; re-simulate its measured modes from its "
+                        "calibration with today's simulator, no Ray (printed beside the saved prediction)")
     p.add_argument("--census", action="store_true",
                    help="sample every process's CPU time, cores and threads during each mode (cpu_census.py)")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
@@ -484,9 +595,12 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             p.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if args.simulate_only and args.calibration:  # CPU: the modes of a saved result, re-simulated, no Ray
+        resimulate(args)
+        return
     if args.simulate_only:
         if not args.gpu:
-            p.error("--simulate-only predicts the --gpu rows (the CPU path calibrates on measured engines)")
+            p.error("--simulate-only predicts the --gpu rows, or with --calibration F re-simulates a saved CPU result")
         import gpu_sim
 
         predicted = gpu_sim.simulate_only(args, modes, mode_config)
@@ -531,6 +645,28 @@ def main() -> None:
     report(result)
 
 
+def resimulate(args: argparse.Namespace) -> dict:
+    """``--simulate-only --calibration F``: the measured modes of a saved CPU result predicted again from its
+    calibration (the task and steps of the saved run; ``--json`` keeps the new prediction)."""
+    result = json.loads(Path(args.calibration).read_text())
+    if "calibration" not in result:
+        raise SystemExit(f"{args.calibration}: no calibration (the run was made with --no-simulate)")
+    saved = result.get("simulated") or {}
+    args.task, args.backend = result.get("task", args.task), result.get("backend", args.backend)
+    print(f"re-simulating {args.calibration} ({result.get('started', '?')}: {' '.join(result.get('argv', []))})", flush=True)
+    result["simulated"] = simulate_modes(result, args)
+    print("\nmode       measured  saved sim (error)   now simulated (error)   its own bound")
+    for m, r in result["simulated"].items():
+        meas = result["modes"][m]["samples_per_s"]
+        old = saved.get(m, {}).get("samples_per_s")
+        was = f"{old:9.3f} ({100 * (old / meas - 1):+4.0f}%)" if old else "        -       "
+        print(f"{m:10s} {meas:8.3f}  {was}   {r['samples_per_s']:9.3f} ({100 * r['error']:+4.0f}%)         "
+              f"{r['bound']['samples_per_s']:.3f}" + (" ABOVE" if r.get("above_bound") else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
 def save(result: dict, args: argparse.Namespace) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
@@ -567,8 +703,11 @@ def report(result: dict) -> None:
             steady = f"; {100 * r['steady_error']:+.0f}% vs steady" if r.get("steady_error") is not None else ""
             bare = r.get("without_contention_samples_per_s")
             was = f"; without the contention term {bare:.3f} ({100 * (bare / modes[m]['samples_per_s'] - 1):+.0f}%)" if bare else ""
+            bound = f"; its own bound {r['bound']['samples_per_s']:.3f}" if r.get("bound") else ""
             print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured{steady})  trainer idle {r['trainer_idle_ratio']:.2f}"
-                  f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}")
+                  f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}{bound}")
+            if r.get("above_bound"):
+                print(f"{'':10s} {r['above_bound']}")
     ref = result.get("reference")
     if ref and ref.get("step_s_median"):
         for m, r in modes.items():

@@ -392,3 +392,110 @@ def test_no_prompt_group_starts_after_the_trainers_last_batch():
             assert acc["active"] == 0, (mode, acc)
         # the rest waits unstarted: in pending_queue, and one row the processor loop holds until it may start
         assert acc["taken"] == acc["enqueued"] + acc["pending"] + acc["active"] + 1, (mode, acc)
+
+
+# ------------------------------------------------------------------ session 10: the rollout the probe hides
+
+def test_per_iteration_table_is_linear_between_probed_sizes_and_extends_the_last_slope():
+    r = RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0,
+                         per_iteration_s={1: 0.006, 8: 0.010, 32: 0.016, 128: 0.036})
+    assert r.iteration_s(8) == pytest.approx(0.010)
+    assert r.iteration_s(20) == pytest.approx(0.013)  # halfway from 8 to 32
+    assert r.iteration_s(256) == pytest.approx(0.036 + 0.020 / 96 * 128)  # 62.7 ms: the 32..128 slope on
+    assert r.decode_time(10, 20, 0.0) == pytest.approx(0.13)
+    assert r.decode_iterations(0.13, 20, 0.0) == pytest.approx(10)
+    # without a table: the line, as before
+    assert RolloutCostModel(step_s=0.01, per_seq_s=1e-4, per_ctx_token_s=0.0).iteration_s(20) == pytest.approx(0.012)
+
+
+def test_fit_per_request_recovers_the_cost_a_long_probe_hides():
+    """The kind behind session 9's d_s1 +26%: a replica that pays 2 ms per request (admission, prefill, the
+    output's trip) and 10 ms per decode iteration at any batch size. The probe (B requests of 48 tokens) spreads
+    the 2 ms over 48 iterations and reads as a gentle slope; a workload of 4-token responses pays it every 4.
+    By hand: probe(B) = (B x 2 ms + 48 x 10 ms) / 48; rollout-only of 4 groups x 8 requests of 4 tokens, one
+    group at a time = 4 x (8 x 2 ms + 4 x 10 ms) = 0.224 s. A line through the probe runs that in
+    4 x 4 x (10 ms + 8 x 2/48 ms) = 0.1653 s: 26% fast, and the more so the shorter the responses."""
+    from asyncrl.sim.calibrate import cpu_cost_model, fit_per_request, fit_rollout, simulate_rollout_only
+
+    true = RolloutCostModel(step_s=0.010, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=0.002)
+
+    async def probe(b):
+        eng = CostModelInferenceEngine(true, prompt_tokens=10)
+        sp = SamplingParams(max_tokens=48, ignore_eos=True)
+        await asyncio.gather(*[eng.generate(f"p{i}", [1, 2], sp) for i in range(b)])
+        return asyncio.get_running_loop().time() / 48
+
+    probes = {b: run(lambda b=b: probe(b)) for b in (1, 8, 32, 128)}
+    assert probes[128] == pytest.approx((128 * 0.002 + 0.48) / 48)
+    groups = [[4] * 8] * 4
+    measured = simulate_rollout_only(true, groups, 1, 10)
+    assert measured == pytest.approx(0.224)
+
+    line = fit_rollout(probes)  # before: the least-squares line, no per-request cost
+    assert simulate_rollout_only(line, groups, 1, 10) == pytest.approx(0.16533, rel=1e-3)
+
+    fitted = fit_per_request(probes, 48, groups, 1, measured, 10)
+    assert fitted.prefill_s == pytest.approx(0.002, rel=1e-3)
+    assert fitted.iteration_s(8) == pytest.approx(0.010, rel=1e-3) and fitted.iteration_s(128) == pytest.approx(0.010, rel=1e-2)
+    assert simulate_rollout_only(fitted, groups, 1, 10) == pytest.approx(measured, rel=1e-3)
+    cost = cpu_cost_model(probes, 1e-4, 0.05, 10, per_request_s=fitted.prefill_s)
+    assert cost.rollout.prefill_s == fitted.prefill_s and cost.rollout.iteration_s(32) == pytest.approx(0.010, rel=1e-3)
+    # a probe that already runs the workload as slowly as measured: no per-request cost
+    assert fit_per_request(probes, 48, groups, 1, 0.1, 10).prefill_s == 0.0
+
+
+def test_train_is_priced_per_priced_token_so_packing_is_not_paid_twice():
+    """With use_dynamic_bsz the simulator pads each packed micro-batch to its longest row; a measured price
+    per real token already contains the real engine's padding. By hand: rows of 100, 150 and 300 tokens under
+    a 400-token budget pack as [100, 150] (2 x 150) and [300]: 600 priced tokens for 550 real ones."""
+    from asyncrl.sim.calibrate import priced_tokens
+
+    rows, seconds = [100, 150, 300], 0.6
+    assert priced_tokens(rows, 400) == 600 and priced_tokens(rows) == 550
+    per_priced = TrainCostModel(per_token_s=seconds / priced_tokens(rows, 400), max_token_len=400)
+    per_real = TrainCostModel(per_token_s=seconds / 550, max_token_len=400)
+    assert per_priced.update_time(rows) == pytest.approx(seconds)  # reproduces the measurement
+    assert per_real.update_time(rows) == pytest.approx(seconds * 600 / 550)  # before: 9% long here, ~25% on the task
+
+
+def test_saved_longtail_run_calibrates_a_rollout_as_slow_as_its_rollout_only():
+    """Session 9's quiet run (tests/data/avc_cpu_longtail_s9.json): the replica alone generated 96 groups, 48 at
+    once, 23,370 tokens in 10.70 s (0.111 s/sample). Before, the simulator drew lengths from the calibration's 64
+    groups (mean 22.7 tokens against the rollout-only's 30.4 and the runs' 27-32) and ran that work in ~6.5 s:
+    why the simulated d_s1 read 10.9 samples/s above the 8.98 ideal bound. With the rollout-only's own total the
+    probe's line still runs it in 10.1 s (6% fast); the per-request cost (3.2 ms) closes the rest."""
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    from asyncrl.sim.calibrate import fit_rollout, net_of_per_request, simulate_rollout_only
+
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo / "benchmarks"))
+    import async_vs_colocate as avc
+
+    result = json.loads((repo / "tests" / "data" / "avc_cpu_longtail_s9.json").read_text())
+    args = argparse.Namespace(task="longtail", backend="vllm", gpu=False, gpus=2, steps=16, time=0.0, set=None,
+                              out=str(repo / "runs" / "test_sim"), simulate_only=True)
+    inputs = avc.cpu_calibration(result, args)
+    cal, ideal = result["calibration"], result["ideal"]
+    assert sum(cal["response_lengths"]) == 11602 and ideal["rollout_tokens"] == 23370
+    # lengths: the pool (mean 22.66 over 512) rescaled to the mean of it and the rollout-only's 23,370 / 768
+    assert sum(inputs["pool"]) / len(inputs["pool"]) == pytest.approx((11602 + 23370) / (512 + 768), rel=0.01)
+    # train: s_per_token x real / priced tokens of the pool's 128-row mini-batches (0.801)
+    assert inputs["train"]["split"] == pytest.approx(cal["train_s_per_token_split"] * 0.801, rel=0.01)
+    c = inputs["per_request_s"]
+    assert 0.0025 < c < 0.004
+    own = [cal["response_lengths"][i:i + 8] for i in range(0, 512, 8)]
+    groups = [own[i % 64] for i in range(96)]
+    probe = {int(b): t for b, t in cal["decode_split"].items()}
+    before = simulate_rollout_only(fit_rollout(probe), groups, 48, 57)  # the pool's own lengths, the line
+    k = ideal["rollout_tokens"] / sum(map(sum, groups))
+    groups = [[max(1, round(x * k)) for x in g] for g in groups]
+    line = simulate_rollout_only(fit_rollout(probe), groups, 48, 57)
+    after = simulate_rollout_only(RolloutCostModel(0.0, 0.0, 0.0, prefill_s=c, per_iteration_s=net_of_per_request(probe, c, 48)),
+                                  groups, 48, 57)
+    assert before < 0.7 * ideal["rollout_s"]
+    assert line == pytest.approx(0.944 * ideal["rollout_s"], rel=0.01)
+    assert after == pytest.approx(ideal["rollout_s"], rel=0.01)

@@ -4,7 +4,9 @@
 
     probe_decode(replica)  B concurrent ignore-EOS requests of T tokens, B in batch_sizes
         -> seconds per decode iteration at each B -> least squares: step_s + per_seq_s * B
-    train seconds / trained tokens (the train engine alone)     -> per_token_s
+    rollout-only of the workload (measure_rollout, timed)       -> fit_per_request: the per-request cost the
+        probe's long fixed-length requests hide, and the probe net of it as a table (session 10)
+    train seconds / priced tokens (the train engine alone)      -> per_token_s
     the weight sync's transfer + load (a measured run's sync/*)  -> SyncCostModel.fixed_s
     response lengths of the workload (the replica alone)        -> natural_length sampler
     the same probe / train-only with the other side busy        -> contention(alone, loaded)
@@ -62,6 +64,73 @@ def fit_rollout(per_iteration_s: dict, max_num_seqs: int = 256, weight_load_s: f
                             max_num_seqs=max_num_seqs)
 
 
+def simulate_rollout_only(cost: RolloutCostModel, group_lengths: Sequence[Sequence[int]], concurrency: int,
+                          prompt_tokens: int) -> float:
+    """Virtual seconds the replica priced by ``cost`` takes for :func:`measure_rollout`'s work: the groups in
+    order, at most ``concurrency`` groups at once, each group's requests (``group_lengths[i]``: real
+    response tokens) started together and stopping at their length. The simulator's own rollout-only,
+    to set beside the measured one (and the bound a simulated run cannot beat at that concurrency)."""
+    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.sim.clock import run
+    from asyncrl.sim.engines import CostModelInferenceEngine
+
+    lengths = {f"g{i}-{k}": max(1, int(n)) for i, g in enumerate(group_lengths) for k, n in enumerate(g)}
+    longest = max(lengths.values(), default=1)
+
+    async def go() -> float:
+        engine = CostModelInferenceEngine(cost, prompt_tokens=prompt_tokens,
+                                          natural_length=lambda rid, prompt_ids=(): lengths[rid])
+        limit = asyncio.Semaphore(max(1, int(concurrency)))
+        sp = SamplingParams(max_tokens=longest, logprobs=True)
+
+        async def group(i: int, g: Sequence[int]) -> None:
+            async with limit:
+                await asyncio.gather(*[engine.generate(f"g{i}-{k}", [1] * prompt_tokens, sp) for k in range(len(g))])
+
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.gather(*[group(i, g) for i, g in enumerate(group_lengths)])
+        return loop.time() - t0
+
+    return run(go)
+
+
+def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequence[Sequence[int]], concurrency: int,
+                    seconds: float, prompt_tokens: int, max_num_seqs: int = 256) -> RolloutCostModel:
+    """A rollout cost model that reproduces both micro-measurements of the replica alone: the decode probe
+    (``B`` requests of ``probe_tokens`` tokens at once, :func:`probe_decode`) and a rollout-only
+    measurement of the workload (:func:`measure_rollout`: ``group_lengths`` at ``concurrency`` groups took
+    ``seconds``).
+
+    The probe's requests all run ``probe_tokens`` tokens; the workload's are mostly short (long-tail task:
+    median 14 tokens), so what a request costs once (admission, prefill of its prompt, its output's trip
+    back; again on every resume after an abort) weighs ~3x more per token in a run than in the probe, and a
+    model fitted to the probe alone runs the workload too fast (1.2-1.4x on the 2-core box, and more
+    so the more requests it keeps in flight). The per-request cost ``c`` (:attr:`RolloutCostModel.prefill_s`,
+    which blocks the replica as the real engine's admission does) is found by bisection so that
+    :func:`simulate_rollout_only` takes ``seconds``; the probe is taken net of it, as a table
+    (:attr:`RolloutCostModel.per_iteration_s`: ``probe(B) - B * c / probe_tokens``), so the model still
+    reproduces the probe. ``c = 0`` when the probe alone already runs the workload as slowly as measured.
+    """
+    probe = {int(b): float(t) for b, t in decode_probe.items()}
+    # c above this makes some table entry <= 0: the whole probe time spent on admission
+    c_max = min(t * probe_tokens / b for b, t in probe.items()) * 0.95
+
+    def model(c: float) -> RolloutCostModel:
+        return RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=c, max_num_seqs=max_num_seqs,
+                                per_iteration_s=net_of_per_request(probe, c, probe_tokens))
+
+    lo, hi = 0.0, c_max
+    if simulate_rollout_only(model(0.0), group_lengths, concurrency, prompt_tokens) >= seconds:
+        return model(0.0)
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if simulate_rollout_only(model(mid), group_lengths, concurrency, prompt_tokens) < seconds else (lo, mid)
+        if hi - lo < 1e-6:
+            break
+    return model((lo + hi) / 2)
+
+
 def contention(alone: Any, loaded: Any) -> float:
     """The contention term of a cost model (:mod:`asyncrl.sim.cost_models`, Contention): how much
     longer the same work took with the other side of the run busy than alone, ``loaded / alone - 1``.
@@ -87,9 +156,16 @@ def contention(alone: Any, loaded: Any) -> float:
     return max(0.0, ratio - 1.0)
 
 
+def net_of_per_request(decode_probe: dict, per_request_s: float, probe_tokens: int) -> dict:
+    """The probe's seconds per decode iteration with the per-request cost taken out: each of a probe's ``B``
+    requests paid ``per_request_s`` once over its ``probe_tokens`` iterations (:func:`fit_per_request`)."""
+    return {int(b): float(t) - int(b) * per_request_s / probe_tokens for b, t in decode_probe.items()}
+
+
 def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, prompt_tokens: int,
                    per_update_s: float = 0.0, name: str = "cpu-calibrated", rollout_contention: float = 0.0,
-                   train_contention: float = 0.0) -> ClusterCostModel:
+                   train_contention: float = 0.0, per_request_s: Optional[float] = None,
+                   probe_tokens: int = 48) -> ClusterCostModel:
     """A cost model of one CPU placement (one replica, one trainer) from its micro-measurements.
 
     Args:
@@ -99,8 +175,18 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         prompt_tokens: mean prompt length.
         rollout_contention, train_contention: :func:`contention` of the decode probe and of train-only
             (the engine alone vs with the other side busy); 0 when the sides never overlap.
+        per_request_s: ``None``: a least-squares line through the probe (before session 10). A number (from
+            :func:`fit_per_request`, 0 included): the probe as a table net of that per-request cost
+            (:attr:`RolloutCostModel.per_iteration_s`) and the cost charged per request
+            (:attr:`RolloutCostModel.prefill_s`); ``probe_tokens``: the probe's tokens per request.
+        train_s_per_token: with ``use_dynamic_bsz`` runs, per *priced* token (``measure_train``'s
+            ``s_per_priced_token``, :func:`priced_tokens`).
     """
-    rollout = fit_rollout(decode_probe)
+    if per_request_s is None:
+        rollout = fit_rollout(decode_probe)
+    else:
+        rollout = RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=per_request_s,
+                                   per_iteration_s=net_of_per_request(decode_probe, per_request_s, probe_tokens))
     rollout.contention = rollout_contention
     return ClusterCostModel(
         name=name, rollout=rollout,
@@ -195,8 +281,10 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     again until at least that long has been spent (a steady load beside another measurement).
 
     Returns:
-        ``{"seconds", "steps", "tokens", "s_per_token", "s_per_sample"}`` (``tokens``: real tokens of the
-        rows stepped over, prompt + response, skipped rows included, as the simulator counts them).
+        ``{"seconds", "steps", "tokens", "s_per_token", "priced_tokens", "s_per_priced_token", "s_per_sample"}``
+        (``tokens``: real tokens of the rows stepped over, prompt + response, skipped rows included;
+        ``priced_tokens``: the same rows as the simulator prices them, :func:`priced_tokens`, whose price
+        ``s_per_priced_token`` is the one to give :class:`TrainCostModel`).
 
     Raises:
         ValueError: no outputs, or outputs without their rewards (not from :func:`measure_rollout`).
@@ -231,23 +319,34 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
         groups = [groups[k % len(groups)] for k in range(req)]  # else no step ran and s_per_token read 0
 
     loss_fn = actor_loss_fn(cfg)
-    steps, seconds, tokens = 0, 0.0, 0
+    steps, seconds, tokens, priced = 0, 0.0, 0, 0.0
     starts = list(range(0, len(groups) - req + 1, req))
     # one untimed step first: a fresh process's first update pays allocations and thread start-up, which the
     # simulator (steady cost per token, no warm-up) must not spread over every step
     _train_step(cfg, engine, loss_fn, groups[:req], req, per_mb)
     while True:
         for start in starts:
-            dt, n = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
-            seconds, tokens, steps = seconds + dt, tokens + n, steps + 1
+            dt, n, p = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
+            seconds, tokens, priced, steps = seconds + dt, tokens + n, priced + p, steps + 1
         if seconds >= min_seconds or not starts:
             break
     return {"seconds": seconds, "steps": steps, "tokens": tokens, "s_per_token": seconds / max(1, tokens),
+            "priced_tokens": priced, "s_per_priced_token": seconds / max(1.0, priced),
             "s_per_sample": seconds / max(1, steps * req)}
 
 
-def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_mb: int) -> tuple[float, int]:
-    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, tokens)``. Scores, token
+def priced_tokens(lengths: Sequence[float], max_token_len: Optional[int] = None) -> float:
+    """The tokens :class:`TrainCostModel` prices one update of rows of ``lengths`` (real tokens each) at, with
+    ``per_token_s = 1``: their sum, or with ``max_token_len`` (``use_dynamic_bsz``) each packed micro-batch's
+    rows x its longest row. Dividing a measured update's seconds by this, not by the real tokens, is what
+    makes the simulator reproduce the measurement: it pads each micro-batch itself, so a per-real-token price
+    (which already includes the padding the real engine computed) would be padded twice (long-tail task:
+    x1.1-1.46 per mini-batch, 1.24 on average, the simulated update ~25% long)."""
+    return TrainCostModel(per_token_s=1.0, max_token_len=max_token_len).pass_time(list(lengths))
+
+
+def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_mb: int) -> tuple[float, int, float]:
+    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, tokens, priced tokens)``. Scores, token
     rewards and advantages as :meth:`FullyAsyncTrainer.fit_step` computes them (bypass mode: the rollout's
     log-probs are the old ones; no critic or reference)."""
     from asyncrl.trainer.advantages import compute_advantages
@@ -255,7 +354,9 @@ def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_m
     from asyncrl.trainer.rewards import shaped_scores, token_level_rewards
 
     al = cfg.algorithm
-    t0, tokens = time.perf_counter(), 0
+    actor = cfg.actor_rollout_ref.actor
+    budget = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
+    t0, tokens, priced, untimed = time.perf_counter(), 0, 0.0, 0.0
     for m in range(0, req, per_mb):
         part = step[m:m + per_mb]
         batch = collate([o for g in part for o in g], [j for j, g in enumerate(part) for _ in g])
@@ -265,5 +366,8 @@ def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_m
                                                  batch.group_ids, al)
         batch.extras.update(old_log_probs=batch.rollout_log_probs, advantages=advantages, returns=returns)
         engine.update(batch, loss_fn)
+        t1 = time.perf_counter()
         tokens += int(batch.attention_mask.sum())
-    return time.perf_counter() - t0, tokens
+        priced += priced_tokens(batch.attention_mask.sum(-1).tolist(), budget)
+        untimed += time.perf_counter() - t1
+    return time.perf_counter() - t0 - untimed, tokens, priced

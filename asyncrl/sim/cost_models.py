@@ -81,17 +81,40 @@ class RolloutCostModel:
     ``step_s + per_seq_s * R + per_ctx_token_s * R * K`` (``B`` and ``S`` of the paged form above
     replaced by ``R`` and ``R * K``). False: vLLM's paged form."""
 
+    per_iteration_s: Optional[dict] = None
+    """Measured seconds per decode iteration by batch size ``{B: s}`` (a probe, prefill taken out), used
+    instead of ``step_s + per_seq_s * B`` when set: linear between the measured sizes, the last segment's
+    slope beyond the largest (:meth:`iteration_s`). A straight line fitted through a probe whose cost is
+    not linear in ``B`` misprices the sizes a run spends its time at (CPU vLLM: 8% short at B = 8..32)."""
+
+    def iteration_s(self, batch: float) -> float:
+        """Seconds of one decode iteration of ``batch`` sequences, context term excluded."""
+        table = self.per_iteration_s
+        if not table:
+            return self.step_s + self.per_seq_s * batch
+        pts = sorted((float(b), float(t)) for b, t in table.items())
+        if len(pts) == 1:
+            return pts[0][1]
+        if batch <= pts[0][0]:
+            (b0, t0), (b1, t1) = pts[0], pts[1]
+            return max(1e-9, t0 + (t1 - t0) / (b1 - b0) * (batch - b0)) if batch > 0 else t0
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if batch <= b1:
+                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        (b0, t0), (b1, t1) = pts[-2], pts[-1]  # beyond the largest probed size: the last segment's slope
+        return t1 + max(0.0, (t1 - t0) / (b1 - b0)) * (batch - b1)
+
     def decode_time(self, iterations: float, batch: int, ctx: float) -> float:
         """Seconds for ``iterations`` decode steps of ``batch`` sequences whose summed context starts
         at ``ctx`` and grows by ``batch`` per step (closed form of the per-step sum), times
         ``1 + contention``."""
-        a = self.step_s + self.per_seq_s * batch + self.per_ctx_token_s * ctx
+        a = self.iteration_s(batch) + self.per_ctx_token_s * ctx
         return (a * iterations + self.per_ctx_token_s * batch * iterations * iterations / 2.0) * (1.0 + self.contention)
 
     def decode_iterations(self, seconds: float, batch: int, ctx: float) -> float:
         """Inverse of :meth:`decode_time`: decode steps done in ``seconds``."""
         seconds = seconds / (1.0 + self.contention)
-        a = self.step_s + self.per_seq_s * batch + self.per_ctx_token_s * ctx
+        a = self.iteration_s(batch) + self.per_ctx_token_s * ctx
         q = self.per_ctx_token_s * batch
         if q <= 0:
             return seconds / a
