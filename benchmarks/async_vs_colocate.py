@@ -29,6 +29,7 @@ Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
     python benchmarks/async_vs_colocate.py --task arith --modes d --reference ../shared/baselines/rlproto
     python benchmarks/async_vs_colocate.py --gpu --backend hf --modes colocated,d   # 2 GPUs, no vLLM
     python benchmarks/async_vs_colocate.py --gpu --simulate-only --steps 12      # no GPU: predicted (gpu_sim.py)
+    python benchmarks/async_vs_colocate.py --simulate-only --calibration lt.json  # a saved CPU run re-simulated
 
 With ``--gpu`` the simulator predicts from the documented H200 cost model instead of CPU calibration
 (``gpu_sim.py``, ``asyncrl.sim.cost_models.h200_qwen25_05b_hf``).

@@ -7,6 +7,10 @@ Rollout (one replica, continuous batching; vLLM-style iteration-level scheduling
     prefill           t = prefill_s + per_prefill_token_s * P                (blocks the replica)
     weight load       t = weight_load_s                                     (after the transfer)
 
+On CPU the decode term is a table measured by probe (``per_iteration_s``: seconds per iteration by batch
+size, linear between the probed sizes) and ``prefill_s`` the cost a request pays once, fitted so that a
+rollout-only of the workload is reproduced (:func:`asyncrl.sim.calibrate.fit_per_request`).
+
 ``step_s`` is the weight-read floor of a decode step (memory bound: bytes of weights / HBM
 bandwidth, plus launch overhead), ``per_seq_s`` the per-sequence compute (2 x params FLOP / usable
 FLOP/s), ``per_ctx_token_s`` the KV-cache read per context token (KV bytes per token / HBM
