@@ -340,7 +340,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
     prompt = render_prompt_ids(tok, rows[0]["prompt"])
     cal: dict[str, Any] = {"prompt_tokens": statistics.fmean(len(render_prompt_ids(tok, r["prompt"])) for r in rows[:64])}
-    probe = {"batch_sizes": (1, 8, 32, 128), "tokens": 48}
+    probe = {"batch_sizes": (1, 8, 32, 128), "tokens": PROBE_TOKENS}
     for kind, rep in replicas.items():
         cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, **probe))
         print(f"  decode s/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
@@ -422,7 +422,7 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     else:
         groups = None
     c = None
-    if groups:
+    if groups and "decode_split" in cal:
         c = fit_per_request({int(b): t for b, t in cal["decode_split"].items()}, PROBE_TOKENS, groups, conc, seconds,
                             pt).prefill_s
     budget = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu if cfg.actor_rollout_ref.actor.use_dynamic_bsz else None
