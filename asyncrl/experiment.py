@@ -220,8 +220,11 @@ class Experiment:
     def _status(self, ro: dict, tr: dict, mq: Any) -> dict:
         # elapsed_s stops at the run's wall time once finish() has summarised it: a dashboard's last poll
         # (after the final evaluation) then shows the status line's and the summary's seconds, not later ones
+        # likewise its held-out accuracy becomes the summary's "after" figure (the mean of the last evaluations)
         elapsed = self.summary.wall_s if self.summary is not None else time.time() - self.t_start
-        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": elapsed,
+        after = ({} if self.summary is None or self.summary.accuracy_after is None else
+                 {"accuracy_after": self.summary.accuracy_after, "accuracy_after_evals": self.summary.accuracy_after_evals})
+        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": elapsed, **after,
                 "watchdog": tr.get("watchdog"),
                 "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq),
                 "load_balancer": ro.pop("load_balancer", {}), "budget": dataclasses.asdict(self.budget)}
@@ -293,7 +296,8 @@ class Experiment:
             accuracy_after=sum(e["accuracy"] for e in after_evals) / len(after_evals) if after_evals else None,
             accounting=accounting, wall_s=time.time() - self.t_start, evals=evals,
             lag_counts=tr["lag_counts"], staleness_bound=tr["staleness_bound"], stop_reason=tr.get("stop_reason", ""),
-            last_checkpoint=tr.get("last_checkpoint"), resumed_from=str(self.resume_from) if self.resume_from else None)
+            last_checkpoint=tr.get("last_checkpoint"), resumed_from=str(self.resume_from) if self.resume_from else None,
+            accuracy_after_evals=len(after_evals))
         history = tr["history"]
         write_run_artifacts(self.run_dir, history, evals, to_yaml(self.config), dataclasses.asdict(self.summary),
                             write_metrics=False)  # metrics.csv was streamed step by step

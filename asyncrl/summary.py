@@ -17,6 +17,7 @@ class Summary:
         steps: trainer fit steps done; ``param_version``: weight syncs done.
         accuracy_before: held-out greedy accuracy at version 0 (0..1).
         accuracy_after: mean of the last ``trainer.eval_average_last`` evaluations (0..1).
+        accuracy_after_evals: how many evaluations ``accuracy_after`` averages (the last ones after version 0).
         accounting: prompts taken vs trained / dropped / failed, with reasons (invariant 1).
         wall_s: seconds from start to the end of the final evaluation.
     """
@@ -34,6 +35,7 @@ class Summary:
     stop_reason: str = ""
     last_checkpoint: Optional[str] = None
     resumed_from: Optional[str] = None
+    accuracy_after_evals: int = 0
 
     def __str__(self) -> str:
         def pct(x: Optional[float]) -> str:
@@ -43,7 +45,7 @@ class Summary:
         return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s"
                 f" (stopped: {self.stop_reason or 'n/a'})\n"
                 f"  held-out greedy accuracy: before {pct(self.accuracy_before)} -> after {pct(self.accuracy_after)}"
-                f" (mean of last evals)\n"
+                f"{self._after_what()}\n"
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
                 f"  dropped by reason: {drops}\n"
@@ -54,6 +56,12 @@ class Summary:
                 + (", ".join(f"lag {k}: {v}" for k, v in sorted(self.lag_counts.items())) or "none")
                 + f" (bound: lag <= {self.staleness_bound})"
                 + self._eval_failure_line() + self._tool_lines())
+
+    def _after_what(self) -> str:
+        """What the "after" figure is: the final evaluation, or the mean of the last few (the dashboard's
+        header says the same once the run is done)."""
+        n = self.accuracy_after_evals
+        return "" if n == 0 else " (final evaluation)" if n == 1 else f" (mean of the last {n} evaluations)"
 
     def _eval_failure_line(self) -> str:
         """Held-out samples that failed over all evaluations, by reason (none: no line)."""

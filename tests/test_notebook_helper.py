@@ -103,6 +103,12 @@ def test_run_summary_shows_what_is_not_zero_and_explains_shutdown_drops():
                        accounting=acc, wall_s=3.0, evals=evals, lag_counts={0: 5, 1: 3}, staleness_bound=2))
     assert "format: before 0.000 -> after 0.000" in text and "(1 other eval/tool_* metrics" in text
     assert "lag 0: 5, lag 1: 3 (bound: lag <= 2)" in text
+    # the "after" figure says what it averages, as the finished dashboard's header does
+    assert "after 50.0%\n" in text  # unknown (summaries written before the field): nothing said
+    for n, said in ((1, "(final evaluation)"), (3, "(mean of the last 3 evaluations)")):
+        text = str(Summary(run_dir="r", steps=2, param_version=2, accuracy_before=0.5, accuracy_after=0.5,
+                           accounting=acc, wall_s=3.0, evals=evals, accuracy_after_evals=n))
+        assert f"after 50.0% {said}\n" in text
 
 
 def test_notebook_kernels_get_no_transformers_progress_bars():

@@ -536,6 +536,24 @@ def test_dashboard_header_shows_failures_by_type_with_the_latest_message():
     assert "latest: sample 9f3a: TrajectoryCancelled: trajectory 9f3a-0: a callee raised &lt;x&gt;" in head
 
 
+def test_dashboard_header_shows_the_summarys_held_out_accuracy_once_done():
+    """The run summary's "after" is the mean of the last evaluations; a finished run's header shows that
+    figure and says it is a mean (00 showed the last evaluation, 40.6%, beside a summary's 43.8%)."""
+    from widgets.dashboard import header_model
+
+    snap = copy.deepcopy(load("done"))
+    snap["rollouter"]["eval_history"] = [{"version": 0, "accuracy": 0.438}, {"version": 3, "accuracy": 0.469},
+                                         {"version": 6, "accuracy": 0.406}]
+    assert header_model(snap)["accuracy"] == 0.406  # live: the latest evaluation
+    head = Dashboard(snap, autostart=False)._header_html()
+    assert "<b>40.6%</b>" in head and "mean of" not in head
+    snap.update(accuracy_after=0.4375, accuracy_after_evals=3)  # what Experiment adds once summarised
+    head = Dashboard(snap, autostart=False)._header_html()
+    assert "held-out acc <b>43.8%</b> (mean of the last 3 evaluations)" in head
+    snap.update(accuracy_after=0.406, accuracy_after_evals=1)
+    assert "<b>40.6%</b>" in Dashboard(snap, autostart=False)._header_html().split("held-out acc")[1][:20]
+
+
 def test_funnel_pin_shows_the_chosen_moment_under_its_title(tmp_path):
     funnel = ConcurrencyFunnel()
     for name in ("early", "active_bound", "done"):

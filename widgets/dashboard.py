@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 
 def header_model(snapshot: dict) -> dict:
-    """The one-line run summary: name, state, elapsed, step, versions, accounting."""
+    """The one-line run summary: name, state, elapsed, step, versions, accounting, held-out accuracy (the
+    latest evaluation's; once the run is summarised, its summary's "after": the mean of its last evaluations)."""
     tr = snapshot.get("trainer") or {}
     ro = snapshot.get("rollouter") or {}
     acc = ro.get("accounting") or {}
@@ -48,7 +49,9 @@ def header_model(snapshot: dict) -> dict:
             "elapsed_s": float(snapshot.get("elapsed_s") or 0.0), "global_steps": as_int(tr.get("global_steps")),
             "param_version": as_int(tr.get("param_version", ro.get("param_version"))),
             "trained": as_int(tr.get("trained")), "taken": as_int(acc.get("taken")),
-            "enqueued": as_int(acc.get("enqueued")), "accuracy": evals[-1].get("accuracy") if evals else None,
+            "enqueued": as_int(acc.get("enqueued")),
+            "accuracy": snapshot["accuracy_after"] if "accuracy_after" in snapshot else evals[-1].get("accuracy") if evals else None,
+            "accuracy_evals": as_int(snapshot.get("accuracy_after_evals", 1)),
             "error": tr.get("error"), "failed": dict(acc.get("failed") or {}),
             "last_failure": (ro.get("recent_failures") or [None])[-1],
             "watchdog": (snapshot.get("watchdog") or tr.get("watchdog") or {}).get("message")}
@@ -204,6 +207,9 @@ class Dashboard(SnapshotView):
     def _header_html(self) -> str:
         h = self.model or {}
         acc = "–" if h.get("accuracy") is None else f"{100 * h['accuracy']:.1f}%"
+        # once done, the summary's "after" figure: where it averages several evaluations, the header says so
+        mean_of = (f" (mean of the last {h['accuracy_evals']} evaluations)"
+                   if h.get("accuracy") is not None and h.get("accuracy_evals", 1) > 1 else "")
         live = self.poller.reason if self.poller is not None else "static"
         err = f'<div class="warn">trainer error: {html.escape(str(h["error"]))}</div>' if h.get("error") else ""
         if h.get("failed"):  # failed samples by exception type, and the latest one's message
@@ -221,7 +227,7 @@ class Dashboard(SnapshotView):
         return (f"<b>{name}</b> &middot; {state}"
                 f" &middot; {h.get('elapsed_s', 0):.0f} s &middot; step <b>{h.get('global_steps', 0)}</b>"
                 f" &middot; v{h.get('param_version', 0)} &middot; prompts taken {h.get('taken', 0)}, "
-                f"enqueued {h.get('enqueued', 0)}, trained {h.get('trained', 0)} &middot; held-out acc <b>{acc}</b>"
+                f"enqueued {h.get('enqueued', 0)}, trained {h.get('trained', 0)} &middot; held-out acc <b>{acc}</b>{mean_of}"
                 + ("" if self.final else f' <span class="muted">[{html.escape(live)}]</span>') + err)
 
     # ---------------------------------------------------------------- live widget
