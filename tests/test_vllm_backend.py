@@ -184,3 +184,47 @@ def test_replica_stats(shared_replica):
     stats = shared_replica.stats()
     assert stats["backend"] == "vllm" and stats["num_inflight"] == 0
     assert stats["requests"] >= 1 and stats["generated_tokens"] >= 1
+
+
+def _set_stream(replica, on: bool) -> bool:
+    import ray
+
+    def swap(actor, value):
+        old, actor.engine.stream_outputs = actor.engine.stream_outputs, value
+        return old
+
+    return ray.get(replica.actor.__ray_call__.remote(swap, on))
+
+
+def test_final_only_outputs_equal_streamed_ones(shared_replica):
+    """One output per request at its end (the default) returns what a per-token stream does: ids, logprobs,
+    versions, also for a request aborted part-way."""
+    import ray
+
+    sp = SamplingParams(max_tokens=12, temperature=1.0, seed=5)
+    was = _set_stream(shared_replica, True)
+    try:
+        streamed = shared_replica.generate("fo-stream", PROMPTS[2], sp)
+        _set_stream(shared_replica, False)
+        final = shared_replica.generate("fo-final", PROMPTS[2], sp)
+        refs = _long_requests(shared_replica, "fo-abort", n=2)
+        shared_replica.abort_all_requests()
+        aborted = ray.get(refs, timeout=60)
+    finally:
+        _set_stream(shared_replica, was)
+    assert final.token_ids == streamed.token_ids and final.stop_reason == streamed.stop_reason
+    torch.testing.assert_close(torch.tensor(final.log_probs), torch.tensor(streamed.log_probs), atol=1e-6, rtol=0)
+    assert final.response_versions == streamed.response_versions and len(set(final.response_versions)) == 1
+    assert any(o.stop_reason == "aborted" and 0 < len(o.token_ids) < 400 for o in aborted)
+    assert all(len(o.token_ids) == len(o.log_probs) == len(o.response_versions) for o in aborted)
+
+
+def test_keep_mode_configs_stream_outputs():
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.rollout.replica import engine_kwargs_from_config
+
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.name = "vllm"
+    assert engine_kwargs_from_config(cfg)["stream_outputs"] is False
+    cfg.async_training.partial_rollout_mode = "keep"  # frozen requests span a sync: versions need the stream
+    assert engine_kwargs_from_config(cfg)["stream_outputs"] is True

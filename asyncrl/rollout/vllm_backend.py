@@ -2,8 +2,9 @@
 
 ::
 
-    generate(request_id, prompt_ids) ──► AsyncLLM.generate (DELTA stream) ──► accumulate ids+logprobs
-             ▲                                   │ finish_reason stop/length/abort
+    generate(request_id, prompt_ids) ──► AsyncLLM.generate (FINAL_ONLY: one output at the end;
+             ▲                           DELTA stream with stop strings / stream_outputs) ──► ids+logprobs
+             │                                   │ finish_reason stop/length/abort
     abort_all_requests / pause(mode) ────────────┘ (aborted => tokens so far, stop_reason="aborted")
     load_weight_buckets ──► collective_rpc("asyncrl_load_bucket") ──► worker: layerwise reload
 
@@ -79,6 +80,14 @@ class VLLMEngine(InferenceEngine):
             scaling, i.e. the logprob of the distribution actually sampled from, which is what
             the trainer recomputes as ``log_softmax(logits / temperature)``.
         warmup: run a 1-token request in :meth:`start` so the first real request is fast.
+        stream_outputs: have vLLM stream every request's tokens as they come (``DELTA``); ``False``
+            (the default) asks for one output per request when it ends (``FINAL_ONLY``: every token,
+            also of an aborted request), which is all a token-in-token-out caller needs and saves the
+            per-token output and wake-up of each request in this process. Requests with stop strings
+            always stream (they are cut as a string completes). Set it when ``pause("keep")`` is used
+            (``async_training.partial_rollout_mode=keep``): a request frozen across a sync holds tokens of
+            two versions, told apart only by streaming; a final-only request caught by one is labelled
+            with its starting (older) version and the engine streams from then on.
         engine_kwargs: extra ``AsyncEngineArgs`` fields.
     """
 
@@ -95,6 +104,7 @@ class VLLMEngine(InferenceEngine):
         seed: int = 0,
         logprobs_mode: str = "processed_logprobs",
         warmup: bool = True,
+        stream_outputs: bool = False,
         engine_kwargs: Optional[dict[str, Any]] = None,
     ):
         self.model_path = str(model_path)
@@ -107,6 +117,7 @@ class VLLMEngine(InferenceEngine):
         self.seed = seed
         self.logprobs_mode = logprobs_mode
         self.warmup = warmup
+        self.stream_outputs = stream_outputs
         self.engine_kwargs = dict(engine_kwargs or {})
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
@@ -167,7 +178,7 @@ class VLLMEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ generation
 
-    def _vllm_params(self, sp: SamplingParams) -> Any:
+    def _vllm_params(self, sp: SamplingParams, final_only: bool = False) -> Any:
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -179,7 +190,7 @@ class VLLMEngine(InferenceEngine):
             repetition_penalty=sp.repetition_penalty,
             stop_token_ids=list(dict.fromkeys([*([] if sp.ignore_eos else self.eos_token_ids), *sp.stop_token_ids])),
             ignore_eos=sp.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
         )
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
@@ -216,14 +227,23 @@ class VLLMEngine(InferenceEngine):
         versions: list[int] = []
         finish: Optional[str] = None
         preempted = 0
+        # one output at the end instead of one per token (see ``stream_outputs``)
+        final_only = not (self.stream_outputs or stops)
+        start_version = self.param_version
         self._inflight.add(request_id)
         try:
-            stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), self._vllm_params(sampling_params), request_id)
+            stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                     self._vllm_params(sampling_params, final_only), request_id)
             async for out in stream:
                 comp = out.outputs[0]
                 checked = len(ids)
+                if final_only:  # cumulative: the whole response (of an aborted request too), once
+                    del ids[:], lps[:], top[:], versions[:]
+                    if self.param_version != start_version:  # frozen across a sync by pause("keep")
+                        logger.warning("request %s spanned versions %d..%d without streaming; its tokens are "
+                                       "labelled with the older one", request_id, start_version, self.param_version)
                 ids.extend(comp.token_ids)
-                versions.extend([self.param_version] * len(comp.token_ids))
+                versions.extend([start_version if final_only else self.param_version] * len(comp.token_ids))
                 if sampling_params.logprobs and comp.logprobs:
                     lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
                     if k_top > 0:  # the dict holds the sampled id and the top-k (rank 1..k)
@@ -279,6 +299,9 @@ class VLLMEngine(InferenceEngine):
         ``abort`` ends in-flight requests (they return partial tokens), ``wait`` drains them,
         ``keep`` freezes them with their KV cache and continues them on resume.
         """
+        if mode == "keep" and not self.stream_outputs:  # later requests stream, so versions stay exact
+            logger.info("pause(keep): streaming outputs from now on (stream_outputs=True)")
+            self.stream_outputs = True
         await self._require().pause_generation(mode=mode, clear_cache=(mode != "keep"))
         self._pause_mode = mode
 
