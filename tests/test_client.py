@@ -95,3 +95,56 @@ def test_an_agent_loop_given_a_bare_engine_has_the_client_interface():
     assert as_server_manager(client) is client and as_server_manager(None) is None, "used as they are"
     with pytest.raises(TypeError, match="generate"):
         as_server_manager(object())
+
+
+class _Remote:
+    """``method.remote(*args)`` -> an awaitable, as a Ray actor handle's method (counts the calls)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def remote(self, *args):
+        self.calls.append(args)
+        return self.fn(*args)
+
+
+class FakeActorHandle:
+    """A replica actor handle over a FakeAbortingReplica, with ``generate`` and ``generate_many``."""
+
+    def __init__(self, replica, fail_ids=()):
+        self.replica, self.fail_ids = replica, set(fail_ids)
+        self.generate = _Remote(self._one)
+        self.generate_many = _Remote(self._many)
+
+    async def _one(self, request_id, prompt_ids, sp):
+        if request_id in self.fail_ids:
+            raise ValueError(f"bad request {request_id}")
+        return await self.replica.generate(request_id, prompt_ids, sp)
+
+    async def _many(self, requests):
+        return list(await asyncio.gather(*(self._one(*r) for r in requests), return_exceptions=True))
+
+
+def test_coalesced_requests_of_one_group_share_one_replica_call():
+    from asyncrl.rollout.client import coalesced
+
+    handle = FakeActorHandle(FakeAbortingReplica(abort_every=4, natural_len=9), fail_ids={"g-3"})
+    client = FullyAsyncLLMServerClient(FakePool({"r": handle}), partial_rollout=True)
+
+    async def one(rid, key):
+        with coalesced(key):
+            return await client.generate(rid, [1, 2], SamplingParams(max_tokens=16))
+
+    async def main():
+        group = [one(f"g-{k}", "g") for k in range(6)]
+        alone = [one(f"h-{k}", None) for k in range(2)]
+        return await asyncio.gather(*group, *alone, return_exceptions=True)
+
+    outs = run(main())
+    assert isinstance(outs[3], ValueError)  # one request's error reaches that request only
+    for o in outs[:3] + outs[4:]:  # every other one resumed across 2 aborts to its natural end
+        assert o.stop_reason == "completed" and len(o.token_ids) == 9 and o.num_aborts == 2
+    # group g: one call per round (first + 2 resumes), each carrying every request still going;
+    # h-*: one call each per round, never coalesced
+    assert [len(c[0]) for c in handle.generate_many.calls] == [6, 5, 5]
+    assert sorted(c[0] for c in handle.generate.calls) == ["h-0", "h-0", "h-0", "h-1", "h-1", "h-1"]

@@ -19,6 +19,8 @@ from asyncrl.rollout.base import SamplingParams
 class SingleTurnAgentLoop(AgentLoopBase):
     """One user turn, one assistant turn."""
 
+    coalesce_requests = True  # a group's n requests go to a replica in one Ray call (rollout.client.coalesced)
+
     async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
         """Args: ``sample`` holds the dataset row (``prompt`` chat messages) and ``request_id``."""
         prompt_ids = sample.get("prompt_ids") or render_prompt_ids(self.tokenizer, sample["prompt"])

@@ -28,7 +28,7 @@ from asyncrl.agent_loop.base import AgentLoopOutput, get_agent_loop_cls
 from asyncrl.config import ExperimentConfig
 from asyncrl.failures import own_cancellation
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
+from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted, coalesced
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class AgentLoopWorker:
         try:
             extra = {"prompt_ids": prompt_ids} if prompt_ids is not None else {}
             sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * n
-            return await self._group([self._one(loop, sps[k], f"{uid}-{k}", row, extra) for k in range(n)])
+            return await self._group([self._one(loop, sps[k], f"{uid}-{k}", row, extra, uid) for k in range(n)])
         finally:
             self.active_samples -= 1
             self.done_samples += 1
@@ -125,12 +125,14 @@ class AgentLoopWorker:
             pass
         raise exc
 
-    async def _one(self, loop: Any, sp: SamplingParams, request_id: str, row: dict, extra: dict) -> AgentLoopOutput:
+    async def _one(self, loop: Any, sp: SamplingParams, request_id: str, row: dict, extra: dict,
+                   group: Optional[str] = None) -> AgentLoopOutput:
         self.active_trajectories += 1
         try:
             t0 = time.perf_counter()
-            try:
-                out = await loop.run(sp, request_id=request_id, **extra, **row)
+            try:  # a group's single-turn requests share one Ray call per event-loop turn (client.coalesced)
+                with coalesced(group if getattr(loop, "coalesce_requests", False) else None):
+                    out = await loop.run(sp, request_id=request_id, **extra, **row)
             except asyncio.CancelledError:
                 if own_cancellation():
                     raise

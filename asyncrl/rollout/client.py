@@ -14,6 +14,9 @@
         returns one TokenOutput whose tokens may span several parameter versions
         (response_versions: the engine's version of each token, carried across resumes)
 
+    coalesced(key): requests under one key that reach one replica actor in the same event-loop turn
+        (a prompt group's single-turn trajectories) travel in one ``generate_many`` Ray call
+
 Semantics from the verl fully-async design: a weight sync aborts in-flight requests; the client
 resumes from prompt + generated tokens with the remaining budget, never past ``response_length``,
 and keeps the per-token versions the engine reported (``TokenOutput.response_versions``). The abort
@@ -22,10 +25,13 @@ is invisible to the agent loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Iterator, Optional, Protocol, Sequence
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -67,7 +73,74 @@ class ResumableOutput(TokenOutput):
     replica_faults: int = 0
 
 
+_COALESCE_KEY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("asyncrl_coalesce_key", default=None)
+
+
+@contextlib.contextmanager
+def coalesced(key: Optional[str]) -> Iterator[None]:
+    """Requests made inside this block (and the tasks it starts) that reach one replica actor in the same
+    event-loop turn under the same ``key`` travel in one Ray call (``generate_many``) instead of one each.
+
+    Each request still ends on its own in the engine, but its result comes back when the call's last one
+    ends: use it for requests whose results are awaited together anyway, e.g. the ``n`` single-turn
+    trajectories of one prompt group (GRPO trains a group whole). On 2 CPU cores a Ray actor call per
+    request was a large part of the rollout's glue (benchmarks/RESULTS.md, session 10).
+    """
+    token = _COALESCE_KEY.set(key)
+    try:
+        yield
+    finally:
+        _COALESCE_KEY.reset(token)
+
+
+class _Coalescer:
+    """Per (replica actor, key): requests of one event-loop turn, sent by one ``generate_many`` call."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[int, str], tuple[Any, list]] = {}
+
+    def submit(self, handle: Any, key: str, request: tuple) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        slot = (id(handle), key)
+        if slot not in self.pending:
+            self.pending[slot] = (handle, [])
+            loop.call_soon(self._flush, slot)
+        self.pending[slot][1].append((request, fut))
+        return fut
+
+    def _flush(self, slot: tuple[int, str]) -> None:
+        handle, items = self.pending.pop(slot)
+        live = [(req, fut) for req, fut in items if not fut.done()]  # cancelled before the call left
+        if live:
+            asyncio.ensure_future(self._send(handle, live))
+
+    @staticmethod
+    async def _send(handle: Any, items: list) -> None:
+        try:
+            if len(items) == 1:
+                results = [await handle.generate.remote(*items[0][0])]
+            else:
+                results = await handle.generate_many.remote([req for req, _ in items])
+        except BaseException as exc:  # the call itself failed (a dead actor): every request sees it
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        for (_, fut), res in zip(items, results):
+            if not fut.done():
+                fut.set_exception(res) if isinstance(res, BaseException) else fut.set_result(res)
+
+
+_COALESCER = _Coalescer()
+
+
 async def _call_replica(handle: Any, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+    key = _COALESCE_KEY.get()
+    if key is not None and hasattr(handle, "generate_many") and hasattr(handle.generate_many, "remote"):
+        return await _COALESCER.submit(handle, key, (request_id, prompt_ids, sp))
     if hasattr(handle, "generate_async"):
         return await handle.generate_async(request_id, prompt_ids, sp)
     if hasattr(handle, "generate") and hasattr(handle.generate, "remote"):

@@ -134,6 +134,11 @@ class _ReplicaActor:
         self._stats["aborted"] += out.stop_reason == "aborted"
         return out
 
+    async def generate_many(self, requests: list) -> list:
+        """:meth:`generate` for each ``(request_id, prompt_ids, sampling_params)`` concurrently, in one Ray
+        call (``asyncrl.rollout.client.coalesced``); a request's error is returned in its place, not raised."""
+        return list(await asyncio.gather(*(self.generate(*r) for r in requests), return_exceptions=True))
+
     async def abort_all_requests(self) -> int:
         return await self.engine.abort_all_requests()
 
