@@ -86,7 +86,36 @@ MODES = {
     "d_s1": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
+    # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
+    # output per token per request; now one per request, asyncrl.rollout.vllm_backend stream_outputs)
+    "d_stream": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
+
+    # mode d with one Ray call per engine request (before session 10: a group's 8 single-turn requests
+    # now share one call per event-loop turn, asyncrl.rollout.client.coalesced); d_before: both off
+    "d_percall": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
+    "d_before": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
+    # mode d with fewer prompt groups in generation at once (rollout.concurrent_samples_per_replica; default
+    # 256, i.e. the whole staleness budget): right after a sync the groups the trainer waits for decode in a
+    # smaller batch instead of beside the next step's look-ahead
+    "d_c8": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+             "actor_rollout_ref.rollout.concurrent_samples_per_replica": 8},
+    "d_c16": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+              "actor_rollout_ref.rollout.concurrent_samples_per_replica": 16},
+    # d_c16 with the trainer on both cores (2 torch threads, OpenMP passive): the rollout core is idle for part
+    # of each update (the look-ahead groups finish before it ends)
+    "d_c16_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.concurrent_samples_per_replica": 16, "trainer.torch_threads": 2,
+                 "trainer.cpu_affinity": "''"},
+    "d_c24": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+              "actor_rollout_ref.rollout.concurrent_samples_per_replica": 24},
 }
+
+ENGINE_ATTRS = {"d_stream": {"stream_outputs": True}, "d_before": {"stream_outputs": True}}
+"""Attributes set on the shared replica's engine for one mode only (restored after it): engine internals
+that are no user choice, A/B'd side by side on the same replica."""
+PER_CALL = {"d_percall", "d_before"}
+"""Modes whose rollouter sends one Ray call per engine request (set in its process right after it starts:
+the first groups of the run still coalesce; the step medians skip the first steps)."""
 
 
 GPU_MICRO_BATCH_TOKENS = 8 * (2048 + 64)
@@ -193,11 +222,14 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     from asyncrl.staleness import sample_budget
 
     cfg = mode_config(mode, args)
+    saved = set_engine_attrs(replica, ENGINE_ATTRS.get(mode, {}))
     exp = Experiment(cfg, replicas=[replica] if replica is not None else None)
     t0 = time.time()
     census = None
     try:
         exp.start()
+        if mode in PER_CALL:
+            ray.get(exp.rollouter.__ray_call__.remote(_per_call))
         if args.census:
             census = CENSUS
             census.mark(mode)
@@ -209,6 +241,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         ro = ray.get(exp.rollouter.snapshot.remote())
     finally:
         exp.stop()
+        set_engine_attrs(replica, saved)
     skip = min(2, max(0, len(history) - 3))  # pipeline fill
     steady = history[skip:]
     span = steady[-1]["time_s"] - steady[0]["time_s"] if len(steady) > 1 else 0.0
@@ -246,6 +279,27 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
 
         print(format_report(cpu), flush=True)
     return out
+
+
+def _per_call(_rollouter: Any) -> None:
+    from asyncrl.agent_loop.single_turn import SingleTurnAgentLoop
+
+    SingleTurnAgentLoop.coalesce_requests = False
+
+
+def set_engine_attrs(replica: Any, attrs: dict) -> dict:
+    """Set ``attrs`` on ``replica``'s engine (in its actor); returns the values they replace."""
+    if not attrs or replica is None:
+        return {}
+    import ray
+
+    def swap(actor_self: Any, new: dict) -> dict:
+        old = {k: getattr(actor_self.engine, k) for k in new}
+        for k, v in new.items():
+            setattr(actor_self.engine, k, v)
+        return old
+
+    return ray.get(replica.actor.__ray_call__.remote(swap, attrs))
 
 
 class FunnelSampler:
