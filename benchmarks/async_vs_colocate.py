@@ -6,7 +6,10 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
   ``d_s1`` (staleness 1: a whole batch of look-ahead), ``d_t2`` (two updates per sync): the replica on
-  core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``).
+  core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
+* session 10's A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` (one Ray call per
+  engine request), ``d_before`` (both: the rollout before session 10), ``d_c8`` / ``d_c16`` (at most 8 / 16
+  prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores).
 
 Then rollout-only (the replica alone generates the workload at mode d's concurrency) and train-only
 (the train engine alone updates on those responses) throughput on the async resources give the ideal
