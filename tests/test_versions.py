@@ -141,3 +141,12 @@ def test_worker_gives_versionless_trajectories_the_replica_version(model_dir):
     outs = asyncio.run(worker.generate_sequences_single(row, "u", SamplingParams(), 2, prompt_ids=[1, 2]))
     assert [(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in outs] == [(4, 4)] * 2
     assert pool.inflight["r"] == 0  # the version query released its slot
+
+
+def test_the_trainer_records_the_updates_in_each_synced_version():
+    """The bookkeeping mixin's ``_on_synced`` (updates per version, for ``staleness/update_lag_*``) is the one the
+    trainer runs, not FaultTolerantSync's no-op hook (the mixin order lost it once: test_mode_b caught it)."""
+    from asyncrl.trainer.bookkeeping import TrainerBookkeeping
+    from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+
+    assert FullyAsyncTrainer._on_synced is TrainerBookkeeping._on_synced

@@ -53,7 +53,9 @@ from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
 logger = logging.getLogger(__name__)
 
 
-class FullyAsyncTrainer(FaultTolerantSync, CheckpointedRun, TrainerBookkeeping):
+# TrainerBookkeeping first: its _on_synced (updates per version, staleness/update_lag_*) must win over
+# FaultTolerantSync's no-op hook (with it last, updates_at_version stayed {0: 0}: test_mode_b failed)
+class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
     """Ray actor body (made remote by the Experiment).
 
     Args:
