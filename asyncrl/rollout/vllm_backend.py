@@ -125,6 +125,7 @@ class VLLMEngine(InferenceEngine):
         self._tok: Any = None
         self._inflight: set[str] = set()
         self._pause_mode: Optional[str] = None  # "keep": running requests keep their (old-weight) KV at a sync
+        self._paused = False  # between pause() and resume(): a request submitted now runs on the next version
 
     @classmethod
     def from_config(cls, model_cfg: Any, rollout_cfg: Any, max_model_len: int = 512, seed: int = 0, **kw: Any) -> "VLLMEngine":
@@ -229,7 +230,9 @@ class VLLMEngine(InferenceEngine):
         preempted = 0
         # one output at the end instead of one per token (see ``stream_outputs``)
         final_only = not (self.stream_outputs or stops)
-        start_version = self.param_version
+        # the version its tokens are generated with: the current one, or, submitted while paused for a sync
+        # (a partial rollout's resubmission), the one the engine resumes with (read when the output comes)
+        start_version = None if self._paused else self.param_version
         self._inflight.add(request_id)
         try:
             stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
@@ -237,13 +240,16 @@ class VLLMEngine(InferenceEngine):
             async for out in stream:
                 comp = out.outputs[0]
                 checked = len(ids)
+                version = self.param_version
                 if final_only:  # cumulative: the whole response (of an aborted request too), once
                     del ids[:], lps[:], top[:], versions[:]
-                    if self.param_version != start_version:  # frozen across a sync by pause("keep")
-                        logger.warning("request %s spanned versions %d..%d without streaming; its tokens are "
-                                       "labelled with the older one", request_id, start_version, self.param_version)
+                    if start_version is not None:
+                        if version != start_version:  # frozen across a sync by pause("keep")
+                            logger.warning("request %s spanned versions %d..%d without streaming; its tokens are "
+                                           "labelled with the older one", request_id, start_version, version)
+                        version = start_version
                 ids.extend(comp.token_ids)
-                versions.extend([start_version if final_only else self.param_version] * len(comp.token_ids))
+                versions.extend([version] * len(comp.token_ids))
                 if sampling_params.logprobs and comp.logprobs:
                     lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
                     if k_top > 0:  # the dict holds the sampled id and the top-k (rank 1..k)
@@ -302,12 +308,14 @@ class VLLMEngine(InferenceEngine):
         if mode == "keep" and not self.stream_outputs:  # later requests stream, so versions stay exact
             logger.info("pause(keep): streaming outputs from now on (stream_outputs=True)")
             self.stream_outputs = True
+        self._paused = True
         await self._require().pause_generation(mode=mode, clear_cache=(mode != "keep"))
         self._pause_mode = mode
 
     async def resume(self) -> None:
         await self._require().resume_generation()
         self._pause_mode = None
+        self._paused = False
 
     async def is_paused(self) -> bool:
         return await self._require().is_paused()
