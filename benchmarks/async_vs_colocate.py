@@ -35,7 +35,7 @@ Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
     python benchmarks/async_vs_colocate.py --simulate-only --calibration lt.json  # a saved CPU run re-simulated
 
 With ``--gpu`` the simulator predicts from the documented H200 cost model instead of CPU calibration
-(``gpu_sim.py``, ``asyncrl.sim.cost_models.h200_qwen25_05b_hf``).
+(``gpu_sim.py``, ``asyncrl.sim.presets.h200_qwen25_05b_hf``).
 
 On a shared machine the absolute numbers move with the load; the ratios are measured side by side.
 """
@@ -678,6 +678,7 @@ def main() -> None:
     result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
                               "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.gpu:  # replicas are placed on GPUs by each Experiment; the CPU-core measurements do not apply
+        result["trainer_layout"] = gpu_sim.TRAINER_LAYOUT  # which FSDP2 engine priced it (gpu_sim.simulate_measured)
         args.ideal = False  # and the simulator predicts from the H200 cost model instead (simulate_modes)
     replicas = {} if args.gpu else start_replicas(args, modes)
     try:

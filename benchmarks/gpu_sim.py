@@ -16,7 +16,7 @@ Used two ways (``benchmarks/RESULTS.md``, "GPU: the simulator on the measured H2
   the run's own ``--gpus`` and steps, and ``report()`` prints the prediction beside the measurement.
 
 The cost model's constants are measurements of the hf engine, the FSDP2 trainer and the syncs on H200s
-(:func:`asyncrl.sim.cost_models.h200_qwen25_05b_hf` quotes each source); nothing here is fitted to the
+(:func:`asyncrl.sim.presets.h200_qwen25_05b_hf` quotes each source); nothing here is fitted to the
 runs being predicted except the trainer's update time (taken from the colocated run, as its docstring says).
 """
 
@@ -27,7 +27,10 @@ import statistics
 from typing import Any, Callable
 
 SIMULATED_FROM = ("asyncrl.sim with the documented H200 cost model h200_qwen25_05b_hf: hf decode and prefill "
-                  "from hf_rollout_cuda.py, FSDP2 update from the colocated run, syncs from the GPU sections")
+                  "from hf_rollout_cuda.py, FSDP2 update from the colocated runs, syncs from the GPU sections")
+TRAINER_LAYOUT = "causal"
+"""The FSDP2 engine's batch layout today (``h200_qwen25_05b_hf(trainer_layout=...)``), recorded in every ``--gpu``
+result as ``trainer_layout``; a result without it was made before session 10, with the ``masked`` layout."""
 
 
 def resources(mode: str, gpus: int) -> tuple[int, int, str]:
@@ -40,22 +43,24 @@ def resources(mode: str, gpus: int) -> tuple[int, int, str]:
     return gpus // 2, gpus - gpus // 2, "nccl"
 
 
-def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_config: Callable[..., Any]) -> dict:
-    """Simulate ``steps`` trainer steps of ``mode`` on ``gpus`` H200s with the benchmark's config of it.
+def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_config: Callable[..., Any],
+            trainer_layout: str = TRAINER_LAYOUT) -> dict:
+    """Simulate ``steps`` trainer steps of ``mode`` on ``gpus`` H200s with the benchmark's config of it
+    (``trainer_layout``: the FSDP2 engine's, ``causal`` today, ``masked`` for runs before session 10).
 
     Returns:
         One row: ``mode``, ``gpus``, ``samples_per_s``, ``step_s`` (mean after 2 steps of fill), the median
         ``gen_s`` / ``fetch_s`` / ``update_s`` / ``sync_s`` of a step, idle ratios, ``lag_mean``.
     """
     from asyncrl.sim import simulate
-    from asyncrl.sim.cost_models import h200_qwen25_05b_hf
+    from asyncrl.sim.presets import h200_qwen25_05b_hf
 
     rollout_gpus, train_gpus, sync = resources(mode, gpus)
     # the model's engine; simulate_only: the simulator prices the model by its cost model and loads no
     # weights, so the 494M random-init checkpoint is not built (it was 2 GB written per call)
     cfg = mode_config(mode, argparse.Namespace(**{**vars(args), "gpus": gpus, "backend": "hf", "simulate_only": True}))
     cfg.trainer.total_training_steps, cfg.trainer.total_time_s = steps, 0.0
-    res = simulate(cfg, h200_qwen25_05b_hf(sync), rollout_gpus=rollout_gpus, train_gpus=train_gpus, name=f"{mode}@{gpus}")
+    res = simulate(cfg, h200_qwen25_05b_hf(sync, trainer_layout), rollout_gpus=rollout_gpus, train_gpus=train_gpus, name=f"{mode}@{gpus}")
     rows = res.history[2:] if len(res.history) > 3 else res.history
 
     def med(key: str) -> float:
@@ -74,9 +79,9 @@ def simulate_measured(result: dict, args: argparse.Namespace, mode_config: Calla
     if args.backend != "hf":
         print(f"not simulated: the H200 cost model is of the hf engine, this run used --backend {args.backend}")
         return {}
-    out = {}
+    out, layout = {}, result.get("trainer_layout", "masked")
     for m, measured in result["modes"].items():
-        row = predict(m, args.gpus, max(1, measured["steps"]), args, mode_config)
+        row = predict(m, args.gpus, max(1, measured["steps"]), args, mode_config, layout)
         got, steady = measured["samples_per_s"], measured.get("steady_samples_per_s")
         out[m] = {**row, "without_contention_samples_per_s": None,
                   "error": row["samples_per_s"] / got - 1 if got else None,

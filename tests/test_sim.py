@@ -247,7 +247,7 @@ def test_contention_slows_async_runs_only():
     from dataclasses import replace
 
     from asyncrl.recipes import smoke_cpu
-    from asyncrl.sim.cost_models import cpu_embedded_vllm
+    from asyncrl.sim.presets import cpu_embedded_vllm
 
     cost = cpu_embedded_vllm(1)
     loaded = replace(cost, rollout=replace(cost.rollout, contention=1.0), train=replace(cost.train, contention=1.0))

@@ -5,12 +5,12 @@
 >>> result.samples_per_s, result.trainer_idle_ratio
 
 See :mod:`asyncrl.sim.runner` (what runs), :mod:`asyncrl.sim.clock` (virtual time),
-:mod:`asyncrl.sim.cost_models` (the cost models and presets) and :mod:`asyncrl.sim.sweep`.
+:mod:`asyncrl.sim.cost_models` (the cost models), :mod:`asyncrl.sim.presets` (measured machines by name) and :mod:`asyncrl.sim.sweep`.
 """
 
 from asyncrl.sim.clock import SimulationStalled, VirtualTimeLoop, charge
-from asyncrl.sim.cost_models import (PRESETS, ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel,
-                                     cpu_embedded_vllm, h20_qwen25_7b, h100_qwen25_7b, h200_qwen25_05b_hf)
+from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
+from asyncrl.sim.presets import PRESETS, cpu_embedded_vllm, h20_qwen25_7b, h100_qwen25_7b, h200_qwen25_05b_hf
 from asyncrl.sim.runner import SimResult, simulate
 
 __all__ = ["PRESETS", "ClusterCostModel", "RolloutCostModel", "SimResult", "SimulationStalled", "SyncCostModel",

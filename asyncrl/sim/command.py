@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``."""
     import pandas as pd
 
-    from asyncrl.sim.cost_models import PRESETS, cpu_embedded_vllm
+    from asyncrl.sim.presets import PRESETS, cpu_embedded_vllm
 
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 30)

@@ -147,7 +147,8 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         from asyncrl.trainer.schedule import optim_kwargs
 
         actor = cfg.actor_rollout_ref.actor
-        train = cost.train  # use_dynamic_bsz: micro-batches packed by the config's token budget
+        # use_dynamic_bsz: micro-batches packed by the config's token budget; else of ppo_micro_batch_size rows
+        train = dataclasses.replace(cost.train, micro_batch_rows=actor.ppo_micro_batch_size)
         if actor.use_dynamic_bsz:
             train = dataclasses.replace(train, max_token_len=actor.ppo_max_token_len_per_gpu)
         engine = CostModelTrainEngine(train, token_scale, cost.prompt_tokens,

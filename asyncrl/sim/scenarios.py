@@ -5,7 +5,7 @@ tokens (verl docs "Asynchronous Training on 7B Model"; seed ``000`` section 1.1)
 GPUs 356.3 s per step (generation 177.9, old log-prob 53.9, update 113.8), fully async 64:64 150.6 s
 per step (waiting for samples 33.1, update 113.2), 2.35-2.67x in total time.
 :func:`reproduce_seed` runs both shapes of that experiment in the simulator on the
-:func:`~asyncrl.sim.cost_models.h20_qwen25_7b` cost model and breaks the step time down.
+:func:`~asyncrl.sim.presets.h20_qwen25_7b` cost model and breaks the step time down.
 
 The response lengths are a lognormal law (median 450 tokens, log-std 1.5, clipped at 28,672: mean
 ~1.3K, 0.2% run to the cap, about one per 512-response mini-batch), the early phase of DAPO on
@@ -20,7 +20,8 @@ import dataclasses
 from typing import Any, Optional
 
 from asyncrl.config import ExperimentConfig
-from asyncrl.sim.cost_models import ClusterCostModel, h20_qwen25_7b
+from asyncrl.sim.cost_models import ClusterCostModel
+from asyncrl.sim.presets import h20_qwen25_7b
 from asyncrl.sim.runner import SimResult, simulate
 
 SEED_RATIO = (2.35, 2.67)
