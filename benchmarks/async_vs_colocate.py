@@ -678,7 +678,9 @@ def main() -> None:
     result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
                               "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if args.gpu:  # replicas are placed on GPUs by each Experiment; the CPU-core measurements do not apply
-        result["trainer_layout"] = gpu_sim.TRAINER_LAYOUT  # which FSDP2 engine priced it (gpu_sim.simulate_measured)
+        import gpu_sim
+
+        result["trainer_layout"] = gpu_sim.TRAINER_LAYOUT  # which FSDP2 engine ran it (gpu_sim.simulate_measured)
         args.ideal = False  # and the simulator predicts from the H200 cost model instead (simulate_modes)
     replicas = {} if args.gpu else start_replicas(args, modes)
     try:
