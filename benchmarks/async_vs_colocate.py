@@ -450,7 +450,7 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     Returns:
         ``{"pool", "per_request_s", "train": {kind: s per priced token}, "notes": [...]}``.
     """
-    from asyncrl.sim.calibrate import fit_per_request, priced_tokens
+    from asyncrl.sim.calibrate import fit_per_request, per_request_cap, priced_tokens
     from asyncrl.staleness import sample_budget
 
     cal, ideal, notes = result["calibration"], result.get("ideal") or {}, []
@@ -467,6 +467,12 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     ro = cal.get("rollout_only")
     if ro:
         groups, seconds, conc = ro["groups"], ro["seconds"], ro["concurrency"]
+        if ideal.get("rollout_s") and ideal.get("groups"):  # the same replica alone twice: should agree
+            rate, ideal_rate = len(groups) / seconds, len(ideal["groups"]) / ideal["rollout_s"]
+            if max(rate, ideal_rate) > 1.3 * min(rate, ideal_rate):
+                notes.append(f"WARNING the calibration's rollout-only ran {rate:.2f} groups/s, the ideal bound's "
+                             f"{ideal_rate:.2f}: the box was not quiet during one of them, and the prediction is only "
+                             "as good as the calibration (session 11: another job during calibration, -44..-81%)")
     elif ideal.get("rollout_s"):
         own = [cal["response_lengths"][i:i + n] for i in range(0, len(cal["response_lengths"]), n)]
         count = round(ideal["rollout_s"] / ideal["rollout_s_per_sample"])
@@ -478,10 +484,19 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
                      f"(the calibration's groups cycled to {count}, x{k:.3f})")
     else:
         groups = None
-    c = None
+    c, at_cap = None, False
     if groups and "decode_split" in cal:
-        c = fit_per_request({int(b): t for b, t in cal["decode_split"].items()}, PROBE_TOKENS, groups, conc, seconds,
-                            pt).prefill_s
+        split = {int(b): t for b, t in cal["decode_split"].items()}
+        c = fit_per_request(split, PROBE_TOKENS, groups, conc, seconds, pt).prefill_s
+        at_cap = c >= 0.999 * per_request_cap(split, PROBE_TOKENS)
+        if at_cap:  # the bisection ran into its bound
+            notes.append(f"per-request cost at its cap ({c * 1e3:.2f} ms): even so the simulated rollout-only is faster "
+                         f"than the measured {seconds:.2f} s; what slows the real one is not in the probe")
+        for kind in ("shared",):
+            if f"decode_{kind}" in cal:
+                cap = per_request_cap({int(b): t for b, t in cal[f"decode_{kind}"].items()}, PROBE_TOKENS)
+                if c > cap:
+                    notes.append(f"per-request cost on the {kind} probe capped at {cap * 1e3:.2f} ms (its own time per request)")
     budget = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu if cfg.actor_rollout_ref.actor.use_dynamic_bsz else None
     train = {}
     for kind in ("split", "shared"):
@@ -494,7 +509,7 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         train[kind] = cal[f"train_s_per_token_{kind}"] * sum(rows) / priced
         if kind == "split":
             notes.append(f"train price per priced token: s_per_token x {sum(rows) / priced:.3f} (real / priced tokens)")
-    return {"pool": pool, "per_request_s": c, "train": train, "notes": notes}
+    return {"pool": pool, "per_request_s": c, "per_request_at_cap": at_cap, "train": train, "notes": notes}
 
 
 def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int = 96) -> dict:
@@ -538,7 +553,8 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     for note in inputs["notes"]:
         print(f"  calibration: {note}", flush=True)
     if inputs["per_request_s"] is not None:
-        print(f"  calibration: per-request cost {inputs['per_request_s'] * 1e3:.2f} ms (the rollout-only reproduced)", flush=True)
+        how = "at its cap, see above" if inputs.get("per_request_at_cap") else "the rollout-only reproduced"
+        print(f"  calibration: per-request cost {inputs['per_request_s'] * 1e3:.2f} ms ({how})", flush=True)
     for m, measured in result["modes"].items():
         kind = "shared" if m.startswith("colocated") else "split"
         if f"decode_{kind}" not in cal:

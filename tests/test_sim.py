@@ -444,6 +444,29 @@ def test_fit_per_request_recovers_the_cost_a_long_probe_hides():
     assert fit_per_request(probes, 48, groups, 1, 0.1, 10).prefill_s == 0.0
 
 
+def test_a_per_request_cost_is_capped_at_the_probe_it_is_taken_from():
+    """Session 11: the per-request cost fitted on the split replica's probe (11.09 ms, at its cap) was taken
+    out of the shared (2-core) probe, whose 128 requests of 48 tokens spend 21.7 ms per iteration: 128 x 11.09
+    / 48 = 29.6 ms per iteration of admission alone, a table entry of -7.9 ms, and the colocated simulation
+    spun at t = 2.8 s for 20 minutes. By hand: the shared cap is 0.95 x 21.7 x 48 / 128 = 7.73 ms."""
+    from asyncrl.sim.calibrate import cpu_cost_model, per_request_cap, simulate_rollout_only
+
+    shared = {1: 3.7e-3, 8: 8.9e-3, 32: 8.6e-3, 128: 21.7e-3}
+    assert per_request_cap(shared, 48) == pytest.approx(0.95 * 21.7e-3 * 48 / 128)
+    with pytest.raises(ValueError, match="per_iteration_s entries <= 0"):
+        RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=0.01109,
+                         per_iteration_s={b: t - b * 0.01109 / 48 for b, t in shared.items()})
+    with pytest.raises(ValueError, match="negative constants"):
+        RolloutCostModel(step_s=-1e-3, per_seq_s=0.0, per_ctx_token_s=0.0)
+    cost = cpu_cost_model(shared, 1e-4, 0.05, 10, per_request_s=0.01109)
+    assert cost.rollout.prefill_s == pytest.approx(7.7326e-3, rel=1e-3)
+    assert min(cost.rollout.per_iteration_s.values()) > 0
+    seconds = simulate_rollout_only(cost.rollout, [[4] * 8] * 4, 4, 10)  # it ends, in positive time
+    assert 0 < seconds < 1.0
+    # a cost below the cap is kept as it is
+    assert cpu_cost_model(shared, 1e-4, 0.05, 10, per_request_s=0.002).rollout.prefill_s == 0.002
+
+
 def test_train_is_priced_per_priced_token_so_packing_is_not_paid_twice():
     """With use_dynamic_bsz the simulator pads each packed micro-batch to its longest row; a measured price
     per real token already contains the real engine's padding. By hand: rows of 100, 150 and 300 tokens under

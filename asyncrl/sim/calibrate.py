@@ -113,8 +113,7 @@ def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequen
     reproduces the probe. ``c = 0`` when the probe alone already runs the workload as slowly as measured.
     """
     probe = {int(b): float(t) for b, t in decode_probe.items()}
-    # c above this makes some table entry <= 0: the whole probe time spent on admission
-    c_max = min(t * probe_tokens / b for b, t in probe.items()) * 0.95
+    c_max = per_request_cap(probe, probe_tokens)
 
     def model(c: float) -> RolloutCostModel:
         return RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=c, max_num_seqs=max_num_seqs,
@@ -156,6 +155,12 @@ def contention(alone: Any, loaded: Any) -> float:
     return max(0.0, ratio - 1.0)
 
 
+def per_request_cap(decode_probe: dict, probe_tokens: int) -> float:
+    """The largest per-request cost a probe can be taken net of: 95% of its smallest time per request
+    (``t(B) * probe_tokens / B``). Above it some table entry is <= 0: the whole probe time spent on admission."""
+    return min(float(t) * probe_tokens / int(b) for b, t in decode_probe.items()) * 0.95
+
+
 def net_of_per_request(decode_probe: dict, per_request_s: float, probe_tokens: int) -> dict:
     """The probe's seconds per decode iteration with the per-request cost taken out: each of a probe's ``B``
     requests paid ``per_request_s`` once over its ``probe_tokens`` iterations (:func:`fit_per_request`)."""
@@ -178,13 +183,18 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         per_request_s: ``None``: a least-squares line through the probe (before session 10). A number (from
             :func:`fit_per_request`, 0 included): the probe as a table net of that per-request cost
             (:attr:`RolloutCostModel.per_iteration_s`) and the cost charged per request
-            (:attr:`RolloutCostModel.prefill_s`); ``probe_tokens``: the probe's tokens per request.
+            (:attr:`RolloutCostModel.prefill_s`), capped at :func:`per_request_cap` of this probe;
+            ``probe_tokens``: the probe's tokens per request.
         train_s_per_token: with ``use_dynamic_bsz`` runs, per *priced* token (``measure_train``'s
             ``s_per_priced_token``, :func:`priced_tokens`).
     """
     if per_request_s is None:
         rollout = fit_rollout(decode_probe)
     else:
+        # a cost fitted on another placement's probe (the split replica's, for the shared one) may exceed
+        # what this probe spends per request (session 11: 11.1 ms vs the shared probe's 8.1 ms at B = 128,
+        # a table entry of -7.8 ms and a simulation that never advanced): capped at this probe's own bound
+        per_request_s = min(per_request_s, per_request_cap(decode_probe, probe_tokens))
         rollout = RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=per_request_s,
                                    per_iteration_s=net_of_per_request(decode_probe, per_request_s, probe_tokens))
     rollout.contention = rollout_contention

@@ -88,6 +88,18 @@ class RolloutCostModel:
     slope beyond the largest (:meth:`iteration_s`). A straight line fitted through a probe whose cost is
     not linear in ``B`` misprices the sizes a run spends its time at (CPU vLLM: 8% short at B = 8..32)."""
 
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` on a negative constant or a probe table entry <= 0: an iteration that costs
+        no time never advances the virtual clock, and the simulation would spin at one instant forever."""
+        bad = {k: v for k, v in (("step_s", self.step_s), ("per_seq_s", self.per_seq_s),
+                                 ("per_ctx_token_s", self.per_ctx_token_s), ("prefill_s", self.prefill_s),
+                                 ("per_prefill_token_s", self.per_prefill_token_s)) if v < 0}
+        table = {b: t for b, t in (self.per_iteration_s or {}).items() if not t > 0}
+        if bad or table:
+            raise ValueError(f"RolloutCostModel: negative constants {bad} or per_iteration_s entries <= 0 {table} "
+                             "(a probe taken net of a per-request cost larger than the probe's own time per "
+                             "request? see asyncrl.sim.calibrate.per_request_cap)")
+
     def iteration_s(self, batch: float) -> float:
         """Seconds of one decode iteration of ``batch`` sequences, context term excluded."""
         table = self.per_iteration_s
