@@ -20,6 +20,7 @@ in bf16 (``MixedPrecisionPolicy``); activation checkpointing uses the model's ow
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -34,6 +35,11 @@ from asyncrl.trainer.fsdp_dist import (  # noqa: F401 - re-exported: callers imp
     FSDPCheckpointState, _get, _len, _reshard, _rows, init_distributed)
 
 logger = logging.getLogger(__name__)
+
+SDPA_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+"""Attention kernels of the forward with ``use_dynamic_bsz`` on CUDA (``SDPBackend`` names): not cuDNN's, which plans
+anew for each new shape, and every packed micro-batch has its own: an update on one H200 went 1.77-2.00 -> 1.28-1.56 s
+per optimizer step (fixed-row micro-batches share one shape per step and keep cuDNN; ``benchmarks/RESULTS.md``, s11)."""
 
 LossFn = Callable[[torch.Tensor, Any, LossScale, Optional[torch.Tensor]], tuple[torch.Tensor, dict]]
 """``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)``, as the CPU engine's."""
@@ -159,6 +165,14 @@ class FSDPEngine(FSDPCheckpointState):
         facts = torch.stack([first, verl.long(), causal_only.long()]).tolist()
         return resp_index, max(0, min(int(facts[0]), seq - 1)), bool(facts[1]), bool(facts[2])
 
+    def _attention_kernels(self) -> Any:
+        """:data:`SDPA_BACKENDS` when packing on CUDA (the backward follows the forward's kernel); else torch's choice."""
+        if self.device.type != "cuda" or not self.max_token_len:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_BACKENDS])
+
     def _log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: torch.Tensor,
                    first: int, verl: bool, causal_only: bool, sampling: Optional[SamplingFilters],
                    with_entropy: bool = False, model: Optional[torch.nn.Module] = None
@@ -171,8 +185,9 @@ class FSDPEngine(FSDPCheckpointState):
         # stop counting over the pads would read to transformers as packed sequences, and mask again
         position_ids = None if causal_only else (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         # logits only from the first predicting position on: the prompt's logits are never used
-        out = (model or self.model)(input_ids=input_ids, attention_mask=None if causal_only else attention_mask,
-                         position_ids=position_ids, logits_to_keep=seq - first, use_cache=False)
+        with self._attention_kernels():
+            out = (model or self.model)(input_ids=input_ids, attention_mask=None if causal_only else attention_mask,
+                                        position_ids=position_ids, logits_to_keep=seq - first, use_cache=False)
         logits = out.logits  # (b, seq - first, vocab), logits[:, t] predicts token first + t + 1
         b, r = resp_index.shape
         valid = resp_index > 0
