@@ -389,8 +389,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.agent_loop.single_turn import render_prompt_ids
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.models import load_tokenizer
-    from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode
-    from asyncrl.staleness import sample_budget
+    from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode, rollout_only
 
     cfg = mode_config("d", args)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
@@ -405,9 +404,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     split = replicas.get("split") or replicas["shared"]
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs, _ in outputs for o in outs]
-    # the same rollout-only, timed, its groups in start order: what fit_per_request reproduces
-    cal["rollout_only"] = {"seconds": ro_s, "concurrency": sample_budget(cfg).max_concurrent_samples,
-                           "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])]}
+    cal["rollout_only"] = rollout_only(cfg, ro_s, outputs)  # timed, its groups in start order: what fit_per_request reproduces
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
     for kind, mode in (("split", "d"), ("shared", "colocated")):
         t = ray.get(train.remote(mode_config(mode, args), outputs))

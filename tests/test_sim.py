@@ -467,6 +467,23 @@ def test_a_per_request_cost_is_capped_at_the_probe_it_is_taken_from():
     assert cpu_cost_model(shared, 1e-4, 0.05, 10, per_request_s=0.002).rollout.prefill_s == 0.002
 
 
+def test_rollout_only_keeps_each_groups_lengths_in_start_order_at_the_budgets_concurrency():
+    """What the benchmark saves and notebook 06 fits the per-request cost on: measure_rollout's outputs
+    finish in any order; fit_per_request replays them in the order they started, at the async budget."""
+    from types import SimpleNamespace
+
+    from asyncrl.recipes import longtail_grpo_cpu
+    from asyncrl.sim.calibrate import rollout_only
+    from asyncrl.staleness import sample_budget
+
+    cfg = longtail_grpo_cpu(colocated=False)
+    out = lambda *ns: [SimpleNamespace(token_ids=[0] * n) for n in ns]  # noqa: E731
+    outputs = [(2, [1], out(5, 6), [0.0, 1.0]), (0, [1], out(1, 2), [0.0, 0.0]), (1, [1], out(3, 4), [1.0, 1.0])]
+    ro = rollout_only(cfg, 1.5, outputs)
+    assert ro == {"seconds": 1.5, "concurrency": sample_budget(cfg).max_concurrent_samples,
+                  "groups": [[1, 2], [3, 4], [5, 6]]}
+
+
 def test_train_is_priced_per_priced_token_so_packing_is_not_paid_twice():
     """With use_dynamic_bsz the simulator pads each packed micro-batch to its longest row; a measured price
     per real token already contains the real engine's padding. By hand: rows of 100, 150 and 300 tokens under

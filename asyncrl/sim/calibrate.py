@@ -280,6 +280,16 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
     return time.perf_counter() - t0, outputs
 
 
+def rollout_only(cfg: Any, seconds: float, outputs: list) -> dict:
+    """A timed :func:`measure_rollout` as :func:`fit_per_request` reads it (and the benchmark saves it):
+    ``{"seconds", "concurrency": max_concurrent_samples, "groups": [response lengths per group, in start order]}``;
+    the flattened ``groups`` are the lengths the simulator draws from (:func:`empirical_lengths`)."""
+    from asyncrl.staleness import sample_budget
+
+    return {"seconds": float(seconds), "concurrency": sample_budget(cfg).max_concurrent_samples,
+            "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])]}
+
+
 def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     """The trainer's own engine alone (:func:`asyncrl.trainer.factory.build_cpu_train_engine`), at
     ``cfg``'s trainer placement (``trainer.cpu_affinity`` / ``torch_threads``), updating on
