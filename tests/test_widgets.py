@@ -294,6 +294,28 @@ def test_curves_model_series():
     assert m.eval_steps == [0, 3, 6] and m.eval_accuracy == [0.1, 0.35, 0.5]
 
 
+def test_step_and_poll_axes_tick_at_whole_numbers_only():
+    """A 2-step run's pg_loss chart once ticked at 1.0, 1.25, 1.5, ...: steps and polls are integers."""
+    from widgets import static
+    from widgets._common import _plt
+
+    m = curves_model(load("mq_bound"))
+    m.steps, m.reward, m.pg_loss, m.eval_steps, m.eval_accuracy = [1, 2], [0.2, 0.4], [0.05, -0.01], [0], [0.1]
+    fig, axes = _plt().subplots(1, 3)
+    static.draw_reward(axes[0], m)
+    static.draw_loss(axes[1], m)
+    funnel = ConcurrencyFunnel()
+    for _ in range(3):  # three polls
+        funnel.update(load("mq_bound"))
+    static.draw_funnel_history(axes[2], funnel.model)
+    fig.canvas.draw()
+    for ax in axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+        assert ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+    _plt().close(fig)
+
+
 # ---------------------------------------------------------------------- poller / live dashboard
 class FakeExperiment:
     """Experiment stand-in: ``status_async`` from a list of snapshots, ``rollouter.trajectories.remote``."""

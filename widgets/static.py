@@ -21,6 +21,15 @@ MASK0_BG, PROMPT_BG, MASK1_RGB = LEGEND["mask 0"][1], LEGEND["prompt"][1], tuple
 CHAR_W_IN, LINE_H_IN, TOKEN_FONT_PT = 0.0669, 0.19, 8  # DejaVu Sans Mono at 8 pt: 0.602 em advance
 
 
+def count_axis(ax: Any, label: str, axis: str = "x") -> None:
+    """Label a counted axis (trainer steps, polls) and tick it at whole numbers only: matplotlib's default
+    locator puts ticks at 0.5, 1.5, ... on a short run, steps that do not exist."""
+    from matplotlib.ticker import MaxNLocator
+
+    getattr(ax, f"set_{axis}label")(label, fontsize=8)
+    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
 def _empty(ax: Any, title: str, text: str = "no data yet") -> None:
     ax.set_title(title, fontsize=10, loc="left")
     ax.text(0.5, 0.5, text, ha="center", va="center", color="#999", transform=ax.transAxes)
@@ -68,7 +77,8 @@ def draw_funnel_history(ax: Any, model: Any) -> None:
         if layer.limit:
             ax.plot([v / layer.limit for v in vals], label=layer.key, lw=2.2 if layer.key == model.binding else 1)
     ax.set_ylim(-0.05, 1.1)
-    ax.set_xlabel("poll", fontsize=8)
+    count_axis(ax, "poll")
+    ax.set_ylabel("count / limit", fontsize=8)
     # beside the axes, not on them: at a peak most lines sit near 0 or 1, where any corner covers some
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, frameon=False)
     ax.set_title("funnel history (utilisation)", fontsize=10, loc="left")
@@ -246,7 +256,8 @@ def draw_reward(ax: Any, model: Any) -> None:
     if model.eval_steps:
         ax.plot(model.eval_steps, model.eval_accuracy, "o-", color=GREEN, label="held-out accuracy")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("trainer step", fontsize=8)
+    count_axis(ax, "trainer step")
+    ax.set_ylabel("reward / accuracy", fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title("reward / accuracy", fontsize=10, loc="left")
 
@@ -255,7 +266,8 @@ def draw_loss(ax: Any, model: Any) -> None:
     if model is None or not any(v is not None for v in model.pg_loss):
         return _empty(ax, "actor/pg_loss")
     ax.plot(model.steps, [v if v is not None else float("nan") for v in model.pg_loss], color="#eb2f96")
-    ax.set_xlabel("trainer step", fontsize=8)
+    count_axis(ax, "trainer step")
+    ax.set_ylabel("pg_loss", fontsize=8)
     ax.set_title("actor/pg_loss", fontsize=10, loc="left")
 
 
