@@ -42,7 +42,9 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the
                                     rule's ``acc`` when it reports one, else its score
 ``eval/<key>``                      held-out means of ``agent/*`` and ``reward/*`` metrics
-                                    (``eval/format``: rate of well-formed ``#### <integer>`` answers)
+                                    (``eval/format``: rate of well-formed ``#### <integer>`` answers;
+                                    ``eval/tool_call_success_rate``: mean share of a sample's tool calls
+                                    answered without error; ``eval/tool_calls``, ``..._count``: per sample)
 ``eval/failed``                     held-out samples that failed (not scored); ``eval/failed_reasons``:
                                     their count by reason (exception type, ``prompt_too_long``)
 ==================================  =========================================================
@@ -56,6 +58,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
+
+
+RENAMED = {"eval/tool_call_success": "eval/tool_call_success_rate"}
+"""Old metric name -> new, for rows written before a rename (a checkpoint's evaluation history)."""
+
+
+def renamed(row: dict) -> dict:
+    """``row`` with old metric names (:data:`RENAMED`) under their new names."""
+    return {RENAMED.get(k, k): v for k, v in row.items()}
 
 
 def run_name(recipe: str, seed: int, when: Optional[float] = None) -> str:

@@ -74,16 +74,23 @@ class Summary:
 
     def _tool_lines(self) -> str:
         """Before/after of the evaluations' tool metrics (``eval/tool_*``, tool-using tasks) and the
-        well-formed answer rate (``eval/format``, rules that report it)."""
+        well-formed answer rate (``eval/format``, rules that report it).
+
+        Each is a mean over the held-out samples of a per-sample number: a rate (``*_rate``, ``format``)
+        stays a rate; a count (``tool_calls``, ``tool_call_success_count``, errors) becomes a count per
+        sample, and the line says so. Seconds (``tool_s``) are timing, not learning: left out."""
         if not self.evals:
             return ""
         first, last = self.evals[0], self.evals[-1]
-        keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")))
+        keys = sorted(k for k in last if k.startswith(("eval/tool", "eval/format")) and not k.endswith("_s"))
         # a tool metric zero before and after says nothing; the well-formed rate is the point of tasks that report it
         shown = [k for k in keys if k.startswith("eval/format") or first.get(k) or last.get(k)]
         quiet = (f"\n  ({len(keys) - len(shown)} other eval/tool_* metrics: 0 before and after)"
                  if len(shown) < len(keys) else "")
-        return "".join(f"\n  {k[5:]}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"
+
+        def name(k: str) -> str:
+            return k[5:] if k.endswith("_rate") or k == "eval/format" else f"{k[5:]} per sample"
+        return "".join(f"\n  {name(k)}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"
                        for k in shown) + quiet
 
 

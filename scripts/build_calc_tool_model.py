@@ -181,7 +181,7 @@ def evaluate(model: Any, tok: Any, rows: list[dict], response_length: int, tempe
     Returns:
         ``{"accuracy", "tool_call_rate", "tool_call_success_rate", "mean_turns", "n", "examples"}``:
         accuracy = gsm8k-style reward on the whole response; tool_call_rate = share of rows with at
-        least one parsed call; tool_call_success_rate = mean of ``agent/tool_call_success`` (share of
+        least one parsed call; tool_call_success_rate = mean of ``agent/tool_call_success_rate`` (share of
         a row's calls answered without error, 0 for a row without calls).
     """
     model.eval()
@@ -200,7 +200,7 @@ def evaluate(model: Any, tok: Any, rows: list[dict], response_length: int, tempe
     return {
         "accuracy": sum(scores) / n,
         "tool_call_rate": sum(o.metrics["agent/tool_calls"] > 0 for o in outs) / n,
-        "tool_call_success_rate": sum(o.metrics["agent/tool_call_success"] for o in outs) / n,
+        "tool_call_success_rate": sum(o.metrics["agent/tool_call_success_rate"] for o in outs) / n,
         "mean_turns": sum(o.metrics["agent/turns"] for o in outs) / n,
         "tool_call_rate_by_shape": _rate_by_shape(rows, [o.metrics["agent/tool_calls"] > 0 for o in outs]),
         "n": len(rows),

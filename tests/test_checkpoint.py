@@ -127,3 +127,19 @@ def test_ledger_audit_finds_lost_and_twice_trained():
     assert fin["in_flight"] == [3] and fin["outcomes"]["dropped/unconsumed_at_shutdown"] == [2]
     acc = final_accounting(3, [{"enqueued": [0, 1, 2]}, {"fetched": [0], "trained": [0]}])
     assert acc["dropped"] == {"unconsumed_at_shutdown": 2} and acc["balanced"] and acc["lost"] == 0
+
+
+def test_a_checkpoint_written_before_a_metric_rename_reads_under_the_new_name():
+    """``eval/tool_call_success`` (a per-sample share, session 10) is ``eval/tool_call_success_rate`` now:
+    a resumed run's evaluation history, restored from the checkpoint, carries the new name."""
+    from types import SimpleNamespace
+
+    from asyncrl.checkpoint.trainer_state import restore_rollouter
+
+    old_row = {"version": 0, "accuracy": 0.5, "eval/tool_call_success": 0.75, "eval/tool_calls": 1.0}
+    ro = SimpleNamespace(counts={}, sampler=SimpleNamespace(position=None), dropped={}, failed={})
+    state = {"taken": 4, "enqueued": 4, "position": DataPosition().state_dict(), "dropped": {}, "failed": {},
+             "eval_history": [old_row], "param_version": 1, "ledger": {"outcomes": {}, "in_flight": []}}
+    restore_rollouter(ro, state)
+    assert ro.eval_history == [{"version": 0, "accuracy": 0.5, "eval/tool_call_success_rate": 0.75,
+                                "eval/tool_calls": 1.0}]

@@ -46,9 +46,9 @@ def test_calc_tool_trains_and_reports_tool_metrics(shared_replica, tmp_path):
     assert s.steps == 2 and s.accounting["balanced"] and s.accounting["failed_total"] == 0, s.accounting
     assert s.evals[0]["version"] == 0 and s.evals[-1]["version"] == 2
     # the evaluation ran the multi-turn loop with the real calculator
-    assert "eval/tool_call_success" in s.evals[-1] and "eval/tool_calls" in s.evals[-1]
+    assert "eval/tool_call_success_rate" in s.evals[-1] and "eval/tool_calls" in s.evals[-1]
     assert s.evals[0]["eval/tool_calls"] > 0
-    assert "tool_call_success: before" in str(s)
+    assert "tool_call_success_rate: before" in str(s) and "tool_calls per sample: before" in str(s)
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap missing (apt-get install -y bubblewrap)")

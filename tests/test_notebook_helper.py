@@ -87,13 +87,17 @@ def test_claim_line():
 def test_run_summary_shows_what_is_not_zero_and_explains_shutdown_drops():
     from asyncrl.experiment import Summary
 
-    evals = [{"version": 0, "accuracy": 0.5, "eval/tool_calls": 0.75, "eval/tool_errors/timeout": 0.0},
-             {"version": 2, "accuracy": 0.5, "eval/tool_calls": 0.8, "eval/tool_errors/timeout": 0.0}]
+    evals = [{"version": 0, "accuracy": 0.5, "eval/tool_calls": 0.75, "eval/tool_errors/timeout": 0.0,
+              "eval/tool_call_success_rate": 0.5, "eval/tool_s": 0.002},
+             {"version": 2, "accuracy": 0.5, "eval/tool_calls": 0.8, "eval/tool_errors/timeout": 0.0,
+              "eval/tool_call_success_rate": 0.75, "eval/tool_s": 0.001}]
     acc = {"taken": 41, "trained": 16, "dropped": {"unstarted_at_shutdown": 25}, "failed": {}, "dropped_total": 25,
            "failed_total": 0, "balanced": True}
     text = str(Summary(run_dir="r", steps=2, param_version=2, accuracy_before=0.5, accuracy_after=0.5,
                        accounting=acc, wall_s=3.0, evals=evals, lag_counts={0: 5}))
-    assert "tool_calls: before 0.750 -> after 0.800" in text and "timeout" not in text
+    # a mean of per-sample counts says "per sample"; a rate is named as one; seconds are not learning
+    assert "tool_calls per sample: before 0.750 -> after 0.800" in text and "timeout" not in text
+    assert "tool_call_success_rate: before 0.500 -> after 0.750" in text and "tool_s" not in text
     assert "(1 other eval/tool_* metrics: 0 before and after)" in text
     assert "*_at_shutdown: prompts the rollouter had taken ahead of the trainer" in text
     assert "trained tokens by version lag: lag 0: 5 (bound: lag <= 0)" in text

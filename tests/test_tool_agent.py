@@ -91,7 +91,7 @@ def test_state_machine_call_then_answer(tok):
     assert out.extra_fields["terminate_reason"] == "no_tool_call"
     assert out.num_turns == 4  # user, assistant(call), tool, assistant
     assert out.metrics["agent/turns"] == 2
-    assert out.metrics["agent/tool_calls"] == 1 and out.metrics["agent/tool_call_success"] == 1.0
+    assert out.metrics["agent/tool_calls"] == 1 and out.metrics["agent/tool_call_success_rate"] == 1.0
     assert [m["role"] for m in out.extra_fields["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert out.extra_fields["messages"][2]["content"] == "5535"
 
@@ -100,7 +100,7 @@ def test_state_machine_no_call(tok):
     out, _, loop = run(tok, [ANSWER], cls=RecordingLoop)
     assert loop.states == [AgentState.PENDING, AgentState.GENERATING]
     assert out.num_turns == 2 and out.metrics["agent/tool_calls"] == 0
-    assert out.metrics["agent/tool_call_success"] == 0.0
+    assert out.metrics["agent/tool_call_success_rate"] == 0.0
 
 
 @pytest.mark.parametrize("template", ["embedded", "qwen2.5"])
@@ -151,7 +151,7 @@ def test_parallel_calls_run_concurrently(tok):
     out, _, _ = run(tok, [turn, ANSWER], sample, multi_turn=MultiTurnConfig(stop_on_tool_call=False),
                     tools={"probe": probe})
     assert probe.count == 3 and probe.peak == 3
-    assert out.metrics["agent/tool_calls"] == 3 and out.metrics["agent/tool_call_success"] == 1.0
+    assert out.metrics["agent/tool_calls"] == 3 and out.metrics["agent/tool_call_success_rate"] == 1.0
     msgs = out.extra_fields["messages"]
     assert [m["content"] for m in msgs if m["role"] == "tool"] == ["ok1", "ok2", "ok3"]
     # parallel tool results share one templated user turn; ids still equal the one-shot render
@@ -191,7 +191,7 @@ def test_tool_errors_become_tool_messages(tok, case, kind):
     tool_msg = out.extra_fields["messages"][2]
     assert tool_msg["role"] == "tool" and tool_msg["content"].startswith("Error:")
     assert out.metrics[f"agent/tool_errors/{kind}"] == 1
-    assert out.metrics["agent/tool_call_success"] == 0.0
+    assert out.metrics["agent/tool_call_success_rate"] == 0.0
     assert out.extra_fields["terminate_reason"] == "no_tool_call"  # the sample went on to answer
     assert out.prompt_ids + out.response_ids == one_shot(tok, out.extra_fields["messages"], sample["tools"])
 
@@ -258,7 +258,7 @@ def test_tool_selection_filters_registered_tools(tok):
     del sample["tools"]
     out, _, _ = run(tok, [CALL, ANSWER], sample, tools=tools)
     assert '"name": "probe"' not in tok.decode(out.prompt_ids)
-    assert out.metrics["agent/tool_call_success"] == 1.0
+    assert out.metrics["agent/tool_call_success_rate"] == 1.0
     sample = row(tool_selection=["missing"])
     with pytest.raises(KeyError, match="missing"):
         run(tok, [CALL], sample, tools=tools)

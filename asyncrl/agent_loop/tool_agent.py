@@ -117,9 +117,9 @@ class ToolAgentLoop(AgentLoopBase):
     Metrics (per sample, summed over turns; every key is always present):
 
     - ``agent/turns``: model turns; ``agent/tool_calls``: calls sent to tools;
-    - ``agent/tool_call_success``: share of this sample's calls answered without error (0.0 when it
-      made none), so its mean over samples is the tool-call success rate;
-      ``agent/tool_call_success_count``: the count;
+    - ``agent/tool_call_success_rate``: share of this sample's calls answered without error (0.0 when it
+      made none; named ``agent/tool_call_success`` before session 11); ``agent/tool_call_success_count``:
+      how many of its calls were answered without error;
     - ``agent/tool_parse_errors/<kind>``: call-shaped text not executed (malformed, truncated,
       inside_think) and calls to tools not offered (unknown_function);
     - ``agent/tool_errors/<kind>``: calls answered with an ``Error:`` message (:data:`TOOL_ERROR_KINDS`);
@@ -331,7 +331,7 @@ class ToolAgentLoop(AgentLoopBase):
         calls = metrics.get("agent/tool_calls", 0)
         metrics["agent/tool_calls"] = calls
         metrics["agent/tool_call_success_count"] = metrics.get("agent/tool_call_success_count", 0)
-        metrics["agent/tool_call_success"] = metrics["agent/tool_call_success_count"] / calls if calls else 0.0
+        metrics["agent/tool_call_success_rate"] = metrics["agent/tool_call_success_count"] / calls if calls else 0.0
         metrics["agent/turns"] = data.assistant_turns
         metrics["agent/model_tokens"] = sum(data.response_mask[:n])
         metrics["agent/non_model_tokens"] = n - metrics["agent/model_tokens"]

@@ -118,12 +118,13 @@ def restore_rollouter(ro: Any, state: dict) -> None:
     flight at the checkpoint become ``dropped/in_flight_at_checkpoint``."""
     from asyncrl.accounting import Ledger
     from asyncrl.data.sampler import DataPosition
+    from asyncrl.metrics import renamed
 
     ro.counts["taken"], ro.counts["enqueued"] = state["taken"], state["enqueued"]
     ro.sampler.position = DataPosition.from_state(state["position"])
     ro.dropped.update(state["dropped"])
     ro.failed.update(state["failed"])
-    ro.eval_history = list(state["eval_history"])
+    ro.eval_history = [renamed(row) for row in state["eval_history"]]  # old names read under the new
     ro.param_version = state["param_version"]
     ro.restored = Ledger(state["ledger"]["outcomes"])
     if state["ledger"]["in_flight"]:
