@@ -64,3 +64,28 @@ class FakePool:
 
     async def release_server_async(self, sid, request_id):
         self.inflight[sid] -= 1
+
+
+class FakeGatedReplica:
+    """Ends a request when the test opens its gate (``gate(request_id).set()``); ungated ones end at once.
+
+    For the timing of a group's requests: one ends long before another of the same group.
+    """
+
+    def __init__(self):
+        self.gates: dict = {}
+        self.running: set = set()
+
+    def gate(self, request_id):
+        import asyncio
+
+        return self.gates.setdefault(request_id, asyncio.Event())
+
+    async def generate(self, request_id, prompt_ids, sp):
+        self.running.add(request_id)
+        try:
+            if request_id in self.gates:
+                await self.gates[request_id].wait()
+            return TokenOutput([EOS], [-0.5], "completed", response_versions=[0])
+        finally:
+            self.running.discard(request_id)

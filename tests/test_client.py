@@ -2,12 +2,13 @@
 
 import asyncio
 import copy
+import types
 
 import pytest
 
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted
-from fake_replica import EOS, FakeAbortingReplica, FakePool
+from fake_replica import EOS, FakeAbortingReplica, FakeGatedReplica, FakePool
 
 
 def run(coro):
@@ -109,20 +110,34 @@ class _Remote:
 
 
 class FakeActorHandle:
-    """A replica actor handle over a FakeAbortingReplica, with ``generate`` and ``generate_many``."""
+    """A replica actor handle over a fake replica, with ``generate`` and ``generate_many`` (the replica actor's
+    own streaming ``generate_many`` over the fake; ``remote`` returns its async generator, as the simulator's
+    handles do, where Ray's would be an ObjectRefGenerator). ``die_after``: the stream fails with a replica
+    fault right after that many batches (a replica that died mid-call)."""
 
-    def __init__(self, replica, fail_ids=()):
-        self.replica, self.fail_ids = replica, set(fail_ids)
+    def __init__(self, replica, fail_ids=(), die_after=None):
+        from asyncrl.rollout.replica import _ReplicaActor
+
+        self.replica, self.fail_ids, self.die_after = replica, set(fail_ids), die_after
         self.generate = _Remote(self._one)
-        self.generate_many = _Remote(self._many)
+        body = types.SimpleNamespace(generate=self._one, _stats={"group_calls": 0})
+        self.generate_many = _Remote(lambda requests: self._many(_ReplicaActor.generate_many(body, requests)))
 
     async def _one(self, request_id, prompt_ids, sp):
         if request_id in self.fail_ids:
             raise ValueError(f"bad request {request_id}")
         return await self.replica.generate(request_id, prompt_ids, sp)
 
-    async def _many(self, requests):
-        return list(await asyncio.gather(*(self._one(*r) for r in requests), return_exceptions=True))
+    async def _many(self, stream):
+        from asyncrl.rollout.health import ReplicaUnavailable
+
+        n = 0
+        async for batch in stream:
+            yield batch
+            n += 1
+            if n == self.die_after:
+                await stream.aclose()
+                raise ReplicaUnavailable("replica died mid-call (fake)")
 
 
 def test_coalesced_requests_of_one_group_share_one_replica_call():
@@ -148,3 +163,87 @@ def test_coalesced_requests_of_one_group_share_one_replica_call():
     # h-*: one call each per round, never coalesced
     assert [len(c[0]) for c in handle.generate_many.calls] == [6, 5, 5]
     assert sorted(c[0] for c in handle.generate.calls) == ["h-0", "h-0", "h-0", "h-1", "h-1", "h-1"]
+
+
+def _gated_group(handle, pool, client_cls=FullyAsyncLLMServerClient):
+    """Start a coalesced group g-0 (ends at once), g-1 (gated); return the client and the two tasks."""
+    from asyncrl.rollout.client import coalesced
+
+    client = client_cls(pool)
+
+    async def one(rid):
+        with coalesced("g"):
+            return await client.generate(rid, [1, 2], SamplingParams(max_tokens=4))
+
+    return [asyncio.ensure_future(one(f"g-{k}")) for k in range(2)]
+
+
+def test_a_coalesced_request_returns_and_ends_its_lease_when_it_ends_not_with_its_group():
+    """The kind behind 06's 'replicas 91-97% full' (session 10): with one Ray call per group, a request that
+    ended early stayed leased at the load balancer until the group's last one ended."""
+    replica = FakeGatedReplica()
+    handle = FakeActorHandle(replica)
+    pool = FakePool({"r": handle})
+
+    async def main():
+        slow = replica.gate("g-1")
+        fast, late = _gated_group(handle, pool)
+        out = await asyncio.wait_for(fast, timeout=5)  # the old code: waits for g-1, which never ends
+        assert out.stop_reason == "completed"
+        assert replica.running == {"g-1"}, "g-1 still runs in the engine"
+        assert pool.inflight["r"] == 1, "only g-1 is leased: g-0's lease ended when g-0 did"
+        slow.set()
+        assert (await late).stop_reason == "completed"
+        assert pool.inflight["r"] == 0
+
+    run(main())
+    assert [len(c[0]) for c in handle.generate_many.calls] == [2], "both went in one call"
+
+
+def test_a_replica_that_dies_mid_call_fails_only_the_requests_still_waiting():
+    from asyncrl.rollout.client import LLMServerClient
+    from asyncrl.rollout.health import ReplicaFault
+
+    replica = FakeGatedReplica()
+    handle = FakeActorHandle(replica, die_after=1)
+    pool = FakePool({"r": handle})
+
+    async def main():
+        replica.gate("g-1")
+        fast, late = _gated_group(handle, pool, LLMServerClient)
+        out = await asyncio.wait_for(fast, timeout=5)
+        with pytest.raises(ReplicaFault):
+            await asyncio.wait_for(late, timeout=5)
+        return out
+
+    assert run(main()).stop_reason == "completed"
+    assert pool.inflight["r"] == 0
+    assert not replica.running, "closing the stream cancelled the request still running"
+
+
+def test_a_request_the_stream_never_answers_fails_instead_of_hanging():
+    from asyncrl.rollout.client import coalesced
+
+    class HalfStream:
+        generate = _Remote(lambda *a: None)
+
+        def __init__(self):
+            self.generate_many = _Remote(self._many)
+
+        async def _many(self, requests):
+            yield [(0, await FakeGatedReplica().generate(*requests[0]))]  # nothing for requests[1]
+
+    pool = FakePool({"r": HalfStream()})
+    client = FullyAsyncLLMServerClient(pool)
+
+    async def one(rid):
+        with coalesced("g"):
+            return await client.generate(rid, [1], SamplingParams(max_tokens=4))
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(one("a"), one("b"), return_exceptions=True), timeout=5)
+
+    outs = run(main())
+    assert outs[0].stop_reason == "completed"
+    assert isinstance(outs[1], RuntimeError) and "without a result for request b" in str(outs[1])
+    assert pool.inflight["r"] == 0

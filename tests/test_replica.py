@@ -161,3 +161,60 @@ def test_an_in_process_replica_body_beside_a_ray_driver_is_not_a_restart(monkeyp
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # a driver's process: Ray up, no actor
     assert replica_mod.was_actor_restarted() is False
+
+
+class _SleepyEngine:
+    """Fake engine: a request ends after ``sampling_params.max_tokens / 10`` seconds (one token)."""
+
+    async def generate(self, request_id, prompt_ids, sampling_params):
+        from asyncrl.rollout.base import TokenOutput
+
+        await asyncio.sleep(sampling_params.max_tokens / 10)
+        return TokenOutput([1], [-0.5], "completed", response_versions=[0])
+
+
+class _FakeEngineReplicaActor(replica_mod._ReplicaActor):
+    """The replica actor body over :class:`_SleepyEngine` (no backend, no affinity)."""
+
+    def __init__(self):
+        self.engine, self.replica_rank, self.weights_current = _SleepyEngine(), 0, True
+        self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "group_calls": 0}
+
+
+def test_a_group_call_streams_each_result_over_ray_and_a_killed_replica_fails_the_rest(ray_session):
+    """``generate_many`` as a Ray streaming generator: a request that ends early reaches its caller (whose lease
+    then ends) while its group's other request runs on; killing the actor fails only that one, as a replica fault."""
+    import time
+
+    import ray
+    import ray.cloudpickle
+    from fake_replica import FakePool
+
+    from asyncrl.rollout.client import LLMServerClient, coalesced
+    from asyncrl.rollout.health import ReplicaFault
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor cannot import this test module
+    actor = ray.remote(_FakeEngineReplicaActor).options(num_cpus=0, max_concurrency=100, max_restarts=0).remote()
+    pool = FakePool({"r": actor})
+    client = LLMServerClient(pool)
+
+    async def one(rid, tokens):
+        with coalesced("g"):
+            return await client.generate(rid, [1], SamplingParams(max_tokens=tokens))
+
+    async def main():
+        t0 = time.monotonic()
+        fast, slow = asyncio.ensure_future(one("g-0", 1)), asyncio.ensure_future(one("g-1", 600))
+        out = await asyncio.wait_for(fast, timeout=30)
+        early = time.monotonic() - t0, pool.inflight["r"], slow.done()
+        ray.kill(actor)
+        with pytest.raises(ReplicaFault):
+            await asyncio.wait_for(slow, timeout=30)
+        return out, early
+
+    try:
+        out, (seconds, inflight, slow_done) = asyncio.run(main())
+    finally:
+        ray.kill(actor)
+    assert out.token_ids == [1] and not slow_done and inflight == 1, (seconds, inflight)
+    assert pool.inflight["r"] == 0

@@ -15,7 +15,8 @@
         (response_versions: the engine's version of each token, carried across resumes)
 
     coalesced(key): requests under one key that reach one replica actor in the same event-loop turn
-        (a prompt group's single-turn trajectories) travel in one ``generate_many`` Ray call
+        (a prompt group's trajectories) travel in one ``generate_many`` Ray call, a streaming generator:
+        each request's result arrives (and its lease ends) when the engine ends that request
 
 Semantics from the verl fully-async design: a weight sync aborts in-flight requests; the client
 resumes from prompt + generated tokens with the remaining budget, never past ``response_length``,
@@ -29,9 +30,10 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Protocol, Sequence
+from typing import Any, AsyncIterator, Iterator, Optional, Protocol, Sequence
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -81,10 +83,11 @@ def coalesced(key: Optional[str]) -> Iterator[None]:
     """Requests made inside this block (and the tasks it starts) that reach one replica actor in the same
     event-loop turn under the same ``key`` travel in one Ray call (``generate_many``) instead of one each.
 
-    Each request still ends on its own in the engine, but its result comes back when the call's last one
-    ends: use it for requests whose results are awaited together anyway, e.g. the ``n`` single-turn
-    trajectories of one prompt group (GRPO trains a group whole). On 2 CPU cores a Ray actor call per
-    request was a large part of the rollout's glue (benchmarks/RESULTS.md, session 10).
+    The call streams: each request's result comes back when the engine ends it, so its caller goes on and
+    its load-balancer lease ends then, not when the group's last request ends (the funnel and least-loaded
+    routing never count a finished request). Used for the ``n`` trajectories of one prompt group
+    (``actor_rollout_ref.rollout.agent.coalesce_group_requests``): on 2 CPU cores a Ray actor call per
+    request was a large part of the rollout's glue (benchmarks/RESULTS.md, sessions 10 and 11).
     """
     token = _COALESCE_KEY.set(key)
     try:
@@ -119,19 +122,37 @@ class _Coalescer:
     async def _send(handle: Any, items: list) -> None:
         try:
             if len(items) == 1:
-                results = [await handle.generate.remote(*items[0][0])]
-            else:
-                results = await handle.generate_many.remote([req for req, _ in items])
-        except BaseException as exc:  # the call itself failed (a dead actor): every request sees it
+                _resolve(items[0][1], await handle.generate.remote(*items[0][0]))
+                return
+            # each request's result as the engine ends it (the caller then ends its lease), not at the call's end
+            async for batch in _stream(handle.generate_many, [req for req, _ in items]):
+                for index, res in batch:
+                    _resolve(items[index][1], res)
+        except BaseException as exc:  # the call itself failed (a dead actor): every request still waiting sees it
             for _, fut in items:
                 if not fut.done():
                     fut.set_exception(exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return
-        for (_, fut), res in zip(items, results):
+        for request, fut in items:
             if not fut.done():
-                fut.set_exception(res) if isinstance(res, BaseException) else fut.set_result(res)
+                fut.set_exception(RuntimeError(f"generate_many ended without a result for request {request[0]}"))
+
+
+def _resolve(fut: asyncio.Future, res: Any) -> None:
+    if not fut.done():  # a caller cancelled meanwhile
+        fut.set_exception(res) if isinstance(res, BaseException) else fut.set_result(res)
+
+
+async def _stream(method: Any, requests: list) -> AsyncIterator[Any]:
+    """The items ``method`` (a replica's ``generate_many``) yields for ``requests``, one Ray call: a Ray actor
+    method as a streaming generator (an ObjectRef per item, awaited here); an in-process stand-in's
+    ``remote`` (the simulator's handles, test fakes) returns the async generator itself."""
+    options = getattr(method, "options", None)
+    stream = options(num_returns="streaming").remote(requests) if options is not None else method.remote(requests)
+    async for item in stream:
+        yield (await item) if inspect.isawaitable(item) else item
 
 
 _COALESCER = _Coalescer()

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, AsyncIterator, Literal, Optional, Sequence
 
 from asyncrl.api import InferenceEngine
 from asyncrl.registry import Registry
@@ -95,6 +95,13 @@ def was_actor_restarted() -> bool:
     return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
+def _outcome(task: asyncio.Future) -> Any:
+    """A finished task's result, or its exception (a cancelled one: ``CancelledError``) as a value."""
+    if task.cancelled():
+        return asyncio.CancelledError("the engine request was cancelled")
+    return task.exception() or task.result()
+
+
 class _ReplicaActor:
     """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
 
@@ -106,7 +113,8 @@ class _ReplicaActor:
         self.replica_rank = replica_rank
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
         self._start_task: Optional[asyncio.Future] = None
-        self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0}
+        self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0,
+                       "group_calls": 0}
         # Ray restarted this actor after a crash (rollout.max_restarts): its engine holds the initial
         # checkpoint, not the current weights, so it serves nothing until it has been given them.
         self.restarted = was_actor_restarted()
@@ -134,10 +142,24 @@ class _ReplicaActor:
         self._stats["aborted"] += out.stop_reason == "aborted"
         return out
 
-    async def generate_many(self, requests: list) -> list:
+    async def generate_many(self, requests: list) -> AsyncIterator[list]:
         """:meth:`generate` for each ``(request_id, prompt_ids, sampling_params)`` concurrently, in one Ray
-        call (``asyncrl.rollout.client.coalesced``); a request's error is returned in its place, not raised."""
-        return list(await asyncio.gather(*(self.generate(*r) for r in requests), return_exceptions=True))
+        call (``asyncrl.rollout.client.coalesced``), streamed: an async generator (a Ray streaming generator,
+        ``num_returns="streaming"``) that yields ``[(index, TokenOutput | exception), ...]`` for the requests
+        the engine has ended since the last yield, so each result reaches its caller (who then ends its load
+        balancer lease) when its request ends, not when the call's last one does. A request's error is
+        yielded in its place, not raised. Closing the generator early cancels the requests still running."""
+        self._stats["group_calls"] += 1
+        tasks = [asyncio.ensure_future(self.generate(*r)) for r in requests]
+        index = {t: i for i, t in enumerate(tasks)}
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                yield [(index[t], _outcome(t)) for t in sorted(done, key=index.__getitem__)]
+        finally:
+            for t in pending:
+                t.cancel()
 
     async def abort_all_requests(self) -> int:
         return await self.engine.abort_all_requests()

@@ -24,7 +24,11 @@ class _RemoteMethod:
         self._fn = fn
 
     def remote(self, *args: Any, **kwargs: Any) -> asyncio.Future:
-        """Schedule the call on the running loop (coroutines) or run it now; return an awaitable."""
+        """Schedule the call on the running loop (coroutines) or run it now; return an awaitable. An async
+        generator method (a Ray streaming generator) returns the async generator itself: its items are
+        the values, where Ray's would be ObjectRefs of them."""
+        if inspect.isasyncgenfunction(self._fn):
+            return self._fn(*args, **kwargs)
         if inspect.iscoroutinefunction(self._fn):
             return asyncio.ensure_future(self._fn(*args, **kwargs))
         fut = asyncio.get_running_loop().create_future()
