@@ -7,9 +7,10 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
   ``d_s1`` (staleness 1: a whole batch of look-ahead), ``d_t2`` (two updates per sync): the replica on
   core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
-* session 10's A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` (one Ray call per
-  engine request), ``d_before`` (both: the rollout before session 10), ``d_c8`` / ``d_c16`` (at most 8 / 16
-  prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores).
+* the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
+  per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
+  ``d_before`` (streamed tokens, one call per request: the rollout before session 10), ``d_c8`` / ``d_c16``
+  (at most 8 / 16 prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores).
 
 Then rollout-only (the replica alone generates the workload at mode d's concurrency) and train-only
 (the train engine alone updates on those responses) throughput on the async resources give the ideal
@@ -93,10 +94,14 @@ MODES = {
     # output per token per request; now one per request, asyncrl.rollout.vllm_backend stream_outputs)
     "d_stream": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
 
-    # mode d with one Ray call per engine request (before session 10: a group's 8 single-turn requests
-    # now share one call per event-loop turn, asyncrl.rollout.client.coalesced); d_before: both off
-    "d_percall": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
-    "d_before": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
+    # mode d with one Ray call per engine request, or a group's 8 single-turn requests in one streamed call
+    # (actor_rollout_ref.rollout.agent.coalesce_group_requests); d_before: per call and streamed tokens
+    "d_percall": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+                  "actor_rollout_ref.rollout.agent.coalesce_group_requests": False},
+    "d_coalesce": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+                   "actor_rollout_ref.rollout.agent.coalesce_group_requests": True},
+    "d_before": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.agent.coalesce_group_requests": False},
     # mode d with fewer prompt groups in generation at once (rollout.concurrent_samples_per_replica; default
     # 256, i.e. the whole staleness budget): right after a sync the groups the trainer waits for decode in a
     # smaller batch instead of beside the next step's look-ahead
@@ -116,9 +121,6 @@ MODES = {
 ENGINE_ATTRS = {"d_stream": {"stream_outputs": True}, "d_before": {"stream_outputs": True}}
 """Attributes set on the shared replica's engine for one mode only (restored after it): engine internals
 that are no user choice, A/B'd side by side on the same replica."""
-PER_CALL = {"d_percall", "d_before"}
-"""Modes whose rollouter sends one Ray call per engine request (set in its process right after it starts:
-the first groups of the run still coalesce; the step medians skip the first steps)."""
 
 
 GPU_MICRO_BATCH_TOKENS = 8 * (2048 + 64)
@@ -231,8 +233,6 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     census = None
     try:
         exp.start()
-        if mode in PER_CALL:
-            ray.get(exp.rollouter.__ray_call__.remote(_per_call))
         if args.census:
             census = CENSUS
             census.mark(mode)
@@ -282,12 +282,6 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
 
         print(format_report(cpu), flush=True)
     return out
-
-
-def _per_call(_rollouter: Any) -> None:
-    from asyncrl.agent_loop.single_turn import SingleTurnAgentLoop
-
-    SingleTurnAgentLoop.coalesce_requests = False
 
 
 def set_engine_attrs(replica: Any, attrs: dict) -> dict:

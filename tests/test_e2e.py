@@ -96,3 +96,42 @@ def test_modes_c_d_bounded_staleness(mode, shared_replica, tmp_path):
     assert max(int(k) for k in summary.lag_counts) <= bound
     if mode == "c":  # no partial rollouts: a sync waits for in-flight samples
         assert all(lo == hi for _, lo, hi in versions)
+
+
+def test_mode_d_with_coalesced_group_calls_counts_no_finished_request(shared_replica, tmp_path):
+    """``actor_rollout_ref.rollout.agent.coalesce_group_requests=true`` on the real stack (mode d, long-tail
+    lengths so a group's requests end far apart): a group's requests reach the replica in one streamed call,
+    and the load balancer counts only what the engine holds. Polled during the run (balancer first, then the
+    engine: a request can end between the two reads, and one admitted after the balancer's read only lowers
+    the gap), the balancer is above the engine by more than one group only when requests are in transit;
+    after the run nothing is leased."""
+    import time
+
+    cfg = smoke_cpu("d")
+    cfg.trainer.default_local_dir = str(tmp_path)
+    cfg.trainer.progress_bar = False
+    cfg.actor_rollout_ref.rollout.agent.coalesce_group_requests = True
+    cfg.actor_rollout_ref.rollout.response_length = 96
+    lw = cfg.data.length_workload
+    lw.distribution, lw.median, lw.sigma, lw.min_tokens = "lognormal", 12, 1.0, 2
+    group_calls = ray.get(shared_replica.actor.stats.remote())["group_calls"]
+    exp = Experiment(cfg, replicas=[shared_replica])
+    gaps = []
+    try:
+        exp.start()
+        while not ray.get(exp.trainer.status.remote())["done"]:
+            lb = ray.get(exp.rollouter.snapshot.remote())["load_balancer"]["total_in_flight"]
+            gaps.append(lb - ray.get(shared_replica.actor.num_inflight.remote()))
+            time.sleep(0.05)
+        summary = exp.wait(progress=False)
+        lb = ray.get(exp.rollouter.snapshot.remote())["load_balancer"]
+        stats = ray.get(shared_replica.actor.stats.remote())
+    finally:
+        exp.stop()
+        _restore_checkpoint(shared_replica, cfg)
+    _check_accounting(cfg, summary)
+    assert stats["group_calls"] > group_calls, "the groups' requests went in group calls"
+    n = cfg.actor_rollout_ref.rollout.n
+    assert len(gaps) >= 10 and sorted(gaps)[len(gaps) // 2] <= 1, gaps  # the median poll: nothing finished leased
+    assert sum(g > n for g in gaps) <= len(gaps) // 10, gaps
+    assert lb["total_in_flight"] == 0 and lb["open_leases"] == 0, lb

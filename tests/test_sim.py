@@ -539,3 +539,31 @@ def test_saved_longtail_run_calibrates_a_rollout_as_slow_as_its_rollout_only():
     assert before < 0.7 * ideal["rollout_s"]
     assert line == pytest.approx(0.944 * ideal["rollout_s"], rel=0.01)
     assert after == pytest.approx(ideal["rollout_s"], rel=0.01)
+
+
+def _lb_vs_engines(monkeypatch, coalesce: bool):
+    """Mode d simulated with ``agent.coalesce_group_requests``; per snapshot (every virtual second): the load
+    balancer's in-flight count and the requests the engines hold (running or waiting)."""
+    import asyncrl.rollout.load_balancer as lb
+    from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
+
+    class Probed(LocalRequestLoadBalancer):
+        def snapshot(self):
+            return {**super().snapshot(), "engines": sum(h.body.num_inflight() for h in self._handles.values())}
+
+    monkeypatch.setattr(lb, "LocalRequestLoadBalancer", Probed)  # the simulator imports it at each run
+    cfg = _config("d")
+    cfg.actor_rollout_ref.rollout.agent.coalesce_group_requests = coalesce
+    res = simulate(cfg, _cost(), snapshot_every_s=1.0)
+    return res, [(s["load_balancer"]["total_in_flight"], s["load_balancer"]["engines"]) for _, s in res.snapshots]
+
+
+def test_coalesced_group_calls_never_count_a_finished_request_at_the_load_balancer(monkeypatch):
+    """The kind behind 06's 'replicas 91-97% full' (session 10): a group's requests in one Ray call kept a
+    finished request leased until the group's last one ended. Streamed, the balancer counts what the engines hold
+    (a request between its lease and the engine, or between its end and its release, is in transit: slack 8)."""
+    res, counts = _lb_vs_engines(monkeypatch, coalesce=True)
+    assert res.trained == 6 * sample_budget(res.config).required_samples
+    assert len(counts) >= 5 and max(lb for lb, _ in counts) > 0
+    assert all(lb <= engines + 8 for lb, engines in counts), counts
+    assert res.snapshots[-1][1]["load_balancer"]["open_leases"] <= counts[-1][1] + 8

@@ -114,6 +114,10 @@ class AgentLoopBase(abc.ABC):
         config: the :class:`~asyncrl.config.ExperimentConfig`.
     """
 
+    coalesce_requests: bool = False
+    """Its requests may share one Ray call with its group's (``actor_rollout_ref.rollout.agent.
+    coalesce_group_requests``); a loop whose requests go straight to ``server_manager`` can opt in."""
+
     def __init__(self, server_manager: Any, tokenizer: Any, config: Any, **kwargs: Any):
         from asyncrl.rollout.client import as_server_manager
 

@@ -19,11 +19,7 @@ from asyncrl.rollout.base import SamplingParams
 class SingleTurnAgentLoop(AgentLoopBase):
     """One user turn, one assistant turn."""
 
-    # a group's n requests to a replica in one Ray call (rollout.client.coalesced): off, because a request that
-    # ends early then stays leased at the load balancer until its group's call returns, so the funnel's replica
-    # rows and least-loaded routing count finished requests (notebook 06's simulated long tail: replicas 91-97%
-    # 'full' where the engine held ~28%); off until leases end per request (A/B: benchmarks/RESULTS.md, session 10)
-    coalesce_requests = False
+    coalesce_requests = True  # its one request may share its group's Ray call (agent.coalesce_group_requests)
 
     async def run(self, sampling_params: SamplingParams, **sample: Any) -> AgentLoopOutput:
         """Args: ``sample`` holds the dataset row (``prompt`` chat messages) and ``request_id``."""

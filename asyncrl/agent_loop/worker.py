@@ -55,6 +55,7 @@ class AgentLoopWorker:
         self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.tokenizer_path or config.actor_rollout_ref.model.path)
         self.compute_score = compute_score
         self.client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=config.async_training.partial_rollout)
+        self._coalesce = config.actor_rollout_ref.rollout.agent.coalesce_group_requests
         self.active_samples = 0
         self.active_trajectories = 0
         self.done_samples = 0
@@ -130,8 +131,8 @@ class AgentLoopWorker:
         self.active_trajectories += 1
         try:
             t0 = time.perf_counter()
-            try:  # a group's single-turn requests share one Ray call per event-loop turn (client.coalesced)
-                with coalesced(group if getattr(loop, "coalesce_requests", False) else None):
+            try:  # a group's requests share one Ray call per event-loop turn (agent.coalesce_group_requests)
+                with coalesced(group if self._coalesce and loop.coalesce_requests else None):
                     out = await loop.run(sp, request_id=request_id, **extra, **row)
             except asyncio.CancelledError:
                 if own_cancellation():
