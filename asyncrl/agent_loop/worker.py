@@ -132,7 +132,7 @@ class AgentLoopWorker:
         try:
             t0 = time.perf_counter()
             try:  # a group's requests share one Ray call per event-loop turn (agent.coalesce_group_requests)
-                with coalesced(group if self._coalesce and loop.coalesce_requests else None):
+                with coalesced(group if self._coalesce and getattr(loop, "coalesce_requests", False) else None):
                     out = await loop.run(sp, request_id=request_id, **extra, **row)
             except asyncio.CancelledError:
                 if own_cancellation():
