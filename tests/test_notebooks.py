@@ -153,3 +153,15 @@ def test_parse_value():
 
     assert parse_value("0.5") == 0.5 and parse_value("3") == 3 and parse_value("True") is True
     assert parse_value("none") is None and parse_value("abcd") == "abcd" and parse_value("[1, 2]") == [1, 2]
+
+
+
+def test_papermill_parses_every_parameter_line():
+    """papermill cannot parse a parameter line with an ``=`` in its comment (``(0 = none)``): every batch run
+    of that notebook logged "WARNING papermill.translators: Unable to parse line 4 ..." (07, full size)."""
+    import papermill as pm
+
+    from asyncrl.batch_params import declared_parameters
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+        assert list(pm.inspect_notebook(str(path))) == declared_parameters(path), path.name
