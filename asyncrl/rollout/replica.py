@@ -113,12 +113,18 @@ class _ReplicaActor:
         self.replica_rank = replica_rank
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
         self._start_task: Optional[asyncio.Future] = None
-        self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0,
-                       "group_calls": 0}
+        self._stats = self.fresh_stats()
         # Ray restarted this actor after a crash (rollout.max_restarts): its engine holds the initial
         # checkpoint, not the current weights, so it serves nothing until it has been given them.
         self.restarted = was_actor_restarted()
         self.weights_current = not self.restarted
+
+    @staticmethod
+    def fresh_stats() -> dict[str, Any]:
+        """The replica's counters at zero; every body of this actor (the in-process ``LocalReplica`` too)
+        starts from here, so a counter added for one is there for all."""
+        return {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0,
+                "group_calls": 0}
 
     async def start(self) -> None:
         """Start the engine once; concurrent / repeated calls await the same start."""

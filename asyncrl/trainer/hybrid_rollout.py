@@ -139,7 +139,7 @@ class LocalReplica(_ReplicaActor):
     def __init__(self, engine: Any, replica_rank: int = 0):
         self.backend, self.replica_rank, self.engine = "hf", replica_rank, engine
         self._start_task = None
-        self._stats = {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0}
+        self._stats = self.fresh_stats()
         self.restarted, self.weights_current = False, True
 
 
