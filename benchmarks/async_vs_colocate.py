@@ -768,7 +768,9 @@ def report(result: dict) -> None:
                                                 "alone and loaded, not on these runs") + "):")
         for m, r in sim.items():
             err = f"{100 * r['error']:+.0f}%" if r["error"] is not None else "-"
-            steady = f"; {100 * r['steady_error']:+.0f}% vs steady" if r.get("steady_error") is not None else ""
+            steady = "" if r.get("steady_error") is None else (
+                f"; steady {r['steady_samples_per_s']:.3f}, " if r.get("steady_samples_per_s") else "; ") + \
+                f"{100 * r['steady_error']:+.0f}% vs steady"
             bare = r.get("without_contention_samples_per_s")
             was = f"; without the contention term {bare:.3f} ({100 * (bare / modes[m]['samples_per_s'] - 1):+.0f}%)" if bare else ""
             bound = f"; its own bound {r['bound']['samples_per_s']:.3f}" if r.get("bound") else ""

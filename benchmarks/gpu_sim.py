@@ -49,24 +49,40 @@ def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_con
     (``trainer_layout``: the FSDP2 engine's, ``causal`` today, ``masked`` for runs before session 10).
 
     Returns:
-        One row: ``mode``, ``gpus``, ``samples_per_s``, ``step_s`` (mean after 2 steps of fill), the median
-        ``gen_s`` / ``fetch_s`` / ``update_s`` / ``sync_s`` of a step, idle ratios, ``lag_mean``.
+        One row: ``mode``, ``gpus``, ``samples_per_s`` (the whole run, the preset's ``H200_WARMUP_S`` of first-step
+        warm-up added to the simulated wall), ``steady_samples_per_s`` (the steady window the benchmark measures
+        its own steady rate over, no warm-up), ``no_warmup_samples_per_s``, ``response_length_per_step`` (mean response tokens of each step), ``step_s`` (mean after 2 steps of fill), the median
+        ``gen_s`` / ``fetch_s`` / ``update_s`` / ``sync_s`` of a step over the steps the benchmark's
+        ``step_split`` takes (all but the first ``min(2, steps - 3)``), idle ratios, ``lag_mean``.
+
+    The simulated run draws its prompts from the measured run's data order: every ``train_size`` row is built
+    (the order is a permutation of the row count, and the length workload draws per row index), so the
+    simulated steps have the measured steps' response lengths (session 12: with the simulator's default 4,096
+    rows the 4,096-token steps had other longest responses, and a step's generation is its longest).
     """
     from asyncrl.sim import simulate
-    from asyncrl.sim.presets import h200_qwen25_05b_hf
+    from asyncrl.sim.presets import H200_WARMUP_S, h200_qwen25_05b_hf
 
     rollout_gpus, train_gpus, sync = resources(mode, gpus)
     # the model's engine; simulate_only: the simulator prices the model by its cost model and loads no
     # weights, so the 494M random-init checkpoint is not built (it was 2 GB written per call)
     cfg = mode_config(mode, argparse.Namespace(**{**vars(args), "gpus": gpus, "backend": "hf", "simulate_only": True}))
     cfg.trainer.total_training_steps, cfg.trainer.total_time_s = steps, 0.0
-    res = simulate(cfg, h200_qwen25_05b_hf(sync, trainer_layout), rollout_gpus=rollout_gpus, train_gpus=train_gpus, name=f"{mode}@{gpus}")
-    rows = res.history[2:] if len(res.history) > 3 else res.history
+    res = simulate(cfg, h200_qwen25_05b_hf(sync, trainer_layout), rollout_gpus=rollout_gpus, train_gpus=train_gpus,
+                   name=f"{mode}@{gpus}", max_rows=cfg.data.train_size)
+    rows = res.history[min(2, max(0, len(res.history) - 3)):]  # run_mode's steady window
 
     def med(key: str) -> float:
         return statistics.median(r.get(key, 0.0) for r in rows) if rows else 0.0
 
-    return {"mode": mode, "gpus": gpus, "samples_per_s": res.samples_per_s, "step_s": res.step_time(2),
+    hist = res.history
+    steady = hist[min(2, max(0, len(hist) - 3)):]  # run_mode's steady rate: the same window, the same formula
+    span = steady[-1]["time_s"] - steady[0]["time_s"] if len(steady) > 1 else 0.0
+    per_step = res.trained / len(hist) if hist else 0.0
+    return {"mode": mode, "gpus": gpus, "samples_per_s": res.trained / (res.wall_s + H200_WARMUP_S) if hist else 0.0,
+            "steady_samples_per_s": (len(steady) - 1) * per_step / span if span else res.samples_per_s,
+            "no_warmup_samples_per_s": res.samples_per_s, "step_s": res.step_time(2),
+            "response_length_per_step": [r.get("response_length/mean") for r in hist],
             "gen_s": med("timing/gen_s"), "fetch_s": med("timing/fetch_s"), "update_s": med("timing/update_s"),
             "sync_s": med("sync/total_s"), "trainer_idle_ratio": res.trainer_idle_ratio,
             "rollouter_idle_ratio": res.rollouter_idle_ratio, "lag_mean": res.summary()["lag_mean"]}
@@ -85,7 +101,7 @@ def simulate_measured(result: dict, args: argparse.Namespace, mode_config: Calla
         got, steady = measured["samples_per_s"], measured.get("steady_samples_per_s")
         out[m] = {**row, "without_contention_samples_per_s": None,
                   "error": row["samples_per_s"] / got - 1 if got else None,
-                  "steady_error": row["samples_per_s"] / steady - 1 if steady else None}
+                  "steady_error": row["steady_samples_per_s"] / steady - 1 if steady else None}
     return out
 
 

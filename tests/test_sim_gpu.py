@@ -110,8 +110,10 @@ def test_causal_layout_update_is_the_grids_per_call_cost_plus_a_per_token_line()
 @pytest.mark.parametrize("name", list(S10_RUNS))
 def test_colocated_predictions_hold_for_the_causal_layout_runs(bench, tmp_path, name):
     """The three session-10 runs through the benchmark's own path: the result's ``trainer_layout`` picks the
-    engine's model. Measured / simulated samples/s (whole, steady): 2,048: 1.589 / 1.717 vs 1.616;
-    colocated_dyn 2.107 / 2.263 vs 2.237; 1,024: 2.744 / 2.930 vs 2.860; 512: 3.768 / 4.167 vs 4.100."""
+    engine's model. Measured vs simulated samples/s, whole / steady (session 12: the whole rate with the
+    first-step warm-up, the steady one over the benchmark's window): 2,048: 1.589 / 1.717 vs 1.563 / 1.674;
+    colocated_dyn 2.107 / 2.263 vs 2.043 / 2.238; 1,024: 2.744 / 2.930 vs 2.564 / 2.881; 512: 3.768 / 4.167
+    vs 3.474 / 4.086."""
     result = json.loads((REPO / "tests" / "data" / name).read_text())
     assert result["trainer_layout"] == "causal"
     max_tokens, median_tokens = S10_RUNS[name]
@@ -120,12 +122,12 @@ def test_colocated_predictions_hold_for_the_causal_layout_runs(bench, tmp_path, 
     sim = bench.simulate_modes(result, args)
     for m, measured in result["modes"].items():
         assert sim[m]["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.15), (m, sim[m])
-        assert sim[m]["samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15), (m, sim[m])
+        assert sim[m]["steady_samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15), (m, sim[m])
         assert sim[m]["gen_s"] == pytest.approx(measured["step_split"]["gen"], rel=0.15)
     assert sim["colocated"]["update_s"] == pytest.approx(result["modes"]["colocated"]["step_split"]["update"], rel=0.05)
-    if "colocated_dyn" in sim:  # the packed update is priced short (2.41 vs 3.80 s per step): calls of ~16k
-        # tokens cost more than the per-call line of calls up to ~8k says; recorded, not fitted
-        assert sim["colocated_dyn"]["update_s"] < result["modes"]["colocated_dyn"]["step_split"]["update"]
+    if "colocated_dyn" in sim:  # the packed update is priced short (3.03 vs 3.80 s per step): this engine still
+        # planned cuDNN attention for every packed shape (session 11), which the packed per-call cost does not hold
+        assert sim["colocated_dyn"]["update_s"] < 0.85 * result["modes"]["colocated_dyn"]["step_split"]["update"]
 
 
 def test_micro_batch_calls_are_priced_per_rank():
@@ -179,8 +181,8 @@ def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench
     args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False)
     result["simulated"] = bench.simulate_modes(result, args)
     row = result["simulated"]["colocated"]
-    for measured in (MEASURED["samples_per_s"], MEASURED["steady_samples_per_s"]):  # 1.410 whole run, 1.550 steady
-        assert row["samples_per_s"] == pytest.approx(measured, rel=0.15)
+    assert row["samples_per_s"] == pytest.approx(MEASURED["samples_per_s"], rel=0.15)  # 1.410 whole run
+    assert row["steady_samples_per_s"] == pytest.approx(MEASURED["steady_samples_per_s"], rel=0.15)  # 1.550 steady
     assert abs(row["error"]) <= 0.15 and abs(row["steady_error"]) <= 0.15
     split = MEASURED["step_split"]  # the parts: generation is the independent check (update and sync are inputs)
     assert row["gen_s"] == pytest.approx(split["gen"], rel=0.15)
@@ -192,7 +194,7 @@ def test_colocated_one_gpu_prediction_is_within_15_percent_of_the_h200_run(bench
         line for line in out.splitlines() if line.startswith("simulated (asyncrl.sim with the documented H200"))):]
         if line.startswith("colocated"))
     assert f"{row['samples_per_s']:.3f} samples/s ({100 * row['error']:+.0f}% vs measured; " in sim_line, sim_line
-    assert "vs steady" in sim_line
+    assert f"steady {row['steady_samples_per_s']:.3f}, {100 * row['steady_error']:+.0f}% vs steady" in sim_line, sim_line
 
 
 @pytest.mark.parametrize("max_tokens,median_tokens", list(RUNS))
@@ -207,8 +209,8 @@ def test_colocated_prediction_holds_for_the_shorter_h200_runs(bench, tmp_path, m
     args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_median_tokens=median_tokens,
                      gpu_max_tokens=max_tokens, steps=6)
     row = bench.simulate_modes(result, args)["colocated"]
-    assert row["samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15)  # 2.576, 4.606
-    assert row["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.20)  # 2.350, 4.007
+    assert row["steady_samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15)  # 2.576, 4.606
+    assert row["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.15)  # 2.350, 4.007
     assert row["gen_s"] == pytest.approx(measured["step_split"]["gen"], rel=0.10)
     assert row["update_s"] == pytest.approx(measured["step_split"]["update"], rel=0.10)
 
@@ -252,8 +254,8 @@ tokens, steps). Each ran its async mode and colocated side by side in one benchm
 def test_two_gpu_predictions_hold_for_async_and_colocated(bench, tmp_path, name):
     """Mode d and d_s1 train on GPU 1 while GPU 0 generates (NCCL sync); colocated generates on both and
     trains FSDP2 over both (cuda_ipc sync). Nothing of these runs is an input of the cost model: the steady
-    rates and the async / colocated ratio are the out-of-sample check (the sim has no warm-up; the whole-run
-    rate of the 5-step 4,096 run is 22% under the sim's d_s1, its first step compiling at 4,096 tokens)."""
+    rates and the async / colocated ratio are the out-of-sample check (the whole-run rate of the 5-step 4,096
+    run is 18-19% under the sim's, median warm-up included: its first step took 17 s more than the model)."""
     mode, max_tokens, steps = TWO_GPU_RUNS[name]
     result = json.loads((REPO / "tests" / "data" / name).read_text())
     assert set(result["modes"]) == {mode, "colocated"} and result["argv"][result["argv"].index("--gpus") + 1] == "2"
@@ -261,11 +263,11 @@ def test_two_gpu_predictions_hold_for_async_and_colocated(bench, tmp_path, name)
     sim = bench.simulate_modes(result, args)
     for m, measured in result["modes"].items():
         assert measured["steps"] == steps and measured["accounting_balanced"]
-        assert sim[m]["samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15), (m, sim[m])
+        assert sim[m]["steady_samples_per_s"] == pytest.approx(measured["steady_samples_per_s"], rel=0.15), (m, sim[m])
         assert sim[m]["samples_per_s"] == pytest.approx(measured["samples_per_s"], rel=0.25), (m, sim[m])
     ratio = result["modes"][mode]["samples_per_s"] / result["modes"]["colocated"]["samples_per_s"]
     predicted = sim[mode]["samples_per_s"] / sim["colocated"]["samples_per_s"]
-    assert predicted == pytest.approx(ratio, rel=0.15), (ratio, predicted)  # 0.96 / 0.91, 1.27 / 1.17, 1.29 / 1.44
+    assert predicted == pytest.approx(ratio, rel=0.15), (ratio, predicted)  # 0.96 / 0.89, 1.27 / 1.16, 1.29 / 1.28
     # what each run shows: mode d below colocated (trainer-bound on one GPU, waiting on each wave's tail),
     # staleness 1 above it, at both lengths
     assert (ratio < 1) == (mode == "d")
@@ -290,7 +292,7 @@ def test_dynamic_bsz_run_on_one_h200_is_predicted(bench, tmp_path):
     sim = bench.simulate_modes(result, args)
     measured = result["modes"]
     for m in ("colocated", "colocated_dyn"):
-        assert sim[m]["samples_per_s"] == pytest.approx(measured[m]["steady_samples_per_s"], rel=0.15), (m, sim[m])
+        assert sim[m]["steady_samples_per_s"] == pytest.approx(measured[m]["steady_samples_per_s"], rel=0.15), (m, sim[m])
         assert sim[m]["samples_per_s"] == pytest.approx(measured[m]["samples_per_s"], rel=0.15), (m, sim[m])
     ratio = measured["colocated_dyn"]["samples_per_s"] / measured["colocated"]["samples_per_s"]
     predicted = sim["colocated_dyn"]["samples_per_s"] / sim["colocated"]["samples_per_s"]
@@ -303,50 +305,73 @@ def test_dynamic_bsz_at_4096_tokens_was_predicted_before_it_ran(bench, tmp_path)
     packing rule above: colocated 0.765 (measured 0.661 whole, 0.734 steady: +16% / +4%), colocated_dyn 1.004
     (measured 1.087 / 1.221: -8% / -18%). The token budget paid more at 4,096 (update 20.7 -> 4.7 s per step,
     1.64x) than the simulator said (1.31x): its padded update at 4,129 tokens is priced 26% short, its packed one
-    17% long. Recorded as a miss, not fitted (the per-micro-batch overhead hypothesis in RESULTS.md)."""
+    17% long. Recorded as a miss, not fitted (the per-micro-batch overhead hypothesis in RESULTS.md).
+
+    Session 12: with generation priced right (21.0 vs 21.2 s; it was 19% long) the padded row's steady rate is
+    +16% (0.852 vs 0.734): the old engine's update model, fitted on 8-row micro-batches, prices its 4-row ones
+    29% short (14.8 vs 20.7 s), which the long generation hid. The one recorded rate past 15%; the old engine
+    is retired, so its model is not refitted. The packed row: -0% whole / -3% steady."""
     result = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_dyn_h200_4096.json").read_text())
     measured = result["modes"]
     assert all(m["steps"] == 4 and m["accounting_balanced"] for m in measured.values())
     sim = bench.simulate_modes(result, _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_max_tokens=4096,
                                                  steps=4))
-    assert sim["colocated"]["samples_per_s"] == pytest.approx(measured["colocated"]["steady_samples_per_s"], rel=0.15)
-    assert sim["colocated_dyn"]["samples_per_s"] == pytest.approx(measured["colocated_dyn"]["samples_per_s"], rel=0.15)
+    pad, dyn = sim["colocated"], sim["colocated_dyn"]
+    for m in ("colocated", "colocated_dyn"):
+        assert sim[m]["gen_s"] == pytest.approx(measured[m]["step_split"]["gen"], rel=0.05), (m, sim[m])
+    assert dyn["samples_per_s"] == pytest.approx(measured["colocated_dyn"]["samples_per_s"], rel=0.15)
+    assert dyn["steady_samples_per_s"] == pytest.approx(measured["colocated_dyn"]["steady_samples_per_s"], rel=0.15)
+    assert pad["steady_samples_per_s"] == pytest.approx(measured["colocated"]["steady_samples_per_s"], rel=0.20)
+    assert pad["update_s"] < 0.75 * measured["colocated"]["step_split"]["update"]  # the old model's 4-row miss
     ratio = measured["colocated_dyn"]["samples_per_s"] / measured["colocated"]["samples_per_s"]
-    predicted = sim["colocated_dyn"]["samples_per_s"] / sim["colocated"]["samples_per_s"]
-    assert ratio > 1.5 and 1.2 < predicted < ratio, (ratio, predicted)  # 1.64 measured, 1.31 predicted: the miss
+    predicted = dyn["samples_per_s"] / pad["samples_per_s"]
+    assert ratio > 1.5 and 1.2 < predicted < ratio, (ratio, predicted)  # 1.64 measured, 1.35 predicted: the miss
     assert measured["colocated_dyn"]["step_split"]["update"] < 0.25 * measured["colocated"]["step_split"]["update"]
+
+
+S11_PREDICTED = {"colocated": 0.763, "colocated_dyn": 1.102}
+"""Session 11's predictions of its two 4,096 runs, printed before they ran and stored in the results."""
 
 
 def test_the_4096_runs_were_predicted_before_they_ran_with_the_causal_layout_model(bench, tmp_path):
     """Session 11, one H200, max 4,096 / median 256, 4 steps each, two consecutive calls on one host; the
-    prediction was printed before the runs (``--simulate-only`` and the measured path agree: nothing of a run
-    is an input). Colocated with 4-row micro-batches (32 calls per update): predicted 0.763, measured 0.771
-    whole / 0.830 steady (-1% / -8%), update 15.47 vs 15.93 s per step; the old engine ran 0.661 with a 20.7 s
-    update. colocated_dyn: predicted 1.102, measured 1.061 / 1.273 (+4% / -13%), but by two errors that
-    cancel: generation priced 18% long (25.2 vs 21.3 s) and the packed update 38% short (2.52 vs 4.09 s)."""
+    prediction was printed before the runs. Colocated with 4-row micro-batches (32 calls per update): predicted
+    0.763, measured 0.771 whole / 0.830 steady (-1% / -8%), update 15.47 vs 15.93 s per step; the old engine
+    ran 0.661 with a 20.7 s update. colocated_dyn: predicted 1.102, measured 1.061 / 1.273 (+4% / -13%), by two
+    errors that cancelled: generation priced 18% long (25.2 vs 21.3 s) and the packed update 38% short.
+
+    Session 12's model (the runs' own batches, the decode slope refitted, 8.3 s of first-step warm-up): colocated
+    0.804 / 0.855 steady (+4% / +3%), generation 21.0 vs 21.2 s; colocated_dyn 1.177 / 1.302 (+11% / +2%),
+    generation 21.0 vs 21.3 s, its update still 23% short: this run planned cuDNN attention for every packed
+    shape (the next test's run is the same batches without)."""
     measured = {}
     for name in ("avc_gpu_colocated_h200_s11_4096.json", "avc_gpu_colocated_dyn_h200_s11_4096.json"):
         result = json.loads((REPO / "tests" / "data" / name).read_text())
         assert result["trainer_layout"] == "causal" and len(result["modes"]) == 1
         args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_max_tokens=4096, steps=4)
         (m, run), = result["modes"].items()
+        assert result["simulated"][m]["samples_per_s"] == pytest.approx(S11_PREDICTED[m], abs=5e-4)  # as printed then
         row = bench.simulate_modes(result, args)[m]
-        assert row["samples_per_s"] == pytest.approx(result["simulated"][m]["samples_per_s"], rel=0.02)  # as printed then
         assert row["samples_per_s"] == pytest.approx(run["samples_per_s"], rel=0.15), (m, row)
-        assert row["samples_per_s"] == pytest.approx(run["steady_samples_per_s"], rel=0.15), (m, row)
+        assert row["steady_samples_per_s"] == pytest.approx(run["steady_samples_per_s"], rel=0.15), (m, row)
+        assert row["gen_s"] == pytest.approx(run["step_split"]["gen"], rel=0.05), (m, row)
         measured[m] = (run, row)
     (pad, pad_sim), (dyn, dyn_sim) = measured["colocated"], measured["colocated_dyn"]
     assert pad_sim["update_s"] == pytest.approx(pad["step_split"]["update"], rel=0.05)
-    assert dyn_sim["update_s"] < 0.7 * dyn["step_split"]["update"]  # the packed miss, recorded
+    assert dyn_sim["update_s"] < 0.85 * dyn["step_split"]["update"]  # cuDNN's plans, not in the model
     ratio, predicted = dyn["samples_per_s"] / pad["samples_per_s"], dyn_sim["samples_per_s"] / pad_sim["samples_per_s"]
-    assert predicted == pytest.approx(ratio, rel=0.10), (ratio, predicted)  # 1.38 measured, 1.44 predicted
+    assert predicted == pytest.approx(ratio, rel=0.10), (ratio, predicted)  # 1.38 measured, 1.46 predicted
 
 
-def test_the_packed_update_without_cudnn_attention_is_closer_to_its_price(bench, tmp_path):
+def test_the_packed_update_without_cudnn_attention_is_its_fitted_price(bench, tmp_path):
     """Session 11, after the FSDP2 engine left cuDNN's attention out of packed forwards (a plan per new shape):
     the same 4,096 workload (same seeds, so the same batches), one host: the update 4.09 -> 3.30 s per step
-    (optimizer steps 2.00 / 1.90 / 1.77 -> 1.51 / 1.56 / 1.28 s), the simulator's 2.52 now 24% short, not 38%;
-    samples/s 1.061 -> 1.068 (generation 4% slower on this call); predicted 1.102 (+3% / -12% steady)."""
+    (optimizer steps 2.00 / 1.90 / 1.77 -> 1.51 / 1.56 / 1.28 s), the simulator's 2.52 24% short then.
+    Session 12 fitted the packed call's fixed cost on this run (0.211 s, ``_FSDP_PACKED_CALL_S``): in sample,
+    so the update check here says only that the fit is what the preset holds (3.13 vs 3.30 s: the median steps
+    differ); samples/s 1.177 / 1.302 steady against 1.068 / 1.249 (+10% / +4%)."""
+    from asyncrl.sim.presets import _FSDP_PACKED_CALL_S
+
     before = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_dyn_h200_s11_4096.json").read_text())["modes"]["colocated_dyn"]
     result = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_dyn_h200_s11b_4096.json").read_text())
     after = result["modes"]["colocated_dyn"]
@@ -354,7 +379,65 @@ def test_the_packed_update_without_cudnn_attention_is_closer_to_its_price(bench,
     assert all(a < 0.9 * b for a, b in zip(steps(after), steps(before)))  # the same batches, each faster
     row = bench.simulate_modes(result, _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_max_tokens=4096,
                                                  steps=4))["colocated_dyn"]
-    for measured in (after["samples_per_s"], after["steady_samples_per_s"]):
-        assert row["samples_per_s"] == pytest.approx(measured, rel=0.15)
-    short = 1 - row["update_s"] / after["step_split"]["update"]
-    assert 0.15 < short < 0.30 < 1 - row["update_s"] / before["step_split"]["update"]
+    assert row["samples_per_s"] == pytest.approx(after["samples_per_s"], rel=0.15)
+    assert row["steady_samples_per_s"] == pytest.approx(after["steady_samples_per_s"], rel=0.15)
+    assert row["update_s"] == pytest.approx(after["step_split"]["update"], rel=0.10)
+    assert h200_qwen25_05b_hf("cuda_ipc").train.per_packed_micro_batch_s == _FSDP_PACKED_CALL_S > 0.147
+    assert h200_qwen25_05b_hf("cuda_ipc", "masked").train.per_packed_micro_batch_s is None  # the old engine: as fitted
+
+
+ALL_RUNS = sorted(p.name for p in (REPO / "tests" / "data").glob("avc_gpu_*.json"))
+"""Every recorded ``--gpu`` run (sessions 5-11, one and two H200s, max 512 to 4,096 tokens)."""
+LOOSER = {("avc_gpu_colocated_dyn_h200_4096.json", "colocated"): (0.25, 0.20),
+          ("avc_gpu_x2_h200_4096.json", "colocated"): (0.25, 0.15), ("avc_gpu_x2_h200_4096.json", "d_s1"): (0.25, 0.15)}
+"""(whole, steady) bounds where 15% does not hold, session 12: the old engine's 4-row padded update priced 29%
+short (steady +16%, whole +21%); the 5-step two-GPU 4,096 run's whole rate (+18% / +19%: its first step took
+17 s more than the model, twice the median warm-up). Every other rate and every generation time: 15%."""
+
+
+@pytest.mark.parametrize("name", ALL_RUNS)
+def test_every_recorded_run_is_predicted_on_its_own_batches(bench, tmp_path, name):
+    """Session 12: each recorded run through the benchmark's path with the run's own arguments. The simulated
+    colocated steps carry the measured steps' response lengths (the run's data order: all ``train_size`` rows
+    built; with the simulator's default 4,096 rows they were other prompts), the
+    generation time of every colocated mode is within 15% (10% for sessions 10-11, held out of the decode fit:
+    -8% to +5% now; the slope before session 12 put their 2,048 pair at +11% / +12%), and samples/s within 15% whole (the simulated wall
+    plus ``H200_WARMUP_S``) and steady (the benchmark's own steady window), except ``LOOSER``."""
+    from asyncrl.sim.presets import H200_WARMUP_S
+
+    result = json.loads((REPO / "tests" / "data" / name).read_text())
+    argv = result["argv"]
+    arg = lambda k: int(argv[argv.index(k) + 1])  # noqa: E731
+    steps = {m["steps"] for m in result["modes"].values()}
+    assert len(steps) == 1
+    args = _gpu_args(bench, tmp_path, gpus=arg("--gpus"), simulate_only=False, gpu_max_tokens=arg("--gpu-max-tokens"),
+                     gpu_median_tokens=arg("--gpu-median-tokens"), steps=steps.pop())
+    sim = bench.simulate_modes(result, args)
+    for m, run in result["modes"].items():
+        row = sim[m]
+        if m.startswith("colocated"):  # a step trains the next 32 prompts; async steps take what finished first
+            assert row["response_length_per_step"] == pytest.approx([h["response_length/mean"] for h in run["history"]])
+        trained = run["steps"] * 32
+        assert trained / row["samples_per_s"] - trained / row["no_warmup_samples_per_s"] == pytest.approx(H200_WARMUP_S)
+        whole, steady = LOOSER.get((name, m), (0.15, 0.15))
+        assert row["samples_per_s"] == pytest.approx(run["samples_per_s"], rel=whole), (m, row)
+        assert row["steady_samples_per_s"] == pytest.approx(run["steady_samples_per_s"], rel=steady), (m, row)
+        if "gen" in run["step_split"]:  # sessions 10-11 (trainer_layout recorded) were held out of the decode fit
+            held_out = "trainer_layout" in result
+            assert row["gen_s"] == pytest.approx(run["step_split"]["gen"], rel=0.10 if held_out else 0.15), (m, row)
+
+
+def test_decode_attention_is_a_fitted_slope_plus_a_fixed_part_per_row():
+    """Session 12: the decode attention's slope per KV position is 0.765 of the kernel's mean cost at kv 512
+    (fitted on the colocated runs of sessions 5-8; held out, sessions 10-11's generation times are within 8%),
+    the rest a fixed cost per row, so the hf bench's 4.29 ms per step at 256 rows x kv 448 (padded) is kept;
+    the slope stays above the KV cache's read time (12,288 B per row per position at 80% of 4.8 TB/s)."""
+    from asyncrl.sim import presets
+
+    r = h200_qwen25_05b_hf("cuda_ipc").rollout
+    pad = presets._HF_KV_BUCKET_PAD
+    assert r.per_ctx_token_s == pytest.approx(0.765 * presets._HF_ATTN_S * pad)
+    assert r.step_s + 256 * r.per_seq_s + 256 * 448 / pad * r.per_ctx_token_s == pytest.approx(4.29e-3)
+    assert r.per_ctx_token_s / pad > 24 * 2 * 2 * 64 * 2 / (0.8 * 4.8e12)
+    assert r.per_seq_s > presets._HF_ROW_S  # the attention's fixed part moved here
+    assert r.step_s == pytest.approx(2.41e-3, abs=0.01e-3)  # the floor is unchanged

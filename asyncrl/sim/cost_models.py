@@ -175,6 +175,9 @@ class TrainCostModel:
     micro_batch_rows: Optional[int] = None
     """Rows per micro-batch without ``max_token_len`` (verl's ``ppo_micro_batch_size``; set by the simulator
     from the config): how many calls a mini-batch takes, for ``per_micro_batch_s``. None: one call."""
+    per_packed_micro_batch_s: Optional[float] = None
+    """Fixed time per micro-batch packed by ``max_token_len``, when it differs from ``per_micro_batch_s``
+    (the FSDP2 engine's packed calls: many rows of varying length per call). None: ``per_micro_batch_s``."""
 
     def work(self, length: float) -> float:
         return self.per_row_s + self.per_token_s * length + self.per_token_ctx_s * length * length / 2.0
@@ -203,7 +206,8 @@ class TrainCostModel:
         from asyncrl.trainer.engine import pack_by_token_budget
 
         chunks = [[lengths[i] for i in c] for c in pack_by_token_budget(list(lengths), self.max_token_len)]
-        return sum(len(c) * self.work(max(c)) + self.per_micro_batch_s for c in chunks)
+        call = self.per_micro_batch_s if self.per_packed_micro_batch_s is None else self.per_packed_micro_batch_s
+        return sum(len(c) * self.work(max(c)) + call for c in chunks)
 
     def update_time(self, lengths: Sequence[float]) -> float:
         """One optimizer update over one mini-batch."""

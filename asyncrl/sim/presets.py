@@ -105,6 +105,14 @@ _HF_ROW_S = (0.31 + 0.15 + (0.86 - 0.26)) * 1e-3 / 256
 """Decode work per row at 256 rows (same kernel table): the 151,936-entry CDF ``cumsum`` 0.31 ms, softmax
 0.15 ms, and the matmuls' 0.86 ms less the weight read they cost at any batch (0.99 GB at 80% of the H200's
 4.8 TB/s, 0.26 ms: an assumption, the split is not measured)."""
+_HF_ATTN_SLOPE_S = 0.765 * _HF_ATTN_S
+"""Decode attention per row per attended KV position beyond a fixed part per row: 5.49 ns, 0.765 of
+``_HF_ATTN_S`` (session 12). Fitted, one constant, by least squares on the relative error of every steady
+step's generation time of the colocated runs of sessions 5-8 (max 512 / 1,024 / 2,048 / 4,096, one and two
+H200s), the runs of sessions 10-11 held out; the rest of the kernel's 0.94 ms at kv 512 (``_HF_ATTN_S`` x 448
+per row at the anchor, less this slope x 448: 0.76 us per row) is a fixed cost per row (``per_seq_s``), so the
+engine's 4.29 ms per step at 256 rows x kv 448 is unchanged. The KV read alone would be 3.2 ns (12,288 B per
+position per row: 24 layers x 2 x 2 KV heads x 64 x bf16, at 80% of 4.8 TB/s)."""
 _HF_STEP_256_S = 4.29e-3
 """Engine wall time per decode step at 256 rows, host work included, over kv_len 384 and 512 (mean 448):
 4.29 ms (run 2 of the same section, 50,522 tokens/s)."""
@@ -127,9 +135,22 @@ _FSDP_CALL_S = 0.147
 tokens): the least-squares fit ``0.071 + calls x (0.147 + 3.3 us x tokens)`` over 22 train steps of all-real
 rows ("The FSDP2 update is host-bound per micro-batch: a grid on one H200"); an input of the ``causal``
 layout, measured apart from the pipeline."""
+_FSDP_PACKED_CALL_S = 0.211
+"""Fixed seconds per packed forward + backward call (``use_dynamic_bsz``, causal layout, cuDNN attention off for
+packed calls, as the engine runs them since session 11): least squares over steps 2-4 of the one run of that
+engine (``tests/data/avc_gpu_colocated_dyn_h200_s11b_4096.json``: ``timing/update_s`` 3.30 / 3.47 / 2.76 s for
+11 / 10 / 10 calls as the simulator packs the same batches; per step 0.202 / 0.244 / 0.189), after the per-token
+and attention terms of the padded fit. One run: a calibration of this workload (calls of ~14-17k tokens, up to
+~60 rows), not checked on another; the runs before it (cuDNN planning each packed shape) cost more per call."""
 _FSDP_ATTN_S = 56.6e-3 / (8 * 4096) / (4096 / 2)
 """Causal attention per token per context token in training: 56.6 ms of cuDNN flash attention per step of
 8 x 4,096 tokens per GPU ("Trainer: FSDP2, Qwen2.5-0.5B shapes, seq 4096, 2 H200", the profile table)."""
+H200_WARMUP_S = 8.3
+"""Seconds the first step of a measured ``--gpu`` run takes beyond what the steady model prices (CUDA-graph
+captures and the first compiles of the hf engine, ~2 s; the first FSDP2 calls, ~3 s; the rest before the
+first step): the median, over the colocated runs of sessions 5-8 (10 modes), of the measured minus simulated
+``time_s`` of step 1 (3.9-23.9 s; the runs of sessions 10-11, held out, have median 8.2 s, 2.8-17.9 s; session
+12). Not simulated: :mod:`benchmarks.gpu_sim` adds it to the simulated wall of the whole-run rate only."""
 SYNC_S = {"cuda_ipc": (0.1185, 0.0), "nccl": (0.0092 + 0.0834, 0.0087)}
 """``(transfer s, load s)`` of one 0.99 GB sync. ``cuda_ipc`` (colocated): median ``sync/total_s`` of "GPU
 row, session 5" run 3 (pause 5 ms + pack and load 107 ms + resume 7 ms; the load is in the transfer).
@@ -153,7 +174,8 @@ def _fsdp_train(layout: str) -> TrainCostModel:
         per_token = sum((w - mw) * (r - mr) for w, r in zip(widths, rest)) / sum((w - mw) ** 2 for w in widths)
         per_row = mr - per_token * mw
     return TrainCostModel(per_token_s=per_token, per_row_s=per_row, per_token_ctx_s=_FSDP_ATTN_S,
-                          per_micro_batch_s=call_s, per_update_s=(_FSDP_STEP_UPDATE_S[layout] - 2 * updates[2081]) / 2,
+                          per_micro_batch_s=call_s,
+                          per_packed_micro_batch_s=_FSDP_PACKED_CALL_S if layout == "causal" else None, per_update_s=(_FSDP_STEP_UPDATE_S[layout] - 2 * updates[2081]) / 2,
                           padded=True, pad_to_step=True)
 
 
@@ -165,9 +187,11 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal
 
     Measured (``benchmarks/RESULTS.md``; the module constants above quote each source):
 
-    * decode, static slots (:attr:`RolloutCostModel.static_slots`): ``per_ctx_token_s`` = flash attention
-      0.94 ms at 256 rows x kv 512, times the kv-bucket padding 1.16 (computed); ``step_s + 256 per_seq_s``
-      = the engine's 4.29 ms wall per step at 256 rows less its attention at the run's mean kv 448;
+    * decode, static slots (:attr:`RolloutCostModel.static_slots`): the engine's 4.29 ms wall per step at 256
+      rows x kv 448 (mean); attention there from the kernel table (0.94 ms at kv 512), split into a slope per
+      KV position (``per_ctx_token_s``: 0.765 of the kernel's mean cost, times the kv-bucket padding 1.16) and a
+      fixed part per row (in ``per_seq_s``); the slope is the one fitted constant of the decode model (session
+      12: on the colocated runs of sessions 5-8, held out sessions 10-11; ``_HF_ATTN_SLOPE_S``);
     * prefill: 65,536 prompt tokens in 0.19 s (2.9 us per token);
     * training, ``causal`` (today's engine): 0.147 s per forward + backward call (the session-9 grid, apart
       from the pipeline) plus ``per_token_s`` fitted through the three colocated runs' 128-row updates
@@ -176,6 +200,8 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal
       sessions 5-9, for the runs recorded with it): a per-row term (~13.5 ms) instead of the per-call one,
       fitted through that engine's three updates (4.826 / 3.56 / 2.336 s; within 8% of each);
       ``per_update_s`` = the rest of ``timing/update_s`` (collate, reward, advantages, the batch's trip);
+      ``causal`` packed calls (``use_dynamic_bsz``, cuDNN attention off): 0.211 s fixed per call, fitted on
+      the one run of that engine (``_FSDP_PACKED_CALL_S``);
     * sync: ``cuda_ipc`` 0.1185 s per step (colocated), ``nccl`` 0.101 s (separate GPUs), 0.99 GB.
 
     Assumed (not measured): how the 3.47 ms of non-attention decode time at 256 rows splits into a
@@ -183,7 +209,8 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal
     from the kernel table); attention linear in kv_len down to short contexts; no fixed cost per prefill
     (the engine's eager prefill forward); FSDP2 over ``n`` ranks divides a padded update by ``n`` with the
     collectives hidden (issue 6: NCCL overlapped on its own stream) and the same ``per_update_s``; no
-    warm-up (the measured runs' first step also captures CUDA graphs and compiles: ~10 s more).
+    warm-up in the simulation (the measured runs' first step also captures CUDA graphs and compiles:
+    ``H200_WARMUP_S``, 8.3 s median, which ``benchmarks/gpu_sim.py`` adds to a whole run's wall).
 
     Args:
         sync_backend: ``cuda_ipc`` (colocated: trainer rank and replica on one GPU) or ``nccl``.
@@ -196,13 +223,14 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal
         raise ValueError(f"sync_backend must be one of {sorted(SYNC_S)}, got {sync_backend!r}")
     if trainer_layout not in _FSDP_UPDATES_S:
         raise ValueError(f"trainer_layout must be one of {list(TRAINER_LAYOUTS)}, got {trainer_layout!r}")
-    attn = _HF_ATTN_S * _HF_KV_BUCKET_PAD
+    attn = _HF_ATTN_SLOPE_S * _HF_KV_BUCKET_PAD
     step_s = _HF_STEP_256_S - 256 * 448 * _HF_ATTN_S - 256 * _HF_ROW_S
+    per_row = _HF_ROW_S + 448 * (_HF_ATTN_S - _HF_ATTN_SLOPE_S)  # the attention's fixed part per row
     transfer, load = SYNC_S[sync_backend]
     suffix = "" if trainer_layout == "causal" else f"-{trainer_layout}"
     return ClusterCostModel(
         name=f"h200-qwen2.5-0.5b-hf-{sync_backend}{suffix}",
-        rollout=RolloutCostModel(step_s=step_s, per_seq_s=_HF_ROW_S, per_ctx_token_s=attn,
+        rollout=RolloutCostModel(step_s=step_s, per_seq_s=per_row, per_ctx_token_s=attn,
                                  per_prefill_token_s=0.19 / 65536, weight_load_s=load, max_num_seqs=256,
                                  static_slots=True),
         train=_fsdp_train(trainer_layout),
