@@ -294,6 +294,18 @@ def test_curves_model_series():
     assert m.eval_steps == [0, 3, 6] and m.eval_accuracy == [0.1, 0.35, 0.5]
 
 
+def test_live_charts_name_their_x_axis():
+    """The dashboard's inline charts (a fresh reader: titles but no axis names) say what x counts."""
+    from widgets import TrainingCurves
+
+    curves, stale = TrainingCurves(), StalenessView()
+    curves.update(load("mq_bound"))
+    stale.update(load("mq_bound"))
+    for svg in (curves.reward_svg(), curves.loss_svg()):
+        assert re.search(r'text-anchor="middle">trainer step</text>', svg), svg
+    assert 'text-anchor="middle">time (s)</text>' in stale.idle_svg()
+
+
 def test_step_and_poll_axes_tick_at_whole_numbers_only():
     """A 2-step run's pg_loss chart once ticked at 1.0, 1.25, 1.5, ...: steps and polls are integers."""
     from widgets import static

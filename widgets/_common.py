@@ -113,17 +113,19 @@ def bar_html(fraction: Optional[float], color: str) -> str:
 
 
 def svg_lines(series: dict[str, tuple[Sequence[float], Sequence[float], str]], width: int = 300,
-              height: int = 120, title: str = "", y_range: Optional[tuple[float, float]] = None) -> str:
+              height: int = 120, title: str = "", y_range: Optional[tuple[float, float]] = None,
+              x_label: str = "") -> str:
     """A small inline SVG line chart (no JS, renders in exported HTML too).
 
     Args:
         series: ``{label: (xs, ys, color)}``.
         width, height: pixels.
-        title: drawn top-left.
+        title: drawn top-left (say what the y axis is).
         y_range: fixed ``(lo, hi)``; default: the data range.
+        x_label: the x axis's name, drawn under the axis between its end values.
     """
     pts = [(x, y) for xs, ys, _ in series.values() for x, y in zip(xs, ys) if y is not None]
-    pad_l, pad_r, pad_t, pad_b = 34, 6, 28, 14
+    pad_l, pad_r, pad_t, pad_b = 34, 6, 30, 14
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'style="background:#fff;border:1px solid #eee">',
            f'<text x="4" y="11" font-size="10" fill="#333">{html.escape(title)}</text>']
@@ -143,10 +145,12 @@ def svg_lines(series: dict[str, tuple[Sequence[float], Sequence[float], str]], w
     def sy(y: float) -> float:
         return height - pad_b - (y - y0) / (y1 - y0) * (height - pad_t - pad_b)
 
-    out.append(f'<text x="2" y="{pad_t + 8}" font-size="9" fill="#888">{y1:.3g}</text>'
-               f'<text x="2" y="{height - pad_b}" font-size="9" fill="#888">{y0:.3g}</text>'
+    out.append(f'<text x="2" y="{pad_t + 8}" font-size="9" fill="#888">{y1:.2g}</text>'
+               f'<text x="2" y="{height - pad_b}" font-size="9" fill="#888">{y0:.2g}</text>'
                f'<text x="{pad_l}" y="{height - 2}" font-size="9" fill="#888">{x0:.4g}</text>'
-               f'<text x="{width - pad_r - 24}" y="{height - 2}" font-size="9" fill="#888">{x1:.4g}</text>')
+               f'<text x="{width - pad_r - 24}" y="{height - 2}" font-size="9" fill="#888">{x1:.4g}</text>'
+               + (f'<text x="{(pad_l + width - pad_r) // 2}" y="{height - 2}" font-size="9" fill="#888" '
+                  f'text-anchor="middle">{html.escape(x_label)}</text>' if x_label else ""))
     lx = pad_l
     for label, (xs, ys, color) in series.items():
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, ys) if y is not None)

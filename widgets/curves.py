@@ -58,11 +58,12 @@ class TrainingCurves(SnapshotView):
         m = self.model or CurvesModel()
         return svg_lines({"train reward": (m.steps, m.reward, "#1890ff"),
                           "held-out acc": (m.eval_steps, m.eval_accuracy, "#52c41a")},
-                         width, height, "reward / accuracy vs step", y_range=(0.0, 1.0))
+                         width, height, "reward / accuracy", y_range=(0.0, 1.0), x_label="trainer step")
 
     def loss_svg(self, width: int = 320, height: int = 130) -> str:
         m = self.model or CurvesModel()
-        return svg_lines({"pg_loss": (m.steps, m.pg_loss, "#eb2f96")}, width, height, "actor/pg_loss vs step")
+        return svg_lines({"pg_loss": (m.steps, m.pg_loss, "#eb2f96")}, width, height, "actor/pg_loss",
+                         x_label="trainer step")
 
     def _body_html(self) -> str:
         return f"<div>{self.reward_svg()} {self.loss_svg()}</div>"

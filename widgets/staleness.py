@@ -166,7 +166,7 @@ class StalenessView(SnapshotView):
             return svg_lines({}, width, height, "idle ratio")
         return svg_lines({"trainer": ([t for t, _ in m.trainer_idle], [r for _, r in m.trainer_idle], "#fa541c"),
                           "rollouter": ([t for t, _ in m.rollouter_idle], [r for _, r in m.rollouter_idle], "#13c2c2")},
-                         width, height, "idle ratio vs time (s)", y_range=(0.0, 1.0))
+                         width, height, "idle ratio", y_range=(0.0, 1.0), x_label="time (s)")
 
     def _plot(self) -> Any:
         from widgets.static import plot_staleness
