@@ -137,3 +137,21 @@ def test_mode_d_with_coalesced_group_calls_counts_no_finished_request(shared_rep
     # that an early request's lease ends before its group's last request ends.
     assert len(gaps) >= 10 and sorted(gaps)[len(gaps) // 2] <= 1, gaps
     assert lb["total_in_flight"] == 0 and lb["open_leases"] == 0, lb
+
+
+def test_a_time_budget_stop_leaves_no_more_than_a_step_count_stop(shared_replica, tmp_path):
+    """``trainer.total_time_s`` ends the run at the first batch fetched after the budget, and that fetch tells the
+    rollouter it was the last (as the step count's last fetch does): the prompts left over at shutdown stay within
+    ``2 * max_required_samples - required_samples + 1``. Notebook 00 at full size, stopped by its 330 s budget between
+    steps, once left the whole budget refilled: 97 against 65 (aborted 32 + unconsumed 16 = max_required_samples)."""
+    cfg, summary, _ = _run("d", shared_replica, tmp_path, **{"trainer.total_training_steps": 10_000,
+                                                            "trainer.total_time_s": 6.0})
+    b = sample_budget(cfg)
+    acc = summary.accounting
+    assert summary.stop_reason.startswith("time budget") and 0 < summary.steps < 10_000, summary.stop_reason
+    assert acc["balanced"] and acc["failed_total"] == 0, acc
+    assert acc["trained"] == summary.steps * b.required_samples
+    at_shutdown = sum(v for k, v in acc["dropped"].items() if k.endswith("_at_shutdown"))
+    assert at_shutdown <= 2 * b.max_required_samples - b.required_samples + 1, acc["dropped"]
+    assert acc["dropped"].get("aborted_at_shutdown", 0) + acc["dropped"].get("unconsumed_at_shutdown", 0) \
+        <= b.max_required_samples - b.required_samples, acc["dropped"]

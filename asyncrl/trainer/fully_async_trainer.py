@@ -123,6 +123,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.done = False
         self.error: Optional[str] = None
         self.stop_reason = ""
+        self._time_stop = False  # fit_step fetched its batch after trainer.total_time_s: that step is the last
         self.ledger = Ledger()  # trained / dropped / failed by seq, plus "fetched"
         self._in_step: list[int] = []  # seqs fetched by the running step, not trained yet
         self.synced_step = 0  # global_steps when the replicas last got the weights
@@ -151,17 +152,16 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             self.watchdog.start()
         try:
             self.stop_reason = f"trainer.total_training_steps={self.cfg.trainer.total_training_steps} reached"
-            while self.global_steps < self.cfg.trainer.total_training_steps:
-                if self.cfg.trainer.total_time_s and time.time() - self.t_start > self.cfg.trainer.total_time_s:
-                    self.stop_reason = (f"time budget trainer.total_time_s={self.cfg.trainer.total_time_s:g} reached "
-                                        f"at step {self.global_steps}/{self.cfg.trainer.total_training_steps}")
-                    logger.info(self.stop_reason)
-                    break
+            while self.global_steps < self.cfg.trainer.total_training_steps and not self._time_stop:
                 gen = await generate_round(self) if self.cfg.actor_rollout_ref.hybrid_engine else {}
                 if not await self.fit_step(gen):
                     self.stop_reason = "the MessageQueue was shut down"
                     await raise_if_rollout_stopped(self.mq)  # the rollouter stopped the run: an error
                     break
+                if self._time_stop:
+                    self.stop_reason = (f"time budget trainer.total_time_s={self.cfg.trainer.total_time_s:g} reached "
+                                        f"at step {self.global_steps}/{self.cfg.trainer.total_training_steps}")
+                    logger.info(self.stop_reason)
                 if self.cfg.trainer.save_freq > 0 and self.global_steps % self.cfg.trainer.save_freq == 0:
                     self._set_phase("checkpoint")
                     await self.save_checkpoint()
@@ -193,7 +193,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             self.ledger.extend("dropped/fetched_at_shutdown", self._in_step)
             self._in_step = []
             return False
-        if self.global_steps + 1 >= cfg.trainer.total_training_steps and self.rollouter is not None:
+        # the last step: the step count's, or the first batch fetched after the time budget (as the step count does,
+        # the rollouter then starts nothing more, so a time-budget stop leaves the same at most 2 x max_required - required + 1)
+        self._time_stop = bool(cfg.trainer.total_time_s) and time.time() - self.t_start > cfg.trainer.total_time_s
+        if (self.global_steps + 1 >= cfg.trainer.total_training_steps or self._time_stop) and self.rollouter is not None:
             await self.rollouter.close_admission.remote()  # the last batch: nothing started now could train
         self._set_phase("update")
         t_fetched = time.time()
