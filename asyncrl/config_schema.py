@@ -298,7 +298,8 @@ class TrainerConfig:
     total_training_steps: int = 150
     """Trainer fit steps before the run ends."""
     total_time_s: float = 0.0
-    """Wall-clock budget for training in seconds; 0 = unlimited."""
+    """Wall-clock budget for training in seconds; 0 = unlimited. The step whose batch is fetched after the budget is the
+    last (it trains; the rollouter starts nothing after that fetch, as after the step count's last fetch)."""
     test_freq: int = 10
     """Held-out greedy evaluation every this many param versions (0 = only before/after)."""
     eval_average_last: int = 3
