@@ -116,7 +116,12 @@ MODES = {
                  "trainer.cpu_affinity": "''"},
     "d_c24": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
               "actor_rollout_ref.rollout.concurrent_samples_per_replica": 24},
+    # mode d placed as the recipe places it (`make demo`): nothing pinned, the replica's processes and the
+    # trainer share both cores under the OS scheduler (the other async modes pin rollout to core 0, trainer to 1)
+    "d_unpinned": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
 }
+UNPINNED = {"d_unpinned"}
+"""Async modes that run on the unpinned ("shared") replica with the recipe's own placement."""
 
 ENGINE_ATTRS = {"d_stream": {"stream_outputs": True}, "d_before": {"stream_outputs": True}}
 """Attributes set on the shared replica's engine for one mode only (restored after it): engine internals
@@ -198,6 +203,8 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
         half = args.gpus // 2
         return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus - half}",
                 f"rollout.n_gpus_per_node={half}", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
+    if mode in UNPINNED:
+        return ["trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     if mode.startswith("colocated") or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
@@ -603,14 +610,14 @@ def replica_kind(mode: str, args: argparse.Namespace) -> str:
     on CPU builds its engine in the trainer process (verl's hybrid engine), so it is given none."""
     if mode.startswith("colocated") and mode != "colocated_replica" and args.backend == "hf" and not args.gpu:
         return ""
-    return "shared" if mode.startswith("colocated") else "split"
+    return "shared" if mode.startswith("colocated") or mode in UNPINNED else "split"
 
 
 def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
     """One engine per placement: ``split`` (rollout cores only) for the async modes, ``shared`` for colocated."""
     from asyncrl.rollout.replica import RolloutReplica
 
-    need = {"shared" if m.startswith("colocated") else "split" for m in modes if replica_kind(m, args)}
+    need = {replica_kind(m, args) for m in modes if replica_kind(m, args)}
     need |= {"split"} if args.ideal else set()
     if args.simulate and not args.gpu:
         need |= {"shared", "split"}

@@ -74,3 +74,18 @@ def test_report_prints_steady_state_ratio(bench, capsys):
                lag_max=0, reward_first=0.0, reward_last=0.0, time_to_target_s=None)
     bench.report({"modes": {"colocated": {**row, "steady_samples_per_s": 2.0}, "d": {**row, "steady_samples_per_s": 3.0}}})
     assert "colocated 2.000 samples/s, d 3.000 samples/s (1.50x)" in capsys.readouterr().out
+
+
+def test_cpu_async_modes_pin_a_core_each_and_d_unpinned_runs_as_the_recipe_places_it(bench, tmp_path, monkeypatch):
+    """Session 13: the benchmark's mode d pins the replica to core 0 and the trainer to core 1; ``make demo`` (the
+    recipe) pins nothing. ``d_unpinned`` measures the recipe's placement, on the unpinned ("shared") replica."""
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1})
+    args = _args(bench, tmp_path)
+    args.gpu, args.backend, args.task = False, "vllm", "arith"
+    pinned, free = bench.mode_config("d", args), bench.mode_config("d_unpinned", args)
+    assert (pinned.trainer.cpu_affinity, pinned.actor_rollout_ref.rollout.cpu_affinity) == ("1", "0")
+    assert (free.trainer.cpu_affinity, free.actor_rollout_ref.rollout.cpu_affinity) == ("", "")
+    recipe = bench.base_config(args)
+    assert free.trainer.torch_threads == recipe.trainer.torch_threads  # the recipe's own threads, not the benchmark's
+    assert (bench.replica_kind("d", args), bench.replica_kind("d_unpinned", args)) == ("split", "shared")
+    assert free.async_training.staleness_threshold == pinned.async_training.staleness_threshold == 0.5
