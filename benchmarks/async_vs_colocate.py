@@ -605,6 +605,20 @@ def run_reference(path: str, seconds: float) -> dict:
             "train_s_median": statistics.median(r["train_s"] for r in steps)}
 
 
+def host_info() -> dict:
+    """The machine a result was measured on: CPU model and count, torch, and the GPUs (names, driver's CUDA).
+    Host-bound steps (the FSDP2 update, session 9) move with the host: two H200 runs of the same batches, sessions
+    10 and 13, differ by 11-20% in the update with no code change in its path."""
+    import platform
+
+    import torch
+
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {"cpu": model, "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}
+
+
 def replica_kind(mode: str, args: argparse.Namespace) -> str:
     """The shared replica a mode runs on (``shared`` | ``split``), or ``""``: colocated with the hf backend
     on CPU builds its engine in the trainer process (verl's hybrid engine), so it is given none."""
@@ -690,7 +704,8 @@ def main() -> None:
 
         CENSUS = CpuCensus().start()
     result: dict[str, Any] = {"task": args.task, "backend": args.backend, "gpu": args.gpu, "cores": len(os.sched_getaffinity(0)),
-                              "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                              "argv": sys.argv[1:], "modes": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                              "host": host_info()}
     if args.gpu:  # replicas are placed on GPUs by each Experiment; the CPU-core measurements do not apply
         import gpu_sim
 

@@ -89,3 +89,14 @@ def test_cpu_async_modes_pin_a_core_each_and_d_unpinned_runs_as_the_recipe_place
     assert free.trainer.torch_threads == recipe.trainer.torch_threads  # the recipe's own threads, not the benchmark's
     assert (bench.replica_kind("d", args), bench.replica_kind("d_unpinned", args)) == ("split", "shared")
     assert free.async_training.staleness_threshold == pinned.async_training.staleness_threshold == 0.5
+
+
+def test_results_record_the_host_they_were_measured_on(bench):
+    """Session 13: the same H200 batches ran 11-20% slower in the update than in session 10 with no change in its
+    path; a result now says which CPU, torch and GPUs it ran on."""
+    import torch
+
+    host = bench.host_info()
+    assert host["cpus"] >= 1 and host["cpu"] and host["torch"] == torch.__version__
+    assert host["gpus"] == ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                            if torch.cuda.is_available() else [])
