@@ -111,7 +111,7 @@ def reproduce_seed(cost: Optional[ClusterCostModel] = None, *, colocated_steps: 
                    token_scale: int = 64, **length_law: Any) -> SeedReproduction:
     """Simulate the seed's comparison: colocated on 128 GPUs vs fully async on 64 rollout + 64 trainer GPUs.
 
-    Takes ~1 minute on one core at full scale (16K responses per colocated step through the real
+    Takes 20-25 s on one core of the 2-core CPU box at full scale (16K responses per colocated step through the real
     rollouter). Returns a :class:`SeedReproduction` (``ratio`` to compare with :data:`SEED_RATIO`).
     """
     cost = cost or h20_qwen25_7b()
