@@ -27,6 +27,7 @@ Usage (CPU; start Ray, two vLLM engines, ~3 min per mode at the default size)::
 
     python benchmarks/async_vs_colocate.py                           # long-tail task, colocated + a-d
     python benchmarks/async_vs_colocate.py --modes colocated,d --steps 40 --json lt.json
+    python benchmarks/async_vs_colocate.py --modes colocated,d,d_s1 --steps 16 --repeats 3   # ratios with their spread
     python benchmarks/async_vs_colocate.py --modes d --census --no-ideal --no-simulate   # where the CPU goes
     python benchmarks/async_vs_colocate.py --task arith --modes d --steps 60   # the demo's step time
     python benchmarks/async_vs_colocate.py --task arith --modes d --backend hf
@@ -554,6 +555,8 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         how = "at its cap, see above" if inputs.get("per_request_at_cap") else "the rollout-only reproduced"
         print(f"  calibration: per-request cost {inputs['per_request_s'] * 1e3:.2f} ms ({how})", flush=True)
     for m, measured in result["modes"].items():
+        # priced by placement of the work, not of the engine: every async mode (d_unpinned too, whose two busy
+        # processes share the two cores as the pinned pair does) on the split probes and their contention terms
         kind = "shared" if m.startswith("colocated") else "split"
         if f"decode_{kind}" not in cal:
             continue
@@ -654,6 +657,10 @@ def main() -> None:
     p.add_argument("--target-reward", type=float, default=0.5)
     p.add_argument("--ideal", action=argparse.BooleanOptionalAction, default=True, help="measure the ideal bound")
     p.add_argument("--ideal-groups", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the modes this many rounds (odd rounds in reverse order) and measure the ideal bound after "
+                        "each: every ratio is printed per round with its median and range (one run's ratio on a "
+                        "shared 2-core box moves by tens of percent)")
     p.add_argument("--reference", default=None, help="rlproto directory: time the reference loop too")
     p.add_argument("--reference-seconds", type=float, default=60.0)
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=True,
@@ -714,11 +721,26 @@ def main() -> None:
     replicas = {} if args.gpu else start_replicas(args, modes)
     try:
         print(f"{args.task} ({args.backend}), {args.steps} steps per mode:", flush=True)
-        for m in modes:
-            result["modes"][m] = run_mode(m, replicas.get(replica_kind(m, args) or ""), args)
-            save(result, args)  # a later phase that fails loses nothing measured
-        if args.ideal and "split" in replicas:
-            result["ideal"] = ideal_bound(replicas["split"], args)
+        for r, order in enumerate(round_orders(modes, args.repeats)):
+            if args.repeats > 1:
+                print(f"round {r + 1} of {args.repeats}: {', '.join(order)}", flush=True)
+                result.setdefault("rounds", []).append({"order": order, "modes": {}})
+            for m in order:
+                run = run_mode(m, replicas.get(replica_kind(m, args) or ""), args)
+                if args.repeats > 1:
+                    result["rounds"][-1]["modes"][m] = run
+                else:
+                    result["modes"][m] = run
+                save(result, args)  # a later phase that fails loses nothing measured
+            if args.ideal and "split" in replicas:
+                ideal = ideal_bound(replicas["split"], args)
+                if args.repeats > 1:
+                    result["rounds"][-1]["ideal"] = ideal
+                else:
+                    result["ideal"] = ideal
+                save(result, args)
+        if args.repeats > 1:
+            result.update(combine_rounds(result["rounds"], modes))
             save(result, args)
         if args.simulate and not args.gpu:
             result["calibration"] = calibrate(replicas, result, args)
@@ -755,6 +777,41 @@ def resimulate(args: argparse.Namespace) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def round_orders(modes: list[str], repeats: int) -> list[list[str]]:
+    """The order of the modes in each of ``repeats`` rounds: as given, then reversed, alternately, so a drift of
+    the machine's speed over the run weighs on every mode alike."""
+    return [list(modes) if r % 2 == 0 else list(reversed(modes)) for r in range(max(1, repeats))]
+
+
+def combine_rounds(rounds: list[dict], modes: list[str]) -> dict:
+    """``--repeats``: the rounds summarised. Per mode, the run with the median samples/s stands for the mode
+    (``modes``: what the calibration and the simulator use, as one run does) with every round's samples/s beside
+    it; per async mode its ratio to colocated *within* each round (``ratios``: the rounds' list, median, min,
+    max), and its fraction of that round's ideal bound (``of_ideal``); ``ideal``: the median round's bound.
+    Errors: none; a mode missing from a round (a failed run) is left out of that round's ratios."""
+    out: dict[str, Any] = {"modes": {}, "ratios": {}, "of_ideal": {}}
+    for m in modes:
+        runs = [r["modes"][m] for r in rounds if m in r["modes"]]
+        if not runs:
+            continue
+        sps = [x["samples_per_s"] for x in runs]
+        median = sorted(runs, key=lambda x: x["samples_per_s"])[(len(runs) - 1) // 2]
+        out["modes"][m] = {**median, "rounds_samples_per_s": sps}
+        if m != "colocated":
+            per = [r["modes"][m]["samples_per_s"] / r["modes"]["colocated"]["samples_per_s"] for r in rounds
+                   if m in r["modes"] and r["modes"].get("colocated", {}).get("samples_per_s")]
+            if per:
+                out["ratios"][m] = {"rounds": per, "median": statistics.median(per), "min": min(per), "max": max(per)}
+        fr = [r["modes"][m]["samples_per_s"] / r["ideal"]["ideal_samples_per_s"] for r in rounds
+              if m in r["modes"] and r.get("ideal")]
+        if fr:
+            out["of_ideal"][m] = {"rounds": fr, "median": statistics.median(fr), "min": min(fr), "max": max(fr)}
+    ideals = sorted((r["ideal"] for r in rounds if r.get("ideal")), key=lambda i: i["ideal_samples_per_s"])
+    if ideals:
+        out["ideal"] = {**ideals[(len(ideals) - 1) // 2], "rounds_samples_per_s": [i["ideal_samples_per_s"] for i in ideals]}
+    return out
 
 
 def save(result: dict, args: argparse.Namespace) -> None:
@@ -800,6 +857,18 @@ def report(result: dict) -> None:
                   f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}{bound}")
             if r.get("above_bound"):
                 print(f"{'':10s} {r['above_bound']}")
+    if result.get("rounds"):
+        n = len(result["rounds"])
+        print(f"\nover {n} rounds (each ratio within one round; median [min - max]):")
+        for m, r in modes.items():
+            sps = r.get("rounds_samples_per_s") or []
+            line = f"{m:10s} samples/s {statistics.median(sps):.3f} [{min(sps):.3f} - {max(sps):.3f}]" if sps else f"{m:10s}"
+            for key, name in (("ratios", "x colocated"), ("of_ideal", "of ideal")):
+                q = result.get(key, {}).get(m)
+                if q:
+                    line += f"   {name} {q['median']:.2f} [{q['min']:.2f} - {q['max']:.2f}] (" + \
+                            ", ".join(f"{v:.2f}" for v in q["rounds"]) + ")"
+            print(line)
     ref = result.get("reference")
     if ref and ref.get("step_s_median"):
         for m, r in modes.items():

@@ -100,3 +100,33 @@ def test_results_record_the_host_they_were_measured_on(bench):
     assert host["cpus"] >= 1 and host["cpu"] and host["torch"] == torch.__version__
     assert host["gpus"] == ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                             if torch.cuda.is_available() else [])
+
+
+def test_repeats_alternate_the_order_and_pair_each_ratio_within_its_round(bench, capsys):
+    """Session 13: with the same code and settings, mode d's ratio to colocated read 1.41x, 1.33x and 1.10x in
+    three runs. ``--repeats`` runs the modes in rounds (odd rounds reversed) and reports each ratio per round."""
+    assert bench.round_orders(["colocated", "d", "d_s1"], 3) == [
+        ["colocated", "d", "d_s1"], ["d_s1", "d", "colocated"], ["colocated", "d", "d_s1"]]
+    assert bench.round_orders(["d"], 0) == [["d"]]
+    row = dict(step_s_median=1.0, trainer_idle_ratio=0.5, rollouter_idle_ratio=0.5, lag_mean=0.0, lag_max=0,
+               reward_first=0.0, reward_last=0.0, time_to_target_s=None)
+
+    def rnd(col, d, ideal):
+        return {"modes": {"colocated": {**row, "samples_per_s": col}, "d": {**row, "samples_per_s": d}},
+                "ideal": {"ideal_samples_per_s": ideal, "rollout_s_per_sample": 1 / ideal, "train_s_per_sample": 0.5 / ideal}}
+
+    # round 2's machine is slow for both modes: a ratio of medians (8/5 = 1.6) would differ from the paired one
+    rounds = [rnd(5.0, 7.0, 10.0), rnd(2.5, 4.0, 5.0), rnd(6.0, 8.0, 10.0)]
+    out = bench.combine_rounds(rounds, ["colocated", "d"])
+    assert out["ratios"]["d"]["rounds"] == pytest.approx([1.4, 1.6, 8 / 6])
+    assert out["ratios"]["d"]["median"] == pytest.approx(1.4)
+    assert (out["ratios"]["d"]["min"], out["ratios"]["d"]["max"]) == pytest.approx((8 / 6, 1.6))
+    assert out["of_ideal"]["d"]["rounds"] == pytest.approx([0.7, 0.8, 0.8])
+    assert out["modes"]["d"]["samples_per_s"] == 7.0 and out["modes"]["d"]["rounds_samples_per_s"] == [7.0, 4.0, 8.0]
+    assert out["ideal"]["ideal_samples_per_s"] == 10.0 and "colocated" not in out["ratios"]
+    # a run missing from a round (it failed) leaves that round out of the ratio, not the other rounds
+    del rounds[1]["modes"]["d"]
+    assert bench.combine_rounds(rounds, ["colocated", "d"])["ratios"]["d"]["rounds"] == pytest.approx([1.4, 8 / 6])
+    bench.report({**out, "rounds": rounds})
+    printed = capsys.readouterr().out
+    assert "over 3 rounds" in printed and "x colocated 1.40 [1.33 - 1.60] (1.40, 1.60, 1.33)" in printed
