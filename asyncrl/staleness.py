@@ -8,9 +8,11 @@ All counts are *samples* = prompt groups (one prompt with ``rollout.n`` response
   sync) before it pauses; also the MessageQueue / pending-queue bound.
 - ``max_concurrent_samples = min(num_replicas * concurrent_samples_per_replica, max_required_samples)``.
 - ``staleness_bound``: the oldest parameter version a trained token may come from, as a lag in
-  versions; it follows from the budget above (a sample is consumed within ``ceil(s)`` sync windows of
-  its start, one more when a partial rollout spans a sync) and is enforced by the trainer, which drops
-  (and counts) anything older.
+  versions: ``ceil(s)`` sync windows of look-ahead, one more when a partial rollout spans a sync. The
+  budget above caps how many samples are outstanding, not how long one of them generates: a long-tail
+  response under partial rollout resumes after every sync and can outlive the bound. The trainer
+  enforces it: a sample older than the bound is dropped, counted (``dropped/stale_at_trainer``) and its
+  budget slot released (``FullyAsyncTrainer._fetch_batch``).
 """
 
 from __future__ import annotations

@@ -567,3 +567,27 @@ def test_coalesced_group_calls_never_count_a_finished_request_at_the_load_balanc
     assert len(counts) >= 5 and max(lb for lb, _ in counts) > 0
     assert all(lb <= engines + 8 for lb, engines in counts), counts
     assert res.snapshots[-1][1]["load_balancer"]["open_leases"] <= counts[-1][1] + 8
+
+
+def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its_slot_returned():
+    """Session 14: the budget caps how many groups are outstanding, not how long one generates. Under partial
+    rollout a long-tail response resumes after every sync; notebook 06's full-size mode-d run dropped 2 groups as
+    ``stale_at_trainer``. One prompt here answers at 250 tokens (~2.5 virtual s) while every other answers at 4
+    and a trainer step takes ~0.4 s: its group spans many syncs and must be dropped, never trained, and counted,
+    and the run must still finish its steps (the slot handed back), with every trained token within the bound."""
+    cfg = _config("d")
+    cfg.data.length_workload.distribution = "none"  # lengths from natural_length below, EOS respected
+    long_prompt: list = []
+
+    def natural(request_id, prompt_ids=()):
+        if not long_prompt:
+            long_prompt.append(tuple(prompt_ids))  # the first prompt to reach an engine is the long one
+        return 250 if tuple(prompt_ids) == long_prompt[0] else 4
+
+    cfg.trainer.total_training_steps = 20  # ~0.4 virtual s a step: the long group spans ~6 syncs
+    r = simulate(cfg, _cost(), natural_length=natural)
+    budget = sample_budget(r.config)
+    assert budget.staleness_bound == 2 and len(r.history) == 20
+    assert r.history[-1]["trainer/dropped_stale"] >= 1  # dropped at the trainer, counted
+    assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
+    assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
