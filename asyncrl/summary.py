@@ -19,6 +19,9 @@ class Summary:
         accuracy_after: mean of the last ``trainer.eval_average_last`` evaluations (0..1).
         accuracy_after_evals: how many evaluations ``accuracy_after`` averages (the last ones after version 0).
         accounting: prompts taken vs trained / dropped / failed, with reasons (invariant 1).
+        response_length_counts: trained rows by response length in tokens (model and tool tokens of the row;
+            single-turn: what the engine generated), ``{tokens: rows}``; the workload a simulation of this run
+            draws from (``asyncrl.sim.calibrate.empirical_lengths``).
         wall_s: seconds from start to the end of the final evaluation.
     """
 
@@ -31,6 +34,7 @@ class Summary:
     wall_s: float
     evals: list = field(default_factory=list)
     lag_counts: dict = field(default_factory=dict)
+    response_length_counts: dict = field(default_factory=dict)
     staleness_bound: int = 0
     stop_reason: str = ""
     last_checkpoint: Optional[str] = None

@@ -248,7 +248,8 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         summary = exp.wait(progress=False)
         funnel.stop()
         cpu = census.report(mode) if census else None
-        history = ray.get(exp.trainer.status.remote())["history"]
+        status = ray.get(exp.trainer.status.remote())
+        history = status["history"]
         ro = ray.get(exp.rollouter.snapshot.remote())
     finally:
         exp.stop()
@@ -274,6 +275,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "reward_last": statistics.fmean(r["reward/mean"] for r in history[-5:]) if history else 0.0,
         "time_to_target_s": time_to_reward(history, args.target_reward),
         "response_length_mean": statistics.fmean(r["response_length/mean"] for r in history) if history else 0.0,
+        "response_length_counts": status.get("response_length_counts", {}),  # the workload its simulation draws from
         "accounting_balanced": summary.accounting.get("balanced"),
         "step_split": step_split(steady),
         "funnel": funnel.summary(),
@@ -546,7 +548,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
 
     cal = result["calibration"]
     inputs = cpu_calibration(result, args)
-    lengths = empirical_lengths(inputs["pool"])
+    pool_lengths = empirical_lengths(inputs["pool"])
     result["sim_calibration"] = {k: v for k, v in inputs.items() if k != "pool"}
     out = {}
     for note in inputs["notes"]:
@@ -568,6 +570,10 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0
+        # the workload: the lengths this mode trained (the policy's, which drift as it learns), else (results saved
+        # before session 14) the pool of the calibration's rollout-only measurements
+        own = measured.get("response_length_counts")
+        lengths = empirical_lengths(own) if own else pool_lengths
         res = simulate(cfg, cost, natural_length=lengths, name=m)
         bare = None
         if kind == "split":  # the same prediction without the contention term, to show what it adds

@@ -591,3 +591,25 @@ def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its
     assert r.history[-1]["trainer/dropped_stale"] >= 1  # dropped at the trainer, counted
     assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
     assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
+
+
+def test_a_runs_trained_lengths_are_its_workload_for_the_simulator():
+    """Session 14: notebook 06 simulated its runs on 64 groups of a rollout-only after them (mean 22 tokens) while
+    the runs trained 31-45 on average (the policy's lengths drift as it learns): +26..+49% error. A run now counts
+    its trained rows by response length and ``empirical_lengths`` draws from those counts as from a list."""
+    from asyncrl.sim.calibrate import empirical_lengths
+
+    listed, counted = empirical_lengths([3, 3, 3, 40]), empirical_lengths({"40": 1, "3": 3, "7": 0})
+    ids = [f"req-{i}" for i in range(400)]
+    assert [listed(i) for i in ids] == [counted(i) for i in ids]  # the same draw, request by request
+    assert {counted(i) for i in ids} == {3, 40} and 0.65 < sum(counted(i) == 3 for i in ids) / 400 < 0.85
+    with pytest.raises(ValueError, match="no lengths"):
+        empirical_lengths({5: 0})
+    with pytest.raises(ValueError, match="negative"):
+        empirical_lengths({5: -1})
+    r = simulate(_config("d"), _cost())
+    counts = r.response_length_counts
+    n = r.config.actor_rollout_ref.rollout.n
+    assert sum(counts.values()) == r.trained * n  # every trained response, once
+    mean = sum(int(k) * v for k, v in counts.items()) / sum(counts.values())
+    assert mean == pytest.approx(sum(h["response_length/mean"] for h in r.history) / len(r.history))

@@ -19,9 +19,11 @@ alone, which is the point (a user measures the engines once, then asks the simul
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
+import itertools
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
 
@@ -205,15 +207,31 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         notes="calibrated from probe_decode + train-only (alone and with the other side busy) + a run's sync time")
 
 
-def empirical_lengths(lengths: Sequence[int]) -> Callable[..., int]:
-    """``natural_length(request_id, prompt_ids=None)``: a length drawn from ``lengths``, fixed per request id."""
-    pool = sorted(int(x) for x in lengths)
-    if not pool:
+def empirical_lengths(lengths: Union[Sequence[int], Mapping[Any, int]]) -> Callable[..., int]:
+    """``natural_length(request_id, prompt_ids=None)``: a length drawn from ``lengths``, fixed per request id.
+
+    Args:
+        lengths: response lengths in tokens, one per response, or their counts ``{tokens: responses}`` (a run's
+            ``summary.response_length_counts``; keys may be strings, as JSON leaves them).
+
+    Raises:
+        ValueError: no lengths, or a negative count.
+    """
+    if isinstance(lengths, Mapping):
+        counts = sorted((int(k), int(v)) for k, v in lengths.items())
+        if any(v < 0 for _, v in counts):
+            raise ValueError(f"negative count in {dict(counts)}")
+        counts = [(k, v) for k, v in counts if v > 0]
+    else:
+        counts = [(int(x), 1) for x in sorted(int(x) for x in lengths)]
+    if not counts:
         raise ValueError("no lengths to sample from")
+    values = [k for k, _ in counts]
+    cum = list(itertools.accumulate(v for _, v in counts))  # the i-th response (sorted) is values[bisect(cum, i)]
 
     def draw(request_id: str, prompt_ids: Any = None) -> int:
         h = int.from_bytes(hashlib.md5(request_id.encode()).digest()[:8], "big")
-        return pool[h % len(pool)]
+        return values[bisect.bisect_right(cum, h % cum[-1])]
 
     return draw
 

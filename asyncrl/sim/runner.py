@@ -53,6 +53,8 @@ class SimResult:
         trainer_idle_ratio / rollouter_idle_ratio: as the real run reports them (the trainer's: waiting
             for samples at fetch; its time in syncs is :attr:`trainer_sync_ratio`).
         lag_counts: trained tokens by version lag.
+        response_length_counts: trained rows by response length, ``{tokens: rows}`` in simulated tokens
+            (real tokens / ``token_scale``).
         accounting: the rollouter's prompt accounting.
         timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
         snapshots: ``(t, status)`` every ``snapshot_every_s``, ``status`` shaped like
@@ -77,6 +79,7 @@ class SimResult:
     rollout_gpus: int = 0
     train_gpus: int = 0
     snapshots: list = field(default_factory=list)
+    response_length_counts: dict = field(default_factory=dict)
 
     @property
     def responses_per_s(self) -> float:
@@ -286,7 +289,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         trained=status["trained"], samples_per_s=status["trained"] / wall if wall else 0.0,
         trainer_idle_ratio=history[-1]["trainer/idle_ratio"] if history else 0.0,
         rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=ro["accounting"],
-        timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots)
+        timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots,
+        response_length_counts=status.get("response_length_counts", {}))
 
 
 def _default_name(cfg: ExperimentConfig) -> str:

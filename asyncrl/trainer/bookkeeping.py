@@ -25,10 +25,14 @@ class TrainerBookkeeping:
         self.updates_at_version[version] = self.updates  # for staleness/update_lag_*
 
     def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
-        """Count trained tokens per version lag (staleness histogram, invariant tests); returns the lags."""
+        """Count trained tokens per version lag (staleness histogram, invariant tests) and trained rows per
+        response length (the run's workload, which the simulator can price: ``asyncrl.sim.calibrate.
+        empirical_lengths``); returns the lags."""
         self.trained += len(samples)
         lags = token_lags(self.param_version, batch.response_versions, batch.response_mask)
         self.lag_counts.update(dict(zip(*(t.tolist() for t in torch.unique(lags, return_counts=True)))))  # no per-token loop
+        self.response_length_counts.update(dict(zip(*(t.tolist() for t in torch.unique(batch.response_lengths,
+                                                                                        return_counts=True)))))
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
             self.trained_rows.append((self.global_steps, s.seq, s.index))
@@ -75,6 +79,7 @@ class TrainerBookkeeping:
         return {"global_steps": self.global_steps, "param_version": self.param_version, "trained": self.trained,
                 "dropped": dict(self.dropped), "idle_ratio": min(1.0, self.idle_s / wall), "done": self.done,
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
+                "response_length_counts": dict(self.response_length_counts),
                 "updates": self.updates, "updates_at_version": dict(self.updates_at_version),
                 "staleness_bound": self.budget.staleness_bound, "history": list(self.history),
                 "last_checkpoint": self.last_checkpoint, "phase": self.phase, "replica_events": list(self.replica_events),

@@ -118,6 +118,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.trained = 0
         self.dropped: collections.Counter = collections.Counter()  # stale, dapo_no_signal
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
+        self.response_length_counts: collections.Counter = collections.Counter()  # response tokens -> trained rows
         self.trained_token_versions: list[tuple[int, int, int]] = []  # (trainer version, min, max) per sample
         self.trained_rows: list[tuple[int, int, int]] = []  # (step, seq, dataset row) per trained sample
         self.done = False
