@@ -664,9 +664,9 @@ def main() -> None:
     p.add_argument("--ideal", action=argparse.BooleanOptionalAction, default=True, help="measure the ideal bound")
     p.add_argument("--ideal-groups", type=int, default=96)
     p.add_argument("--repeats", type=int, default=1,
-                   help="run the modes this many rounds (odd rounds in reverse order) and measure the ideal bound after "
-                        "each: every ratio is printed per round with its median and range (one run's ratio on a "
-                        "shared 2-core box moves by tens of percent)")
+                   help="run the modes this many rounds (rounds 2, 4, ... in reverse order) and measure the ideal bound "
+                        "after each: every ratio is printed per round with its median and range (one run's ratio on "
+                        "a shared 2-core box moves by tens of percent); the main table shows each mode's median run")
     p.add_argument("--reference", default=None, help="rlproto directory: time the reference loop too")
     p.add_argument("--reference-seconds", type=float, default=60.0)
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=True,
@@ -829,6 +829,10 @@ def report(result: dict) -> None:
     modes = result["modes"]
     base = modes.get("colocated", {}).get("samples_per_s")
     ideal = result.get("ideal", {}).get("ideal_samples_per_s")
+    if result.get("rounds"):
+        print(f"\n(each mode's median run of {len(result['rounds'])} rounds, which may come from different rounds; its "
+              "'x colocated' and 'of ideal' (the rounds' median bound) compare across rounds: the paired ratios per round "
+              "are at the end)")
     print("\nmode       samples/s  x colocated  of ideal  step s  trainer idle  rollouter idle  lag mean/max  "
           "reward first->last  to target")
     for m, r in modes.items():
@@ -865,7 +869,7 @@ def report(result: dict) -> None:
                 print(f"{'':10s} {r['above_bound']}")
     if result.get("rounds"):
         n = len(result["rounds"])
-        print(f"\nover {n} rounds (each ratio within one round; median [min - max]):")
+        print(f"\nover {n} rounds (each ratio within one round, its own ideal bound; median [min - max] (round 1, 2, ...)):")
         for m, r in modes.items():
             sps = r.get("rounds_samples_per_s") or []
             line = f"{m:10s} samples/s {statistics.median(sps):.3f} [{min(sps):.3f} - {max(sps):.3f}]" if sps else f"{m:10s}"
