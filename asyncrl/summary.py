@@ -21,7 +21,7 @@ class Summary:
         accounting: prompts taken vs trained / dropped / failed, with reasons (invariant 1).
         response_length_counts: trained rows by response length in tokens (model and tool tokens of the row;
             single-turn: what the engine generated), ``{tokens: rows}``; the workload a simulation of this run
-            draws from (``asyncrl.sim.calibrate.empirical_lengths``).
+            draws from (``asyncrl.sim.workload.empirical_lengths``).
         wall_s: seconds from start to the end of the final evaluation.
     """
 

@@ -544,7 +544,8 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         result["simulated_from"] = gpu_sim.SIMULATED_FROM
         return gpu_sim.simulate_measured(result, args, mode_config)
     from asyncrl.sim import simulate
-    from asyncrl.sim.calibrate import cpu_cost_model, empirical_lengths
+    from asyncrl.sim.calibrate import cpu_cost_model
+    from asyncrl.sim.workload import empirical_lengths
 
     cal = result["calibration"]
     inputs = cpu_calibration(result, args)

@@ -104,7 +104,7 @@ def test_results_record_the_host_they_were_measured_on(bench):
 
 def test_repeats_alternate_the_order_and_pair_each_ratio_within_its_round(bench, capsys):
     """Session 13: with the same code and settings, mode d's ratio to colocated read 1.41x, 1.33x and 1.10x in
-    three runs. ``--repeats`` runs the modes in rounds (odd rounds reversed) and reports each ratio per round."""
+    three runs. ``--repeats`` runs the modes in rounds (every second round reversed) and reports each ratio per round."""
     assert bench.round_orders(["colocated", "d", "d_s1"], 3) == [
         ["colocated", "d", "d_s1"], ["d_s1", "d", "colocated"], ["colocated", "d", "d_s1"]]
     assert bench.round_orders(["d"], 0) == [["d"]]

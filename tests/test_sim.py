@@ -597,7 +597,7 @@ def test_a_runs_trained_lengths_are_its_workload_for_the_simulator():
     """Session 14: notebook 06 simulated its runs on 64 groups of a rollout-only after them (mean 22 tokens) while
     the runs trained 31-45 on average (the policy's lengths drift as it learns): +26..+49% error. A run now counts
     its trained rows by response length and ``empirical_lengths`` draws from those counts as from a list."""
-    from asyncrl.sim.calibrate import empirical_lengths
+    from asyncrl.sim.workload import empirical_lengths
 
     listed, counted = empirical_lengths([3, 3, 3, 40]), empirical_lengths({"40": 1, "3": 3, "7": 0})
     ids = [f"req-{i}" for i in range(400)]

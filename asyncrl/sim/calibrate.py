@@ -19,13 +19,11 @@ alone, which is the point (a user measures the engines once, then asks the simul
 from __future__ import annotations
 
 import asyncio
-import bisect
-import hashlib
-import itertools
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
+from asyncrl.sim.workload import empirical_lengths, lengths_from_rows  # noqa: F401 - their home before session 14
 
 
 async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Sequence[int] = (1, 8, 32, 128),
@@ -205,53 +203,6 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         train=TrainCostModel(per_token_s=train_s_per_token, per_update_s=per_update_s, contention=train_contention),
         sync=SyncCostModel(fixed_s=sync_s), prompt_tokens=prompt_tokens,
         notes="calibrated from probe_decode + train-only (alone and with the other side busy) + a run's sync time")
-
-
-def empirical_lengths(lengths: Union[Sequence[int], Mapping[Any, int]]) -> Callable[..., int]:
-    """``natural_length(request_id, prompt_ids=None)``: a length drawn from ``lengths``, fixed per request id.
-
-    Args:
-        lengths: response lengths in tokens, one per response, or their counts ``{tokens: responses}`` (a run's
-            ``summary.response_length_counts``; keys may be strings, as JSON leaves them).
-
-    Raises:
-        ValueError: no lengths, or a negative count.
-    """
-    if isinstance(lengths, Mapping):
-        counts = sorted((int(k), int(v)) for k, v in lengths.items())
-        if any(v < 0 for _, v in counts):
-            raise ValueError(f"negative count in {dict(counts)}")
-        counts = [(k, v) for k, v in counts if v > 0]
-    else:
-        counts = [(int(x), 1) for x in sorted(int(x) for x in lengths)]
-    if not counts:
-        raise ValueError("no lengths to sample from")
-    values = [k for k, _ in counts]
-    cum = list(itertools.accumulate(v for _, v in counts))  # the i-th response (sorted) is values[bisect(cum, i)]
-
-    def draw(request_id: str, prompt_ids: Any = None) -> int:
-        h = int.from_bytes(hashlib.md5(request_id.encode()).digest()[:8], "big")
-        return values[bisect.bisect_right(cum, h % cum[-1])]
-
-    return draw
-
-
-def lengths_from_rows(rows: Sequence[dict], tokenizer: Any) -> Optional[Callable[..., Optional[int]]]:
-    """``natural_length`` from rows that carry their correct answer's length (``extra_info.response_tokens``,
-    e.g. the ``longtail`` task): the simulated model answers every prompt at exactly that length.
-    ``None`` when the rows carry none."""
-    from asyncrl.agent_loop.single_turn import render_prompt_ids
-
-    by_prompt = {tuple(render_prompt_ids(tokenizer, r["prompt"])): int(r["extra_info"]["response_tokens"])
-                 for r in rows if (r.get("extra_info") or {}).get("response_tokens")}
-    if not by_prompt:
-        return None
-    fallback = sorted(by_prompt.values())[len(by_prompt) // 2]
-
-    def length(request_id: str, prompt_ids: Sequence[int] = ()) -> int:
-        return by_prompt.get(tuple(prompt_ids), fallback)
-
-    return length
 
 
 async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: int) -> tuple[float, list]:

@@ -244,7 +244,7 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
     budget = sample_budget(cfg)
     if natural_length is None and cfg.data.length_workload.distribution == "none":
         from asyncrl.models import load_tokenizer
-        from asyncrl.sim.calibrate import lengths_from_rows
+        from asyncrl.sim.workload import lengths_from_rows
 
         tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
         natural_length = lengths_from_rows(train, tok)  # e.g. longtail: answers at their correct length

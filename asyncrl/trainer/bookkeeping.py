@@ -26,7 +26,7 @@ class TrainerBookkeeping:
 
     def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
         """Count trained tokens per version lag (staleness histogram, invariant tests) and trained rows per
-        response length (the run's workload, which the simulator can price: ``asyncrl.sim.calibrate.
+        response length (the run's workload, which the simulator can price: ``asyncrl.sim.workload.
         empirical_lengths``); returns the lags."""
         self.trained += len(samples)
         lags = token_lags(self.param_version, batch.response_versions, batch.response_mask)
