@@ -22,6 +22,10 @@ class Summary:
         response_length_counts: trained rows by response length in tokens (model and tool tokens of the row;
             single-turn: what the engine generated), ``{tokens: rows}``; the workload a simulation of this run
             draws from (``asyncrl.sim.workload.empirical_lengths``).
+        gradient_length_counts: the same, of the rows whose advantage is non-zero (GRPO: groups whose responses
+            did not all score alike), which the trainer trains on while it skips the rest
+            (``TrainEngine.skip_zero_advantage``); with ``response_length_counts``, the fraction a simulation of
+            this run trains at each length (``asyncrl.sim.workload.gradient_fraction``).
         wall_s: seconds from start to the end of the final evaluation.
     """
 
@@ -35,6 +39,7 @@ class Summary:
     evals: list = field(default_factory=list)
     lag_counts: dict = field(default_factory=dict)
     response_length_counts: dict = field(default_factory=dict)
+    gradient_length_counts: dict = field(default_factory=dict)
     staleness_bound: int = 0
     stop_reason: str = ""
     last_checkpoint: Optional[str] = None

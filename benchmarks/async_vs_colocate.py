@@ -49,6 +49,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -276,6 +277,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "time_to_target_s": time_to_reward(history, args.target_reward),
         "response_length_mean": statistics.fmean(r["response_length/mean"] for r in history) if history else 0.0,
         "response_length_counts": status.get("response_length_counts", {}),  # the workload its simulation draws from
+        "gradient_length_counts": status.get("gradient_length_counts", {}),  # ... and the rows of it that trained
         "accounting_balanced": summary.accounting.get("balanced"),
         "step_split": step_split(steady),
         "funnel": funnel.summary(),
@@ -349,6 +351,8 @@ def step_split(rows: list[dict]) -> dict:
     """Median seconds per trainer step: waiting for the batch (``gen`` in colocated mode, ``fetch``),
     the update (reward .. optimizer), the sync's parts, and the rest (logging, Ray calls between)."""
     keys = {"gen": "timing/gen_s", "fetch": "timing/fetch_s", "update": "timing/update_s",
+            "collate": "timing/collate_s", "adv": "timing/adv_s", "update_actor": "timing/update_actor_s",
+            "update_post": "timing/update_post_s",
             "sync_pause": "sync/pause_s", "sync_transfer": "sync/transfer_s", "sync_resume": "sync/resume_s",
             "sync": "sync/total_s", "step": "timing/step_s"}
     out = {k: statistics.median(r.get(v, 0.0) for r in rows) for k, v in keys.items() if rows and any(v in r for r in rows)}
@@ -413,6 +417,8 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     for kind, mode in (("split", "d"), ("shared", "colocated")):
         t = ray.get(train.remote(mode_config(mode, args), outputs))
         cal[f"train_s_per_token_{kind}"], cal[f"train_s_per_priced_token_{kind}"] = t["s_per_token"], t["s_per_priced_token"]
+        cal[f"train_s_per_trained_priced_token_{kind}"] = t["s_per_trained_priced_token"]
+        cal[f"train_rows_frac_{kind}"] = t["trained_rows_frac"]
     if "split" in replicas:  # contention: each side measured again with the other one busy
         load = train.remote(cfg, outputs, 45.0)  # the trainer busy on its core ...
         time.sleep(12.0)  # ... once its process has started and built its engine
@@ -446,10 +452,13 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     * per-request cost (``fit_per_request``): the calibration's timed rollout-only (saved since session 10),
       else the ideal bound's, its lengths approximated by the pool's groups cycled and rescaled to its total;
     * train price per *priced* token (``measure_train``'s ``s_per_priced_token``), else ``s_per_token``
-      times real / priced tokens of the pool's mini-batches (``priced_tokens``).
+      times real / priced tokens of the pool's mini-batches (``priced_tokens``); and per priced token of the rows
+      it trained (``s_per_trained_priced_token``, saved since session 15), for a mode simulated with its own
+      share of rows with a gradient (``simulate_modes``).
 
     Returns:
-        ``{"pool", "per_request_s", "train": {kind: s per priced token}, "notes": [...]}``.
+        ``{"pool", "per_request_s", "train": {kind: s per priced token}, "train_trained": {kind: s per priced
+        token of trained rows}, "notes": [...]}``.
     """
     from asyncrl.sim.calibrate import fit_per_request, per_request_cap, priced_tokens
     from asyncrl.staleness import sample_budget
@@ -510,13 +519,18 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         train[kind] = cal[f"train_s_per_token_{kind}"] * sum(rows) / priced
         if kind == "split":
             notes.append(f"train price per priced token: s_per_token x {sum(rows) / priced:.3f} (real / priced tokens)")
-    return {"pool": pool, "per_request_s": c, "per_request_at_cap": at_cap, "train": train, "notes": notes}
+    trained = {kind: cal[f"train_s_per_trained_priced_token_{kind}"] for kind in ("split", "shared")
+               if f"train_s_per_trained_priced_token_{kind}" in cal}
+    return {"pool": pool, "per_request_s": c, "per_request_at_cap": at_cap, "train": train, "train_trained": trained,
+            "notes": notes}
 
 
-def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int = 96) -> dict:
+def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int = 96,
+              gradient_fraction: Any = None) -> dict:
     """The simulator's own bound for ``cfg``: its rollout-only (``simulate_rollout_only``: ``groups`` groups of
     the lengths it simulates, at ``cfg``'s concurrency budget, the replica alone) and its train-only (the
-    cost model's updates over those groups) -> ``1 / max`` (async) or ``1 / sum`` (colocated). A simulated
+    cost model's updates over those groups; with ``gradient_fraction``, over the rows drawn to have a gradient,
+    as the simulated trainer draws them) -> ``1 / max`` (async) or ``1 / sum`` (colocated). A simulated
     run above it is an error of the simulator unless it says why."""
     from asyncrl.sim.calibrate import simulate_rollout_only
     from asyncrl.staleness import sample_budget
@@ -529,7 +543,13 @@ def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int
     train = dataclasses.replace(cost.train, contention=0.0,
                                 max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
     per_mb = max(1, b.required_samples // cfg.async_training.require_batches)
-    tr = sum(train.update_time([prompt_tokens + x for g in gl[i:i + per_mb] for x in g])
+    rng = random.Random(0)
+
+    def trained(rows: list) -> list:
+        kept = [x for x in rows if gradient_fraction is None or rng.random() < gradient_fraction(x)]
+        return [prompt_tokens + x for x in kept or rows[:1]]
+
+    tr = sum(train.update_time(trained([x for g in gl[i:i + per_mb] for x in g]))
              for i in range(0, groups, per_mb)) / groups
     both = ro + tr if cfg.actor_rollout_ref.hybrid_engine else max(ro, tr)
     return {"rollout_s_per_sample": ro, "train_s_per_sample": tr, "samples_per_s": 1.0 / both}
@@ -545,7 +565,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         return gpu_sim.simulate_measured(result, args, mode_config)
     from asyncrl.sim import simulate
     from asyncrl.sim.calibrate import cpu_cost_model
-    from asyncrl.sim.workload import empirical_lengths
+    from asyncrl.sim.workload import empirical_lengths, gradient_fraction
 
     cal = result["calibration"]
     inputs = cpu_calibration(result, args)
@@ -563,7 +583,15 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         kind = "shared" if m.startswith("colocated") else "split"
         if f"decode_{kind}" not in cal:
             continue
-        cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, inputs["train"][kind],
+        # the workload: the lengths this mode trained (the policy's, which drift as it learns), else (results saved
+        # before session 14) the pool of the calibration's rollout-only measurements; and (saved since session 15)
+        # the share of them with a gradient, priced at the train price of trained rows
+        own, own_grad = measured.get("response_length_counts"), measured.get("gradient_length_counts")
+        lengths = empirical_lengths(own) if own else pool_lengths
+        fraction = (gradient_fraction(own, own_grad) if own and own_grad and kind in inputs["train_trained"]
+                    else None)
+        price = inputs["train_trained"][kind] if fraction else inputs["train"][kind]
+        cost = cpu_cost_model({int(k): v for k, v in cal[f"decode_{kind}"].items()}, price,
                               cal["sync_s"], int(cal["prompt_tokens"]),
                               rollout_contention=cal.get("rollout_contention", 0.0) if kind == "split" else 0.0,
                               train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0,
@@ -571,17 +599,13 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0
-        # the workload: the lengths this mode trained (the policy's, which drift as it learns), else (results saved
-        # before session 14) the pool of the calibration's rollout-only measurements
-        own = measured.get("response_length_counts")
-        lengths = empirical_lengths(own) if own else pool_lengths
-        res = simulate(cfg, cost, natural_length=lengths, name=m)
+        res = simulate(cfg, cost, natural_length=lengths, name=m, gradient_fraction=fraction)
         bare = None
         if kind == "split":  # the same prediction without the contention term, to show what it adds
             bare = simulate(cfg, dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, contention=0.0),
                                                      train=dataclasses.replace(cost.train, contention=0.0)),
-                            natural_length=lengths, name=m).samples_per_s
-        bound = sim_bound(cost, cfg, lengths, int(cal["prompt_tokens"]))
+                            natural_length=lengths, name=m, gradient_fraction=fraction).samples_per_s
+        bound = sim_bound(cost, cfg, lengths, int(cal["prompt_tokens"]), gradient_fraction=fraction)
         above = None
         if res.samples_per_s > 1.02 * bound["samples_per_s"]:
             above = (f"simulated {res.samples_per_s:.3f} above its own bound {bound['samples_per_s']:.3f}: "
@@ -591,6 +615,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                   "trainer_idle_ratio": res.trainer_idle_ratio,
                   "rollouter_idle_ratio": res.rollouter_idle_ratio, "step_s": res.step_time(2),
                   "bound": bound, "above_bound": above,
+                  "gradient_rows_frac": fraction.overall if fraction else None,
                   "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
     return out
 

@@ -75,6 +75,11 @@ def test_mode_a_on_policy(shared_replica, tmp_path):
     counts = summary.response_length_counts
     assert sum(counts.values()) == summary.accounting["trained"] * cfg.actor_rollout_ref.rollout.n
     assert sum(int(k) * v for k, v in counts.items()) / sum(counts.values()) == pytest.approx(hist["response_length/mean"].mean())
+    # ... and those rows of it with a gradient: at no length more than were trained, and as many as the engine
+    # trained (mode a's mini-batches are equal, so the mean of its per-update fractions is the run's)
+    grad = summary.gradient_length_counts
+    assert all(v <= counts[k] for k, v in grad.items())
+    assert sum(grad.values()) / sum(counts.values()) == pytest.approx(hist["actor/trained_rows_frac"].mean())
 
 
 def test_mode_b_several_updates_per_sync(shared_replica, tmp_path):

@@ -313,6 +313,8 @@ def test_measure_train_trains_on_the_responses_own_advantages(monkeypatch):
     seen = []
 
     class RecordingEngine:  # stands in for the engine only to see what it is asked to train
+        skip_zero_advantage = True  # measure_train then prices the rows with a gradient apart
+
         def update(self, batch, loss_fn):
             seen.append((list(batch.group_ids), batch.extras["advantages"].abs().sum(-1)))
 
@@ -328,10 +330,14 @@ def test_measure_train_trains_on_the_responses_own_advantages(monkeypatch):
     outputs = [(i, [1, 2, 3], [out] * n, [float(i % 2 and k % 2) for k in range(n)]) for i in range(req)]
     affinity = os.sched_getaffinity(0)
     try:
-        measure_train(cfg, outputs)
+        result = measure_train(cfg, outputs)
     finally:
         os.sched_setaffinity(0, affinity)
     assert built == [cfg]
+    # every row has the same length: half the groups have a gradient, so half the rows and half the priced tokens
+    assert result["trained_rows_frac"] == 0.5
+    assert result["trained_priced_tokens"] == result["priced_tokens"] / 2
+    assert result["s_per_trained_priced_token"] == pytest.approx(2 * result["s_per_priced_token"])
     per_group = {}
     for groups, adv in seen:
         for g, a in zip(groups, adv.tolist()):
@@ -613,3 +619,42 @@ def test_a_runs_trained_lengths_are_its_workload_for_the_simulator():
     assert sum(counts.values()) == r.trained * n  # every trained response, once
     mean = sum(int(k) * v for k, v in counts.items()) / sum(counts.values())
     assert mean == pytest.approx(sum(h["response_length/mean"] for h in r.history) / len(r.history))
+
+
+def test_gradient_fraction_is_the_share_of_rows_with_a_gradient_at_each_length():
+    from asyncrl.sim.workload import gradient_fraction
+
+    f = gradient_fraction({"10": 4, 20: 2, 30: 0}, {10: 1, "20": 2})  # JSON leaves string keys
+    assert (f(10), f(20), f(20.4)) == (0.25, 1.0, 1.0)
+    assert f(15) == f.overall == 3 / 6  # never trained at 15: the run's overall share
+    with pytest.raises(ValueError, match="more gradient rows than rows at lengths"):
+        gradient_fraction({10: 1}, {10: 2})
+    with pytest.raises(ValueError, match="no trained rows"):
+        gradient_fraction({}, {})
+
+
+def test_simulated_update_prices_only_the_rows_drawn_to_have_a_gradient():
+    """The CPU engine skips rows whose advantage is 0; the cost-model engine keeps each row with its length's
+    chance of a gradient and prices those (at least one row, as the real engine)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from asyncrl.sim.cost_models import TrainCostModel
+    from asyncrl.sim.engines import CostModelTrainEngine
+
+    cost = TrainCostModel(per_token_s=1e-3, per_update_s=0.5)
+    mask = torch.zeros(4, 30)
+    for i, n in enumerate([10, 10, 20, 30]):
+        mask[i, :n] = 1
+    batch = SimpleNamespace(response_mask=mask)
+
+    def priced(fraction):
+        eng = CostModelTrainEngine(cost, prompt_tokens=5, gradient_fraction=fraction)
+        eng._spend = lambda s, label: setattr(eng, "spent", s)
+        metrics = eng.update(batch, None)
+        return eng.spent, metrics["actor/trained_rows_frac"]
+
+    assert priced(None) == (pytest.approx(cost.update_time([15, 15, 25, 35])), 1.0)
+    assert priced(lambda n: 1.0 if n >= 20 else 0.0) == (pytest.approx(cost.update_time([25, 35])), 0.5)
+    assert priced(lambda n: 0.0) == (pytest.approx(cost.update_time([15])), 0.25)  # one row kept

@@ -270,10 +270,15 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     again until at least that long has been spent (a steady load beside another measurement).
 
     Returns:
-        ``{"seconds", "steps", "tokens", "s_per_token", "priced_tokens", "s_per_priced_token", "s_per_sample"}``
+        ``{"seconds", "steps", "tokens", "s_per_token", "priced_tokens", "s_per_priced_token",
+        "trained_priced_tokens", "s_per_trained_priced_token", "trained_rows_frac", "s_per_sample"}``
         (``tokens``: real tokens of the rows stepped over, prompt + response, skipped rows included;
         ``priced_tokens``: the same rows as the simulator prices them, :func:`priced_tokens`, whose price
-        ``s_per_priced_token`` is the one to give :class:`TrainCostModel`).
+        ``s_per_priced_token`` is the one to give :class:`TrainCostModel` when the simulation prices every row;
+        ``trained_priced_tokens``: only the rows the engine trained (a non-zero advantage), whose price
+        ``s_per_trained_priced_token`` goes with a simulation given the workload's ``gradient_fraction``: the
+        first price embeds this sample's share of rows with a gradient, ``trained_rows_frac``, which a run's
+        own share can differ from as its policy learns).
 
     Raises:
         ValueError: no outputs, or outputs without their rewards (not from :func:`measure_rollout`).
@@ -308,20 +313,22 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
         groups = [groups[k % len(groups)] for k in range(req)]  # else no step ran and s_per_token read 0
 
     loss_fn = actor_loss_fn(cfg)
-    steps, seconds, tokens, priced = 0, 0.0, 0, 0.0
+    steps, seconds, tokens, priced, trained, rows, kept = 0, 0.0, 0, 0.0, 0.0, 0, 0
     starts = list(range(0, len(groups) - req + 1, req))
     # one untimed step first: a fresh process's first update pays allocations and thread start-up, which the
     # simulator (steady cost per token, no warm-up) must not spread over every step
     _train_step(cfg, engine, loss_fn, groups[:req], req, per_mb)
     while True:
         for start in starts:
-            dt, n, p = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
+            dt, n, p, t, r, k = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
             seconds, tokens, priced, steps = seconds + dt, tokens + n, priced + p, steps + 1
+            trained, rows, kept = trained + t, rows + r, kept + k
         if seconds >= min_seconds or not starts:
             break
     return {"seconds": seconds, "steps": steps, "tokens": tokens, "s_per_token": seconds / max(1, tokens),
             "priced_tokens": priced, "s_per_priced_token": seconds / max(1.0, priced),
-            "s_per_sample": seconds / max(1, steps * req)}
+            "trained_priced_tokens": trained, "s_per_trained_priced_token": seconds / max(1.0, trained),
+            "trained_rows_frac": kept / max(1, rows), "s_per_sample": seconds / max(1, steps * req)}
 
 
 def priced_tokens(lengths: Sequence[float], max_token_len: Optional[int] = None) -> float:
@@ -334,18 +341,20 @@ def priced_tokens(lengths: Sequence[float], max_token_len: Optional[int] = None)
     return TrainCostModel(per_token_s=1.0, max_token_len=max_token_len).pass_time(list(lengths))
 
 
-def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_mb: int) -> tuple[float, int, float]:
-    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, tokens, priced tokens)``. Scores, token
-    rewards and advantages as :meth:`FullyAsyncTrainer.fit_step` computes them (bypass mode: the rollout's
-    log-probs are the old ones; no critic or reference)."""
+def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int,
+                per_mb: int) -> tuple[float, int, float, float, int, int]:
+    """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, tokens, priced tokens, priced tokens
+    of the rows trained, rows, rows trained)``. Scores, token rewards and advantages as
+    :meth:`FullyAsyncTrainer.fit_step` computes them (bypass mode: the rollout's log-probs are the old ones; no
+    critic or reference)."""
     from asyncrl.trainer.advantages import compute_advantages
-    from asyncrl.trainer.engine import collate
+    from asyncrl.trainer.engine import collate, rows_with_gradient
     from asyncrl.trainer.rewards import shaped_scores, token_level_rewards
 
     al = cfg.algorithm
     actor = cfg.actor_rollout_ref.actor
     budget = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
-    t0, tokens, priced, untimed = time.perf_counter(), 0, 0.0, 0.0
+    t0, tokens, priced, trained, rows, kept, untimed = time.perf_counter(), 0, 0.0, 0.0, 0, 0, 0.0
     for m in range(0, req, per_mb):
         part = step[m:m + per_mb]
         batch = collate([o for g in part for o in g], [j for j, g in enumerate(part) for _ in g])
@@ -358,5 +367,8 @@ def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_m
         t1 = time.perf_counter()
         tokens += int(batch.attention_mask.sum())
         priced += priced_tokens(batch.attention_mask.sum(-1).tolist(), budget)
+        done = rows_with_gradient(batch) if getattr(engine, "skip_zero_advantage", False) else batch  # what update() trained
+        trained += priced_tokens(done.attention_mask.sum(-1).tolist(), budget)
+        rows, kept = rows + len(batch), kept + len(done)
         untimed += time.perf_counter() - t1
-    return time.perf_counter() - t0 - untimed, tokens, priced
+    return time.perf_counter() - t0 - untimed, tokens, priced, trained, rows, kept

@@ -25,6 +25,7 @@ import bisect
 import heapq
 import itertools
 import logging
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
@@ -331,12 +332,21 @@ class CostModelTrainEngine:
         prompt_tokens: real prompt tokens per row (replaces the simulated prompt's length).
         lr: reported as ``actor/lr``.
         timeline: optional :class:`Timeline` receiving ``trainer`` spans.
+        gradient_fraction: ``fraction(real response tokens)``, the chance a row of that length has a gradient
+            (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). Each row of an update is kept with
+            that chance (a seeded draw) and only the kept rows are priced, as ``TrainEngine(skip_zero_advantage)``
+            trains only rows with a non-zero advantage (at least one row is kept, as there). The simulated
+            rewards carry no signal of their own, so without it every row is priced.
+        seed: of the draws above.
     """
 
     def __init__(self, cost: TrainCostModel, token_scale: int = 1, prompt_tokens: int = 64, lr: float = 0.0,
-                 timeline: Optional[Timeline] = None, with_reference: bool = False, **_: Any):
+                 timeline: Optional[Timeline] = None, with_reference: bool = False,
+                 gradient_fraction: Optional[Callable[[float], float]] = None, seed: int = 0, **_: Any):
         self.cost, self.scale, self.prompt_tokens, self.lr, self.timeline = cost, token_scale, prompt_tokens, lr, timeline
         self.ref_model = object() if with_reference else None  # the trainer only tests it for None
+        self.gradient_fraction = gradient_fraction
+        self._rng = random.Random(seed)
         self.updates = 0
         self.busy_s = 0.0
 
@@ -355,9 +365,15 @@ class CostModelTrainEngine:
         charge(seconds)
 
     def update(self, batch: Any, loss_fn: Callable[..., tuple[torch.Tensor, dict]], with_entropy: bool = False) -> dict:
-        self._spend(self.cost.update_time(self._lengths(batch)), "update")
+        lengths = self._lengths(batch)
+        if self.gradient_fraction is not None and lengths:
+            resp = batch.response_mask.sum(-1).tolist()
+            kept = [x for r, x in zip(resp, lengths) if self._rng.random() < self.gradient_fraction(r * self.scale)]
+            lengths = kept or lengths[:1]
+        self._spend(self.cost.update_time(lengths), "update")
         self.updates += 1
-        return {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.lr}
+        return {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.lr,
+                "actor/trained_rows_frac": len(lengths) / max(1, len(batch.response_mask))}
 
     def compute_log_probs(self, batch: Any) -> torch.Tensor:
         self._spend(self.cost.log_prob_time(self._lengths(batch)), "log_prob")

@@ -131,7 +131,8 @@ class SimResult:
 
 
 @contextlib.contextmanager
-def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline, hybrid: bool) -> Iterator[None]:
+def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline, hybrid: bool,
+                        gradient_fraction: Optional[Callable[[float], float]] = None) -> Iterator[None]:
     """Point the engine seams at the cost models: the ``sim`` rollout backend (registered like any
     backend) and the trainer's ``build_train_engine`` (swapped in the trainer module for the duration
     of the simulation; everything the trainer does with the engine and sender is its own code).
@@ -154,9 +155,12 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         train = dataclasses.replace(cost.train, micro_batch_rows=actor.ppo_micro_batch_size)
         if actor.use_dynamic_bsz:
             train = dataclasses.replace(train, max_token_len=actor.ppo_max_token_len_per_gpu)
+        # the CPU engine's skip_zero_advantage (build_cpu_train_engine); the fsdp2 engine trains every row
+        skips = actor.strategy != "fsdp2" and not actor.use_kl_loss and not actor.entropy_coeff
         engine = CostModelTrainEngine(train, token_scale, cost.prompt_tokens,
                                       lr=optim_kwargs(cfg, actor.optim, actor.ppo_epochs)["lr"], timeline=timeline,
-                                      with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+                                      with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
+                                      gradient_fraction=gradient_fraction if skips else None, seed=cfg.trainer.seed)
         return engine, LocalWeightSender(engine, CostModelCheckpointEngine(
             replicas, cost=sync, timeline=timeline, label="switch+sync" if hybrid else "sync"))
 
@@ -171,7 +175,7 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
 def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: Optional[int] = None,
              train_gpus: Optional[int] = None, token_scale: int = 1, name: str = "",
              natural_length: Optional[Callable[..., int]] = None, snapshot_every_s: float = 0.0,
-             max_rows: int = 4096) -> SimResult:
+             max_rows: int = 4096, gradient_fraction: Optional[Callable[[float], float]] = None) -> SimResult:
     """Simulate ``config`` on ``cost``'s hardware in virtual time.
 
     Args:
@@ -188,6 +192,11 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             ``max_tokens``.
         snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds.
         max_rows: at most this many dataset rows are built (epochs repeat them).
+        gradient_fraction: ``fraction(real response tokens)``: the chance a trained row of that length has a
+            non-zero advantage (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). When the
+            config's trainer skips the other rows (no KL loss, no entropy bonus: ``TrainEngine``'s
+            ``skip_zero_advantage``), the simulated update prices only such rows; default: every row (pair it
+            with a price per token of trained rows, ``measure_train``'s ``s_per_trained_priced_token``).
 
     Returns:
         A :class:`SimResult`.
@@ -218,7 +227,8 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
 
     threads = torch.get_num_threads()  # the trainer sets torch's thread count; give it back afterwards
     try:
-        result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows))
+        result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows,
+                                       gradient_fraction))
     finally:
         torch.set_num_threads(threads)
     result.rollout_gpus, result.train_gpus = rollout_gpus, train_gpus
@@ -226,7 +236,8 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
 
 
 async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
-                    natural_length: Optional[Callable[..., int]], snapshot_every_s: float, max_rows: int) -> SimResult:
+                    natural_length: Optional[Callable[..., int]], snapshot_every_s: float, max_rows: int,
+                    gradient_fraction: Optional[Callable[[float], float]] = None) -> SimResult:
     from asyncrl.data.dataset import get_task_rows, task_options
     from asyncrl.message_queue import MessageQueue, _MessageQueueActor
     from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
@@ -250,7 +261,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         natural_length = lengths_from_rows(train, tok)  # e.g. longtail: answers at their correct length
     import asyncrl.watchdog  # noqa: F401 - imported lazily by the trainer: load it now so its clock is virtual too
     with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline,
-                                                                          cfg.actor_rollout_ref.hybrid_engine):
+                                                                          cfg.actor_rollout_ref.hybrid_engine,
+                                                                          gradient_fraction):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
                       natural_length=natural_length, timeline=timeline)
         replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))

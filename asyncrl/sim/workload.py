@@ -59,3 +59,31 @@ def lengths_from_rows(rows: Sequence[dict], tokenizer: Any) -> Optional[Callable
         return by_prompt.get(tuple(prompt_ids), fallback)
 
     return length
+
+
+def gradient_fraction(counts: Mapping[Any, int], gradient_counts: Mapping[Any, int]) -> Callable[[float], float]:
+    """``fraction(response_tokens)``: the share of a run's trained rows of that response length that had a
+    gradient (a non-zero advantage), from its ``summary.response_length_counts`` and
+    ``summary.gradient_length_counts``. The trainer skips the other rows (``TrainEngine.skip_zero_advantage``:
+    GRPO groups whose responses all scored alike), so this is the workload's share of the update's work; it
+    drifts as the policy learns (more mixed groups), which is why a simulation of a measured run takes it from
+    the run. A length the run never trained gets the run's overall share.
+
+    Raises:
+        ValueError: no rows, or more gradient rows than rows at some length.
+    """
+    rows = {int(k): int(v) for k, v in counts.items() if int(v) > 0}
+    grad = {int(k): int(v) for k, v in gradient_counts.items() if int(v) > 0}
+    if not rows:
+        raise ValueError("no trained rows to take a gradient fraction from")
+    over = {k: (v, rows.get(k, 0)) for k, v in grad.items() if v > rows.get(k, 0)}
+    if over:
+        raise ValueError(f"more gradient rows than rows at lengths {over} (gradient, rows)")
+    overall = sum(grad.values()) / sum(rows.values())
+    share = {k: grad.get(k, 0) / n for k, n in rows.items()}
+
+    def fraction(response_tokens: float) -> float:
+        return share.get(int(round(response_tokens)), overall)
+
+    fraction.overall = overall  # type: ignore[attr-defined]
+    return fraction

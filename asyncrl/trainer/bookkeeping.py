@@ -14,7 +14,12 @@ import torch
 
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import token_lags
-from asyncrl.trainer.engine import Batch
+from asyncrl.trainer.engine import Batch, gradient_rows
+
+
+def _counts(values: torch.Tensor) -> dict:
+    """``{value: occurrences}`` of an integer tensor (no per-element loop)."""
+    return dict(zip(*(t.tolist() for t in torch.unique(values, return_counts=True))))
 
 
 class TrainerBookkeeping:
@@ -26,13 +31,14 @@ class TrainerBookkeeping:
 
     def _record_versions(self, samples: list[RolloutSample], batch: Batch) -> torch.Tensor:
         """Count trained tokens per version lag (staleness histogram, invariant tests) and trained rows per
-        response length (the run's workload, which the simulator can price: ``asyncrl.sim.workload.
-        empirical_lengths``); returns the lags."""
+        response length, all of them and those with a gradient (the run's workload, which the simulator can
+        price: ``asyncrl.sim.workload.empirical_lengths`` / ``gradient_fraction``); returns the lags."""
         self.trained += len(samples)
         lags = token_lags(self.param_version, batch.response_versions, batch.response_mask)
-        self.lag_counts.update(dict(zip(*(t.tolist() for t in torch.unique(lags, return_counts=True)))))  # no per-token loop
-        self.response_length_counts.update(dict(zip(*(t.tolist() for t in torch.unique(batch.response_lengths,
-                                                                                        return_counts=True)))))
+        self.lag_counts.update(_counts(lags))
+        self.response_length_counts.update(_counts(batch.response_lengths))
+        if "advantages" in batch.extras:
+            self.gradient_length_counts.update(_counts(batch.response_lengths[gradient_rows(batch)]))
         for s in samples:
             self.trained_token_versions.append((self.param_version, s.min_global_steps, s.max_global_steps))
             self.trained_rows.append((self.global_steps, s.seq, s.index))
@@ -80,6 +86,7 @@ class TrainerBookkeeping:
                 "dropped": dict(self.dropped), "idle_ratio": min(1.0, self.idle_s / wall), "done": self.done,
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
                 "response_length_counts": dict(self.response_length_counts),
+                "gradient_length_counts": dict(self.gradient_length_counts),
                 "updates": self.updates, "updates_at_version": dict(self.updates_at_version),
                 "staleness_bound": self.budget.staleness_bound, "history": list(self.history),
                 "last_checkpoint": self.last_checkpoint, "phase": self.phase, "replica_events": list(self.replica_events),

@@ -27,11 +27,16 @@ LossFn = Callable[[torch.Tensor, "Batch", LossScale, Optional[torch.Tensor]], tu
 """``loss_fn(log_probs, micro_batch, scale, entropy) -> (loss, metrics)``, see :meth:`TrainEngine.update`."""
 
 
+def gradient_rows(batch: Batch) -> torch.Tensor:
+    """``(batch,)`` bool: the rows whose advantage is non-zero on some model token (``extras["advantages"]``),
+    i.e. the rows a PPO-clip policy loss gets a gradient from."""
+    return ((batch.extras["advantages"] * batch.response_mask) != 0).any(-1)
+
+
 def rows_with_gradient(batch: Batch) -> Batch:
     """``batch`` without the rows whose advantage is 0 on every response token (at least one row kept,
     so every parameter still gets its - zero - gradient and the optimizer steps as it would)."""
-    adv = batch.extras["advantages"] * batch.response_mask
-    keep = (adv != 0).any(-1).nonzero().flatten().tolist() or [0]
+    keep = gradient_rows(batch).nonzero().flatten().tolist() or [0]
     return batch if len(keep) == len(batch) else batch.select(keep)
 
 
@@ -303,15 +308,17 @@ class TrainEngine:
             with_entropy: pass the per-token entropy (else ``None``).
 
         Returns:
-            ``loss_fn``'s metrics averaged with token weights, plus ``actor/grad_norm`` and ``actor/lr``
-            (``critic/...`` for the critic).
+            ``loss_fn``'s metrics averaged with token weights, plus ``actor/grad_norm``, ``actor/lr`` and
+            ``actor/trained_rows_frac`` (the rows that went through forward and backward over the mini-batch's
+            rows: below 1 with ``skip_zero_advantage``) (``critic/...`` for the critic).
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scale = LossScale.of(batch.response_mask)
+        rows = len(batch)
         if self.skip_zero_advantage and "advantages" in batch.extras:
             batch = rows_with_gradient(batch)
-        agg: dict[str, float] = {}
+        agg: dict[str, float] = {f"{self.metric_prefix}/trained_rows_frac": len(batch) / max(1, rows)}
         for mb in self._chunks(batch):
             weight = float(mb.response_mask.sum()) / max(scale.tokens, 1.0)
             out, entropy = self._forward(mb, with_entropy)

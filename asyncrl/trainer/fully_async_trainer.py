@@ -119,6 +119,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.dropped: collections.Counter = collections.Counter()  # stale, dapo_no_signal
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
         self.response_length_counts: collections.Counter = collections.Counter()  # response tokens -> trained rows
+        self.gradient_length_counts: collections.Counter = collections.Counter()  # the same, rows with a gradient
         self.trained_token_versions: list[tuple[int, int, int]] = []  # (trainer version, min, max) per sample
         self.trained_rows: list[tuple[int, int, int]] = []  # (step, seq, dataset row) per trained sample
         self.done = False
@@ -202,6 +203,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self._set_phase("update")
         t_fetched = time.time()
         batch = collate([o for s in samples for o in s.outputs], [s.uid for s in samples for _ in s.outputs])
+        t_collated = time.time()
         metrics: dict[str, float] = {}
         # 2. reward: the rollouter's rule scores, plus the overlong penalty (DAPO) when enabled
         scores = shaped_scores(batch.rewards, batch.response_lengths, cfg)
@@ -234,8 +236,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         metrics.update(advantage_metrics(batch.response_mask, scores, advantages, returns))
         # 6. update the critic, then the actor: require_batches mini-batches x ppo_epochs
         updates_before = self.updates
+        t_adv = time.time()
         async with self._weights_lock:  # a replica rejoining now waits for the step's weights
             metrics.update(await asyncio.to_thread(self._update, batch))
+        t_actor = time.time()
         if self.global_steps >= cfg.trainer.critic_warmup:  # the actor was updated (see _update)
             self.updates += cfg.async_training.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
         metrics.update(update_lag_metrics(batch.response_versions, batch.response_mask, self.updates_at_version,
@@ -252,6 +256,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             sync_metrics = await self._sync_weights()
         self._log_step(samples, batch, lags, metrics, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
+                        "timing/collate_s": t_collated - t_fetched, "timing/adv_s": t_adv - t_collated,
+                        "timing/update_actor_s": t_actor - t_adv, "timing/update_post_s": t_updated - t_actor,
                         "timing/step_s": time.time() - t0 + (gen or {}).get("timing/gen_s", 0.0), **(gen or {})})
         return True
 
