@@ -255,8 +255,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     finally:
         exp.stop()
         set_engine_attrs(replica, saved)
-    skip = min(2, max(0, len(history) - 3))  # pipeline fill
-    steady = history[skip:]
+    steady = history[pipeline_fill(history):]
     span = steady[-1]["time_s"] - steady[0]["time_s"] if len(steady) > 1 else 0.0
     req = sample_budget(cfg).required_samples
     lags = {int(k): v for k, v in summary.lag_counts.items()}
@@ -345,6 +344,11 @@ class FunnelSampler:
     def summary(self) -> dict:
         rows = self.rows[2:] or self.rows
         return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]} if rows else {}
+
+
+def pipeline_fill(history: list[dict]) -> int:
+    """How many first steps a step split leaves out: the pipeline's fill (2, fewer in a short run)."""
+    return min(2, max(0, len(history) - 3))
 
 
 def step_split(rows: list[dict]) -> dict:
@@ -615,7 +619,9 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                   "trainer_idle_ratio": res.trainer_idle_ratio,
                   "rollouter_idle_ratio": res.rollouter_idle_ratio, "step_s": res.step_time(2),
                   "bound": bound, "above_bound": above,
-                  "gradient_rows_frac": fraction.overall if fraction else None,
+                  "gradient_rows_frac": fraction.overall if fraction else None,  # given; and what its updates drew:
+                  "trained_rows_frac": statistics.mean(r.get("actor/trained_rows_frac", 1.0) for r in res.history),
+                  "step_split": step_split(res.history[pipeline_fill(res.history):]),
                   "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
     return out
 
@@ -789,6 +795,17 @@ def main() -> None:
     report(result)
 
 
+def print_split_beside(sim: dict, measured: dict) -> None:
+    """Where a simulated mode's error comes from: its median step split beside the measured one, and the share of
+    trained rows with a gradient it was given (``simulate_modes``)."""
+    ms, ss = measured.get("step_split") or {}, sim.get("step_split") or {}
+    parts = [f"{k} {ms[k]:.2f} / {ss[k]:.2f}" for k in ("gen", "fetch", "update", "sync", "step") if k in ms and k in ss]
+    grad = sim.get("gradient_rows_frac")
+    if parts:
+        print(f"{'':10s} per step (median s, measured / simulated): " + ", ".join(parts)
+              + (f"; rows with a gradient {grad:.2f}" if grad is not None else ""))
+
+
 def resimulate(args: argparse.Namespace) -> dict:
     """``--simulate-only --calibration F``: the measured modes of a saved CPU result predicted again from its
     calibration (the task and steps of the saved run; ``--json`` keeps the new prediction)."""
@@ -806,6 +823,7 @@ def resimulate(args: argparse.Namespace) -> dict:
         was = f"{old:9.3f} ({100 * (old / meas - 1):+4.0f}%)" if old else "        -       "
         print(f"{m:10s} {meas:8.3f}  {was}   {r['samples_per_s']:9.3f} ({100 * r['error']:+4.0f}%)         "
               f"{r['bound']['samples_per_s']:.3f}" + (" ABOVE" if r.get("above_bound") else ""))
+        print_split_beside(r, result["modes"][m])
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return result
@@ -891,6 +909,7 @@ def report(result: dict) -> None:
             bound = f"; its own bound {r['bound']['samples_per_s']:.3f}" if r.get("bound") else ""
             print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured{steady})  trainer idle {r['trainer_idle_ratio']:.2f}"
                   f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}{bound}")
+            print_split_beside(r, modes[m])
             if r.get("above_bound"):
                 print(f"{'':10s} {r['above_bound']}")
     if result.get("rounds"):

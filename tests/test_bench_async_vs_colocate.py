@@ -130,3 +130,28 @@ def test_repeats_alternate_the_order_and_pair_each_ratio_within_its_round(bench,
     bench.report({**out, "rounds": rounds})
     printed = capsys.readouterr().out
     assert "over 3 rounds" in printed and "x colocated 1.40 [1.33 - 1.60] (1.40, 1.60, 1.33)" in printed
+
+
+def test_a_saved_cpu_run_is_simulated_on_its_own_share_of_rows_with_a_gradient(bench, tmp_path, capsys):
+    """Session 15's run (tests/data/avc_cpu_longtail_s15.json): the calibration's rollout-only sample had a gradient
+    on 55% of its rows, the measured colocated run on 42%. The train price is taken over the rows the engine trained
+    and the simulated trainer draws its rows with the run's share, so its updates train about that share; the
+    report prints the simulated step split beside the measured one."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s15.json").read_text())
+    result["modes"] = {"colocated": result["modes"]["colocated"]}
+    measured = result["modes"]["colocated"]
+    share = sum(measured["gradient_length_counts"].values()) / sum(measured["response_length_counts"].values())
+    assert result["calibration"]["train_rows_frac_shared"] > share + 0.1  # the sample's share is not the run's
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    out = bench.simulate_modes(result, args)["colocated"]
+    assert out["gradient_rows_frac"] == pytest.approx(share)
+    assert out["trained_rows_frac"] == pytest.approx(share, abs=0.05)  # the simulated updates drew about that share
+    assert out["step_split"]["update"] > 0 and out["step_split"]["gen"] > 0
+    bench.print_split_beside(out, measured)
+    printed = capsys.readouterr().out
+    assert f"update {measured['step_split']['update']:.2f} / {out['step_split']['update']:.2f}" in printed
+    assert f"rows with a gradient {share:.2f}" in printed
