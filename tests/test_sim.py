@@ -641,7 +641,7 @@ def test_simulated_update_prices_only_the_rows_drawn_to_have_a_gradient():
     import torch
 
     from asyncrl.sim.cost_models import TrainCostModel
-    from asyncrl.sim.engines import CostModelTrainEngine
+    from asyncrl.sim.train_engines import CostModelTrainEngine
 
     cost = TrainCostModel(per_token_s=1e-3, per_update_s=0.5)
     mask = torch.zeros(4, 30)

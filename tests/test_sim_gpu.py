@@ -20,7 +20,8 @@ from asyncrl.rollout.base import SamplingParams
 from asyncrl.sim import RolloutCostModel, TrainCostModel
 from asyncrl.sim.clock import run
 from asyncrl.sim.presets import PRESETS, h200_qwen25_05b_hf
-from asyncrl.sim.engines import CostModelInferenceEngine, CostModelTrainEngine
+from asyncrl.sim.engines import CostModelInferenceEngine
+from asyncrl.sim.train_engines import CostModelTrainEngine
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200.json").read_text())["modes"]["colocated"]

@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator, Optional
 from asyncrl.config import ExperimentConfig, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
-from asyncrl.sim.engines import CostModelCheckpointEngine, CostModelTrainEngine, Timeline
+from asyncrl.sim.engines import Timeline
+from asyncrl.sim.train_engines import CostModelCheckpointEngine, CostModelTrainEngine
 from asyncrl.sim.handles import LocalActorHandle, object_store
 
 logger = logging.getLogger(__name__)
