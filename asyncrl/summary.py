@@ -23,9 +23,10 @@ class Summary:
             single-turn: what the engine generated), ``{tokens: rows}``; the workload a simulation of this run
             draws from (``asyncrl.sim.workload.empirical_lengths``).
         gradient_length_counts: the same, of the rows whose advantage is non-zero (GRPO: groups whose responses
-            did not all score alike), which the trainer trains on while it skips the rest
-            (``TrainEngine.skip_zero_advantage``); with ``response_length_counts``, the fraction a simulation of
-            this run trains at each length (``asyncrl.sim.workload.gradient_fraction``).
+            did not all score alike), recorded whatever the engine; the CPU engine trains only those when
+            ``skip_zero_advantage`` is on (and one row of a mini-batch that has none). With
+            ``response_length_counts``, the share a simulation of this run trains at each length
+            (``asyncrl.sim.workload.gradient_fraction``).
         wall_s: seconds from start to the end of the final evaluation.
     """
 

@@ -276,9 +276,10 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
         ``priced_tokens``: the same rows as the simulator prices them, :func:`priced_tokens`, whose price
         ``s_per_priced_token`` is the one to give :class:`TrainCostModel` when the simulation prices every row;
         ``trained_priced_tokens``: only the rows the engine trained (a non-zero advantage), whose price
-        ``s_per_trained_priced_token`` goes with a simulation given the workload's ``gradient_fraction``: the
-        first price embeds this sample's share of rows with a gradient, ``trained_rows_frac``, which a run's
-        own share can differ from as its policy learns).
+        ``s_per_trained_priced_token`` goes with a simulation given the workload's ``gradient_fraction``;
+        ``s_per_priced_token`` embeds this sample's share of rows the engine trained, ``trained_rows_frac``
+        (rows with a gradient, and one row of a mini-batch that has none), which a run's own share can differ
+        from as its policy learns).
 
     Raises:
         ValueError: no outputs, or outputs without their rewards (not from :func:`measure_rollout`).

@@ -195,9 +195,10 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         max_rows: at most this many dataset rows are built (epochs repeat them).
         gradient_fraction: ``fraction(real response tokens)``: the chance a trained row of that length has a
             non-zero advantage (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). When the
-            config's trainer skips the other rows (no KL loss, no entropy bonus: ``TrainEngine``'s
-            ``skip_zero_advantage``), the simulated update prices only such rows; default: every row (pair it
-            with a price per token of trained rows, ``measure_train``'s ``s_per_trained_priced_token``).
+            config's trainer skips the other rows (the CPU engine's ``skip_zero_advantage``: not ``fsdp2``, no KL
+            loss, no entropy bonus), the simulated update prices only such rows; when given, pair it with a price
+            per priced token of trained rows (``measure_train``'s ``s_per_trained_priced_token``). ``None``: every
+            row is priced, with ``s_per_priced_token``.
 
     Returns:
         A :class:`SimResult`.

@@ -39,8 +39,10 @@ class CostModelTrainEngine:
         gradient_fraction: ``fraction(real response tokens)``, the chance a row of that length has a gradient
             (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). Each row of an update is kept with
             that chance (a seeded draw) and only the kept rows are priced, as ``TrainEngine(skip_zero_advantage)``
-            trains only rows with a non-zero advantage (at least one row is kept, as there). The simulated
-            rewards carry no signal of their own, so without it every row is priced.
+            trains only rows with a non-zero advantage (at least one row is kept, as there). Rows are drawn one
+            by one, where the real rows without a gradient come as whole groups of ``rollout.n``: the expected
+            share at each length is the run's, the spread between updates is smaller. The simulated rewards
+            carry no signal of their own, so without it every row is priced.
         seed: of the draws above.
     """
 

@@ -65,9 +65,10 @@ def gradient_fraction(counts: Mapping[Any, int], gradient_counts: Mapping[Any, i
     """``fraction(response_tokens)``: the share of a run's trained rows of that response length that had a
     gradient (a non-zero advantage), from its ``summary.response_length_counts`` and
     ``summary.gradient_length_counts``. The trainer skips the other rows (``TrainEngine.skip_zero_advantage``:
-    GRPO groups whose responses all scored alike), so this is the workload's share of the update's work; it
-    drifts as the policy learns (more mixed groups), which is why a simulation of a measured run takes it from
-    the run. A length the run never trained gets the run's overall share.
+    GRPO groups whose responses all scored alike), so this is the share of the workload's rows that the update
+    trains (by tokens it can differ: rows with a gradient can be the shorter ones). It moves as the policy
+    learns, in either direction, which is why a simulation of a measured run takes it from the run. A length the
+    run never trained gets the run's overall share.
 
     Raises:
         ValueError: no rows, or more gradient rows than rows at some length.

@@ -310,7 +310,8 @@ class TrainEngine:
         Returns:
             ``loss_fn``'s metrics averaged with token weights, plus ``actor/grad_norm``, ``actor/lr`` and
             ``actor/trained_rows_frac`` (the rows that went through forward and backward over the mini-batch's
-            rows: below 1 with ``skip_zero_advantage``) (``critic/...`` for the critic).
+            rows: at most 1 with ``skip_zero_advantage``, where a mini-batch without a row with a gradient still
+            trains one) (``critic/...`` for the critic).
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
