@@ -658,3 +658,30 @@ def test_simulated_update_prices_only_the_rows_drawn_to_have_a_gradient():
     assert priced(None) == (pytest.approx(cost.update_time([15, 15, 25, 35])), 1.0)
     assert priced(lambda n: 1.0 if n >= 20 else 0.0) == (pytest.approx(cost.update_time([25, 35])), 0.5)
     assert priced(lambda n: 0.0) == (pytest.approx(cost.update_time([15])), 0.25)  # one row kept
+
+
+def test_the_sim_backend_is_registered_only_while_a_simulation_runs():
+    """The suite of session 15 failed three config-error tests after a benchmark test had simulated: ``sim`` stayed
+    among the rollout backends a real run's config accepts and its errors list."""
+    import asyncrl.sim.engines as engines
+    from asyncrl.recipes import longtail_grpo_cpu
+    from asyncrl.rollout.replica import known_backends
+    from asyncrl.sim import cpu_embedded_vllm, simulate
+
+    before = known_backends()
+    cfg = longtail_grpo_cpu()
+    cfg.trainer.total_training_steps, cfg.trainer.total_time_s = 1, 0.0
+    seen = []
+    init = engines.CostModelInferenceEngine.__init__
+
+    def spy(self, *a, **kw):  # what the backends are while the simulated replicas are built
+        seen.append(known_backends())
+        init(self, *a, **kw)
+
+    engines.CostModelInferenceEngine.__init__ = spy
+    try:
+        simulate(cfg, cpu_embedded_vllm(cores=1))
+    finally:
+        engines.CostModelInferenceEngine.__init__ = init
+    assert seen and all("sim" in names for names in seen)
+    assert known_backends() == before and "sim" not in before

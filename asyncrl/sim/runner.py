@@ -135,14 +135,17 @@ class SimResult:
 def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline, hybrid: bool,
                         gradient_fraction: Optional[Callable[[float], float]] = None) -> Iterator[None]:
     """Point the engine seams at the cost models: the ``sim`` rollout backend (registered like any
-    backend) and the trainer's ``build_train_engine`` (swapped in the trainer module for the duration
-    of the simulation; everything the trainer does with the engine and sender is its own code).
+    backend) and the trainer's ``build_train_engine`` (swapped in the trainer module), both for the duration
+    of the simulation only (everything the trainer does with the engine and sender is its own code).
     """
-    from asyncrl.rollout.replica import register_backend
+    from asyncrl.rollout.replica import BACKENDS, register_backend
     from asyncrl.sync.sender import LocalWeightSender
     from asyncrl.trainer import fully_async_trainer as fat
 
-    register_backend("sim", "asyncrl.sim.engines", "CostModelInferenceEngine", requires="asyncrl")
+    # a real run's config must not accept "sim", nor its errors list it (they did after any simulation in the process)
+    added = "sim" not in BACKENDS
+    if added:
+        register_backend("sim", "asyncrl.sim.engines", "CostModelInferenceEngine", requires="asyncrl")
     sync = cost.sync
     if hybrid and cost.hybrid_switch_s:  # colocated: the devices also change hands at every sync
         sync = dataclasses.replace(sync, fixed_s=sync.fixed_s + cost.hybrid_switch_s)
@@ -171,6 +174,8 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         yield
     finally:
         fat.build_train_engine = saved
+        if added:
+            del BACKENDS["sim"]
 
 
 def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: Optional[int] = None,
