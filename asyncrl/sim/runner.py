@@ -152,6 +152,7 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
 
     def build_train_engine(cfg: Any, replicas: list, worker_options: Any = None) -> tuple:
         """The trainer's ``(engine, weight sender)``, as :func:`asyncrl.trainer.factory.build_train_engine`."""
+        from asyncrl.trainer.factory import skips_zero_advantage
         from asyncrl.trainer.schedule import optim_kwargs
 
         actor = cfg.actor_rollout_ref.actor
@@ -159,8 +160,7 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         train = dataclasses.replace(cost.train, micro_batch_rows=actor.ppo_micro_batch_size)
         if actor.use_dynamic_bsz:
             train = dataclasses.replace(train, max_token_len=actor.ppo_max_token_len_per_gpu)
-        # the CPU engine's skip_zero_advantage (build_cpu_train_engine); the fsdp2 engine trains every row
-        skips = actor.strategy != "fsdp2" and not actor.use_kl_loss and not actor.entropy_coeff
+        skips = skips_zero_advantage(cfg)  # the rows the real engine would train
         engine = CostModelTrainEngine(train, token_scale, cost.prompt_tokens,
                                       lr=optim_kwargs(cfg, actor.optim, actor.ppo_epochs)["lr"], timeline=timeline,
                                       with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,

@@ -54,4 +54,12 @@ def build_cpu_train_engine(cfg: ExperimentConfig) -> Any:
         micro_batch_size=actor.ppo_micro_batch_size, with_reference=actor.use_kl_loss or al.use_kl_in_reward,
         seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-        skip_zero_advantage=not actor.use_kl_loss and not actor.entropy_coeff)  # exact then: see TrainEngine
+        skip_zero_advantage=skips_zero_advantage(cfg))
+
+
+def skips_zero_advantage(cfg: ExperimentConfig) -> bool:
+    """Whether the trainer's engine leaves rows whose advantage is 0 out of its updates: the CPU engine does
+    when that is exact (no KL loss, no entropy bonus: see :class:`~asyncrl.trainer.engine.TrainEngine`); the
+    fsdp2 engine trains every row. The simulator prices the same rows (``asyncrl.sim.runner``)."""
+    actor = cfg.actor_rollout_ref.actor
+    return actor.strategy != "fsdp2" and not actor.use_kl_loss and not actor.entropy_coeff
