@@ -279,6 +279,9 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "gradient_length_counts": status.get("gradient_length_counts", {}),  # ... and the rows of it that trained
         "accounting_balanced": summary.accounting.get("balanced"),
         "step_split": step_split(steady),
+        # the train price in this run (s per token through the model, FullyAsyncTrainer's perf/update_s_per_token)
+        "train_price": (statistics.median(r["perf/update_s_per_token"] for r in steady)
+                        if steady and all("perf/update_s_per_token" in r for r in steady) else None),
         "funnel": funnel.summary(),
         "history": history,
     }
@@ -622,6 +625,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                   "gradient_rows_frac": fraction.overall if fraction else None,  # given; and what its updates drew:
                   "trained_rows_frac": statistics.mean(r.get("actor/trained_rows_frac", 1.0) for r in res.history),
                   "step_split": step_split(res.history[pipeline_fill(res.history):]),
+                  "train_price": price * (1.0 + cost.train.contention),  # s per priced token, as charged
                   "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
     return out
 
@@ -797,13 +801,18 @@ def main() -> None:
 
 def print_split_beside(sim: dict, measured: dict) -> None:
     """Where a simulated mode's error comes from: its median step split beside the measured one, and the share of
-    trained rows with a gradient it was given (``simulate_modes``)."""
+    trained rows with a gradient it was given (``simulate_modes``); with that share, the train price per token
+    through the model measured in the run (``perf/update_s_per_token``) beside the one the simulation charged."""
     ms, ss = measured.get("step_split") or {}, sim.get("step_split") or {}
     parts = [f"{k} {ms[k]:.2f} / {ss[k]:.2f}" for k in ("gen", "fetch", "update", "sync", "step") if k in ms and k in ss]
     grad = sim.get("gradient_rows_frac")
     if parts:
         print(f"{'':10s} per step (median s, measured / simulated): " + ", ".join(parts)
               + (f"; rows with a gradient {grad:.2f}" if grad is not None else ""))
+    run_price, sim_price = measured.get("train_price"), sim.get("train_price")
+    if run_price and sim_price and sim.get("gradient_rows_frac") is not None:  # both per token of the trained rows
+        print(f"{'':10s} train price (us per token through the model, measured in the run / simulated): "
+              f"{run_price * 1e6:.1f} / {sim_price * 1e6:.1f} ({run_price / sim_price:.2f}x)")
 
 
 def resimulate(args: argparse.Namespace) -> dict:

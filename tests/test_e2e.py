@@ -84,6 +84,13 @@ def test_mode_a_on_policy(shared_replica, tmp_path):
     n, batches = cfg.actor_rollout_ref.rollout.n, cfg.async_training.require_batches
     rows_per_mini_batch = sample_budget(cfg).required_samples * n // batches
     assert share - 1e-9 <= per_update <= share + 1 / rows_per_mini_batch + 1e-9, (share, per_update)
+    # the run's train price: the update's seconds over the tokens its engine ran through the model (at
+    # least a prompt and a response token per trained row)
+    updates = batches * cfg.actor_rollout_ref.actor.ppo_epochs
+    price = hist["timing/update_actor_s"] / (hist["perf/tokens"] * updates)
+    assert hist["perf/update_s_per_token"].to_numpy() == pytest.approx(price.to_numpy(), rel=1e-9)
+    assert (hist["perf/update_s_per_token"] > 0).all()
+    assert (hist["perf/tokens"] >= 2 * hist["actor/trained_rows_frac"] * rows_per_mini_batch).all()
 
 
 def test_mode_b_several_updates_per_sync(shared_replica, tmp_path):

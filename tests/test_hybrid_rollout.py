@@ -127,6 +127,11 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(model_dir):
     engines = [TrainEngine(str(model_dir), lr=1e-2, warmup=0, total_updates=10, micro_batch_size=5, skip_zero_advantage=s)
                for s in (False, True)]
     metrics = [e.update(batch, actor_loss_fn(cfg)) for e in engines]
+    for m, rows in zip(metrics, (batch, kept)):  # tokens through the model: micro-batches of 5 rows x their longest
+        lengths = rows.attention_mask.sum(-1).tolist()
+        assert m["perf/tokens"] == sum(len(lengths[i:i + 5]) * max(lengths[i:i + 5]) for i in range(0, len(lengths), 5))
+        assert m["perf/step_s"] > 0
+    assert metrics[1]["perf/tokens"] < metrics[0]["perf/tokens"]
     assert metrics[0]["actor/grad_norm"] == pytest.approx(metrics[1]["actor/grad_norm"], rel=1e-5)
     for (name, a), (_, b) in zip(*[e.model.named_parameters() for e in engines]):  # the step's gradients
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name

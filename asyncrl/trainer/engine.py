@@ -11,6 +11,7 @@ prompt+response into one ``(batch, seq)`` tensor and keeps the response position
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -311,8 +312,11 @@ class TrainEngine:
             ``loss_fn``'s metrics averaged with token weights, plus ``actor/grad_norm``, ``actor/lr`` and
             ``actor/trained_rows_frac`` (the rows that went through forward and backward over the mini-batch's
             rows: at most 1 with ``skip_zero_advantage``, where a mini-batch without a row with a gradient still
-            trains one) (``critic/...`` for the critic).
+            trains one) (``critic/...`` for the critic), and, as the FSDP2 engine, ``perf/tokens`` (tokens through
+            the model: each micro-batch's rows x its longest row, padding included, which is what
+            ``asyncrl.sim.calibrate.priced_tokens`` prices) and ``perf/step_s`` (seconds of this update).
         """
+        t0 = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         scale = LossScale.of(batch.response_mask)
@@ -320,7 +324,9 @@ class TrainEngine:
         if self.skip_zero_advantage and "advantages" in batch.extras:
             batch = rows_with_gradient(batch)
         agg: dict[str, float] = {f"{self.metric_prefix}/trained_rows_frac": len(batch) / max(1, rows)}
+        computed = 0
         for mb in self._chunks(batch):
+            computed += mb.input_ids.numel()
             weight = float(mb.response_mask.sum()) / max(scale.tokens, 1.0)
             out, entropy = self._forward(mb, with_entropy)
             loss, metrics = loss_fn(out, mb, scale, entropy)
@@ -336,6 +342,7 @@ class TrainEngine:
         self.scheduler.step()
         self.updates += 1
         agg[f"{self.metric_prefix}/grad_norm"] = float(grad_norm)
+        agg.update({"perf/tokens": float(computed), "perf/step_s": time.perf_counter() - t0})
         return agg
 
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:

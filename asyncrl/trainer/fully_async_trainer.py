@@ -13,6 +13,9 @@
         advantage  token rewards (- beta * KL when use_kl_in_reward) -> algorithm.adv_estimator
         update     critic, then actor: require_batches mini-batches x ppo_epochs optimizer steps
         sync       every trigger_parameter_sync_step steps: ParameterSynchronizer -> param_version += 1
+    metrics of the update: the engine's per mini-batch (averaged), and ``perf/update_s_per_token``, the
+        update's seconds over the tokens through the model (``perf/tokens`` x updates; no critic): the
+        train price of this run, to set beside ``asyncrl.sim.calibrate.measure_train``'s price alone
     after a step: the row streams to metrics.csv + trainer.logger (Tracking); every trainer.save_freq
         steps a checkpoint (asyncrl.checkpoint); every sample's outcome goes to the Ledger by seq
 
@@ -241,7 +244,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             metrics.update(await asyncio.to_thread(self._update, batch))
         t_actor = time.time()
         if self.global_steps >= cfg.trainer.critic_warmup:  # the actor was updated (see _update)
-            self.updates += cfg.async_training.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
+            n_updates = cfg.async_training.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
+            self.updates += n_updates
+            if metrics.get("perf/tokens") and self.critic is None:  # the engine's price in this run (module docstring)
+                metrics["perf/update_s_per_token"] = (t_actor - t_adv) / (metrics["perf/tokens"] * n_updates)
         metrics.update(update_lag_metrics(batch.response_versions, batch.response_mask, self.updates_at_version,
                                           updates_before, self.updates))
         self.global_steps += 1
