@@ -217,6 +217,11 @@ class RolloutConfig:
     """CPU KV-cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; hf: caps the slots)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation (faster start on CPU); hf on CUDA: no CUDA-graph decode."""
+    engine_busy_loop_s: Optional[float] = 0.1
+    """vLLM: seconds its worker keeps polling for the next step (``sched_yield`` in a loop) after its last one
+    before it sleeps on a socket (vLLM's ``SpinCondition``: 1 s built in; ``None`` keeps it). A decode step
+    comes every few to tens of ms, so a generation never sleeps; but the 1 s after one took a core from what
+    ran next on a CPU box (the colocated update, 1.5x its price: ``benchmarks/RESULTS.md``, session 16)."""
     load_format: str = "auto"
     """Replica weights at start: ``auto`` (read the checkpoint) or ``dummy`` (random init from its
     config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""

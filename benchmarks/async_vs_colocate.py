@@ -456,8 +456,11 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
       96 groups). A long tail makes 64 groups' mean noisy: 22.7 and 26.5 tokens in two runs whose modes
       trained on 27-35, and a short pool runs the simulated rollout fast. Results saved before session 10
       kept the ideal's total tokens only: the pool is rescaled to the mean of both;
-    * per-request cost (``fit_per_request``): the calibration's timed rollout-only (saved since session 10),
-      else the ideal bound's, its lengths approximated by the pool's groups cycled and rescaled to its total;
+    * per-request cost (``fit_per_request``): the calibration's timed rollout-only (saved since session 10)
+      and the ideal bound's (both the split replica alone at mode d's concurrency, 64 + 96 groups) fitted
+      together (session 16: one 64-group measurement ran 23% slower than the other the same run); without
+      the ideal's groups (saved before session 10), the ideal bound's alone, its lengths approximated by the
+      pool's groups cycled and rescaled to its total;
     * train price per *priced* token (``measure_train``'s ``s_per_priced_token``), else ``s_per_token``
       times real / priced tokens of the pool's mini-batches (``priced_tokens``); and per priced token of the rows
       it trained (``s_per_trained_priced_token``, saved since session 15), for a mode simulated with its own
@@ -482,9 +485,11 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         pool = [max(1, round(x * k)) for x in pool]
         notes.append(f"lengths: calibration pool x{k:.3f} to the mean of it and the ideal bound's rollout-only")
     ro = cal.get("rollout_only")
+    more: list[dict] = []
     if ro:
         groups, seconds, conc = ro["groups"], ro["seconds"], ro["concurrency"]
-        if ideal.get("rollout_s") and ideal.get("groups"):  # the same replica alone twice: should agree
+        if ideal.get("rollout_s") and ideal.get("groups"):  # the same replica alone twice: fitted together
+            more = [{"groups": ideal["groups"], "concurrency": conc, "seconds": ideal["rollout_s"]}]
             rate, ideal_rate = len(groups) / seconds, len(ideal["groups"]) / ideal["rollout_s"]
             if max(rate, ideal_rate) > 1.3 * min(rate, ideal_rate):
                 notes.append(f"WARNING the calibration's rollout-only ran {rate:.2f} groups/s, the ideal bound's "
@@ -504,7 +509,7 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     c, at_cap = None, False
     if groups and "decode_split" in cal:
         split = {int(b): t for b, t in cal["decode_split"].items()}
-        c = fit_per_request(split, PROBE_TOKENS, groups, conc, seconds, pt).prefill_s
+        c = fit_per_request(split, PROBE_TOKENS, groups, conc, seconds, pt, more=more).prefill_s
         at_cap = c >= 0.999 * per_request_cap(split, PROBE_TOKENS)
         if at_cap:  # the bisection ran into its bound
             notes.append(f"per-request cost at its cap ({c * 1e3:.2f} ms): even so the simulated rollout-only is faster "

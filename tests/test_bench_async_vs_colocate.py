@@ -155,3 +155,6 @@ def test_a_saved_cpu_run_is_simulated_on_its_own_share_of_rows_with_a_gradient(b
     printed = capsys.readouterr().out
     assert f"update {measured['step_split']['update']:.2f} / {out['step_split']['update']:.2f}" in printed
     assert f"rows with a gradient {share:.2f}" in printed
+    assert "train price" not in printed  # saved before the runs logged their own (perf/update_s_per_token)
+    bench.print_split_beside(out, {**measured, "train_price": 1.3 * out["train_price"]})
+    assert f"{1.3 * out['train_price'] * 1e6:.1f} / {out['train_price'] * 1e6:.1f} (1.30x)" in capsys.readouterr().out

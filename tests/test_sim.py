@@ -448,6 +448,17 @@ def test_fit_per_request_recovers_the_cost_a_long_probe_hides():
     assert cost.rollout.prefill_s == fitted.prefill_s and cost.rollout.iteration_s(32) == pytest.approx(0.010, rel=1e-3)
     # a probe that already runs the workload as slowly as measured: no per-request cost
     assert fit_per_request(probes, 48, groups, 1, 0.1, 10).prefill_s == 0.0
+    # several rollout-onlies fitted together: two of the same machine give its cost back; a noisy pair (the second
+    # 20% slow) a cost between the two fitted apart, whose simulated seconds add up to the measured ones
+    other = [[4] * 8, [12] * 8, [4] * 8]
+    second = {"groups": other, "concurrency": 2, "seconds": simulate_rollout_only(true, other, 2, 10)}
+    assert fit_per_request(probes, 48, groups, 1, measured, 10, more=[second]).prefill_s == pytest.approx(0.002, rel=1e-3)
+    slow = dict(second, seconds=1.2 * second["seconds"])
+    apart = [fitted.prefill_s, fit_per_request(probes, 48, other, 2, slow["seconds"], 10).prefill_s]
+    both = fit_per_request(probes, 48, groups, 1, measured, 10, more=[slow])
+    assert apart[0] < both.prefill_s < apart[1]
+    assert (simulate_rollout_only(both, groups, 1, 10) + simulate_rollout_only(both, other, 2, 10)
+            == pytest.approx(measured + slow["seconds"], rel=1e-3))
 
 
 def test_a_per_request_cost_is_capped_at_the_probe_it_is_taken_from():

@@ -253,3 +253,48 @@ def test_a_request_queued_during_a_sync_carries_the_version_it_resumes_with(shar
     finally:
         ray.get(shared_replica.actor.__ray_call__.remote(set_version, old))
         _set_stream(shared_replica, was)
+
+
+def _worker_cpu_s(actor_pid: int) -> float:
+    """CPU seconds so far of the vLLM worker processes under the replica actor (``/proc``; Linux)."""
+    import os
+
+    def ancestors(pid: str) -> set[int]:
+        seen = set()
+        while pid not in ("0", "1") and int(pid) not in seen:
+            seen.add(int(pid))
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                break
+            pid = stat[stat.rindex(")") + 2:].split()[1]
+        return seen
+
+    total = 0.0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if not open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"VLLM::Worker") or actor_pid not in ancestors(pid):
+                continue
+            rest = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_the_worker_sleeps_soon_after_a_generation(shared_replica):
+    """``rollout.engine_busy_loop_s`` (0.1 s): vLLM's worker polls for its next step (``sched_yield`` in a loop)
+    for 1 s after its last one, which on a CPU box took a core from the colocated update (1.5x slower, session
+    16); set shorter, it sleeps on its socket soon after a generation ends."""
+    import os
+
+    import ray
+
+    actor_pid = ray.get(shared_replica.actor.__ray_call__.remote(lambda self: os.getpid()))
+    assert ray.get(shared_replica.actor.__ray_call__.remote(lambda self: self.engine.busy_loop_s)) == 0.1
+    shared_replica.generate("busy-loop", PROMPTS[0], SamplingParams(max_tokens=8, temperature=0.0))
+    before = _worker_cpu_s(actor_pid)
+    time.sleep(0.8)
+    spent = _worker_cpu_s(actor_pid) - before
+    assert spent < 0.3, f"the vLLM worker spent {spent:.2f} CPU s in the 0.8 s after a generation (spinning)"

@@ -80,7 +80,8 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
                   max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, enforce_eager=arr.rollout.enforce_eager,
                   # pause("keep") freezes requests across a sync: only streamed outputs tell their versions apart
-                  stream_outputs=cfg.async_training.partial_rollout_mode == "keep")
+                  stream_outputs=cfg.async_training.partial_rollout_mode == "keep",
+                  busy_loop_s=arr.rollout.engine_busy_loop_s)
     return kw
 
 

@@ -89,6 +89,8 @@ class VLLMEngine(InferenceEngine):
             two versions, told apart only by streaming; a final-only request caught by one is labelled
             with its starting (older) version and the engine streams from then on.
         engine_kwargs: extra ``AsyncEngineArgs`` fields.
+        busy_loop_s: seconds the worker busy-polls for its next step before it sleeps (``None``: vLLM's 1 s;
+            ``actor_rollout_ref.rollout.engine_busy_loop_s``).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class VLLMEngine(InferenceEngine):
         warmup: bool = True,
         stream_outputs: bool = False,
         engine_kwargs: Optional[dict[str, Any]] = None,
+        busy_loop_s: Optional[float] = None,
     ):
         self.model_path = str(model_path)
         self.dtype = dtype
@@ -119,6 +122,7 @@ class VLLMEngine(InferenceEngine):
         self.warmup = warmup
         self.stream_outputs = stream_outputs
         self.engine_kwargs = dict(engine_kwargs or {})
+        self.busy_loop_s = busy_loop_s
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
         self._engine: Any = None
@@ -161,6 +165,8 @@ class VLLMEngine(InferenceEngine):
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         kwargs.update(self.engine_kwargs)
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        if self.busy_loop_s is not None:
+            await self._engine.collective_rpc("asyncrl_set_busy_loop", args=(self.busy_loop_s,))
         if self.warmup:
             await self.generate("asyncrl-warmup", [self.eos_token_ids[0] if self.eos_token_ids else 0],
                                 SamplingParams(max_tokens=2, temperature=0.0))

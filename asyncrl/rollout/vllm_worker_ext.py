@@ -38,6 +38,21 @@ logger = logging.getLogger(__name__)
 class AsyncRLWorkerExtension:
     """Mixed into vLLM's worker (``self`` is the worker: ``model_runner``, ``vllm_config``, ``rank``)."""
 
+    def asyncrl_set_busy_loop(self, seconds: float) -> int:
+        """Have this worker busy-poll for its next step for at most ``seconds`` after its last one, then sleep
+        on its socket (vLLM's ``SpinCondition.busy_loop_s``, 1 s built in, set on the readers of this process's
+        shared-memory queues). Returns how many readers were set (0: this vLLM has no such queue)."""
+        import gc
+
+        try:
+            from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+        except ImportError:  # pragma: no cover - another vLLM layout
+            return 0
+        readers = [o for o in gc.get_objects() if isinstance(o, SpinCondition) and o.is_reader]
+        for r in readers:
+            r.busy_loop_s = float(seconds)
+        return len(readers)
+
     def _asyncrl_model(self) -> torch.nn.Module:
         return self.model_runner.model  # type: ignore[attr-defined]
 

@@ -96,7 +96,8 @@ def simulate_rollout_only(cost: RolloutCostModel, group_lengths: Sequence[Sequen
 
 
 def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequence[Sequence[int]], concurrency: int,
-                    seconds: float, prompt_tokens: int, max_num_seqs: int = 256) -> RolloutCostModel:
+                    seconds: float, prompt_tokens: int, max_num_seqs: int = 256,
+                    more: Sequence[dict] = ()) -> RolloutCostModel:
     """A rollout cost model that reproduces both micro-measurements of the replica alone: the decode probe
     (``B`` requests of ``probe_tokens`` tokens at once, :func:`probe_decode`) and a rollout-only
     measurement of the workload (:func:`measure_rollout`: ``group_lengths`` at ``concurrency`` groups took
@@ -111,20 +112,30 @@ def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequen
     :func:`simulate_rollout_only` takes ``seconds``; the probe is taken net of it, as a table
     (:attr:`RolloutCostModel.per_iteration_s`: ``probe(B) - B * c / probe_tokens``), so the model still
     reproduces the probe. ``c = 0`` when the probe alone already runs the workload as slowly as measured.
+
+    ``more``: further rollout-only measurements of the same replica (:func:`rollout_only` dicts: ``groups``,
+    ``concurrency``, ``seconds``), fitted together with the first: ``c`` makes the simulated seconds of all of
+    them add up to the measured ones. On a long-tail workload one measurement of 64 groups is a noisy price (two
+    of the same replica, minutes apart, ran 10.2 and 12.5 groups/s, ``benchmarks/RESULTS.md`` session 16).
     """
     probe = {int(b): float(t) for b, t in decode_probe.items()}
     c_max = per_request_cap(probe, probe_tokens)
+    runs = [(group_lengths, concurrency)] + [(m["groups"], m["concurrency"]) for m in more]
+    seconds = seconds + sum(float(m["seconds"]) for m in more)
 
     def model(c: float) -> RolloutCostModel:
         return RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=c, max_num_seqs=max_num_seqs,
                                 per_iteration_s=net_of_per_request(probe, c, probe_tokens))
 
+    def simulated(c: float) -> float:
+        return sum(simulate_rollout_only(model(c), g, k, prompt_tokens) for g, k in runs)
+
     lo, hi = 0.0, c_max
-    if simulate_rollout_only(model(0.0), group_lengths, concurrency, prompt_tokens) >= seconds:
+    if simulated(0.0) >= seconds:
         return model(0.0)
     for _ in range(30):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if simulate_rollout_only(model(mid), group_lengths, concurrency, prompt_tokens) < seconds else (lo, mid)
+        lo, hi = (mid, hi) if simulated(mid) < seconds else (lo, mid)
         if hi - lo < 1e-6:
             break
     return model((lo + hi) / 2)
