@@ -158,3 +158,24 @@ def test_a_saved_cpu_run_is_simulated_on_its_own_share_of_rows_with_a_gradient(b
     assert "train price" not in printed  # saved before the runs logged their own (perf/update_s_per_token)
     bench.print_split_beside(out, {**measured, "train_price": 1.3 * out["train_price"]})
     assert f"{1.3 * out['train_price'] * 1e6:.1f} / {out['train_price'] * 1e6:.1f} (1.30x)" in capsys.readouterr().out
+
+
+def test_a_saved_run_with_its_own_train_price_is_simulated_beside_it(bench, tmp_path, capsys):
+    """Session 16's run (tests/data/avc_cpu_longtail_s16.json, the final code of that session): each mode logged its
+    train price in the run (``perf/update_s_per_token``); re-simulated from its calibration (the per-request cost
+    fitted on both rollout-onlies), the colocated run comes out within 15% (saved: -2%) and the report prints the
+    run's price beside the simulated one (saved: 50.8 / 43.8 us per token)."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s16.json").read_text())
+    result["modes"] = {"colocated": result["modes"]["colocated"]}
+    measured = result["modes"]["colocated"]
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    out = bench.simulate_modes(result, args)["colocated"]
+    assert abs(out["error"]) < 0.15, out["error"]
+    assert out["train_price"] == pytest.approx(result["calibration"]["train_s_per_trained_priced_token_shared"])
+    bench.print_split_beside(out, measured)
+    assert (f"{measured['train_price'] * 1e6:.1f} / {out['train_price'] * 1e6:.1f} "
+            f"({measured['train_price'] / out['train_price']:.2f}x)") in capsys.readouterr().out
