@@ -221,7 +221,7 @@ class RolloutConfig:
     """vLLM: seconds its worker keeps polling for the next step (``sched_yield`` in a loop) after its last one
     before it sleeps on a socket (vLLM's ``SpinCondition``: 1 s built in; ``None`` keeps it). A decode step
     comes every few to tens of ms, so a generation never sleeps; but the 1 s after one took a core from what
-    ran next on a CPU box (the colocated update, 1.5x its price: ``benchmarks/RESULTS.md``, session 16)."""
+    ran next on a CPU box (the colocated update, 1.3-1.5x its price: ``benchmarks/RESULTS.md``, session 16)."""
     load_format: str = "auto"
     """Replica weights at start: ``auto`` (read the checkpoint) or ``dummy`` (random init from its
     config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""

@@ -458,7 +458,8 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
       kept the ideal's total tokens only: the pool is rescaled to the mean of both;
     * per-request cost (``fit_per_request``): the calibration's timed rollout-only (saved since session 10)
       and the ideal bound's (both the split replica alone at mode d's concurrency, 64 + 96 groups) fitted
-      together (session 16: one 64-group measurement ran 23% slower than the other the same run); without
+      together (session 16: the calibration's 64 groups took 23% longer per group than the ideal bound's 96 in the
+      same run); without
       the ideal's groups (saved before session 10), the ideal bound's alone, its lengths approximated by the
       pool's groups cycled and rescaled to its total;
     * train price per *priced* token (``measure_train``'s ``s_per_priced_token``), else ``s_per_token``

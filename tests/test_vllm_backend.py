@@ -285,7 +285,7 @@ def _worker_cpu_s(actor_pid: int) -> float:
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
 def test_the_worker_sleeps_soon_after_a_generation(shared_replica):
     """``rollout.engine_busy_loop_s`` (0.1 s): vLLM's worker polls for its next step (``sched_yield`` in a loop)
-    for 1 s after its last one, which on a CPU box took a core from the colocated update (1.5x slower, session
+    for 1 s after its last one, which on a CPU box took a core from the colocated update (1.3-1.5x slower, session
     16); set shorter, it sleeps on its socket soon after a generation ends."""
     import os
 

@@ -115,8 +115,9 @@ def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequen
 
     ``more``: further rollout-only measurements of the same replica (:func:`rollout_only` dicts: ``groups``,
     ``concurrency``, ``seconds``), fitted together with the first: ``c`` makes the simulated seconds of all of
-    them add up to the measured ones. On a long-tail workload one measurement of 64 groups is a noisy price (two
-    of the same replica, minutes apart, ran 10.2 and 12.5 groups/s, ``benchmarks/RESULTS.md`` session 16).
+    them add up to the measured ones. On a long-tail workload one measurement of 64 groups is a noisy price (the
+    same 64 groups at concurrency 48, twice on one replica minutes apart: 5.16 and 3.87 s, ``benchmarks/RESULTS.md``
+    session 16).
     """
     probe = {int(b): float(t) for b, t in decode_probe.items()}
     c_max = per_request_cap(probe, probe_tokens)

@@ -314,7 +314,8 @@ class TrainEngine:
             rows: at most 1 with ``skip_zero_advantage``, where a mini-batch without a row with a gradient still
             trains one) (``critic/...`` for the critic), and, as the FSDP2 engine, ``perf/tokens`` (tokens through
             the model: each micro-batch's rows x its longest row, padding included, which is what
-            ``asyncrl.sim.calibrate.priced_tokens`` prices) and ``perf/step_s`` (seconds of this update).
+            ``asyncrl.sim.calibrate.priced_tokens`` prices with ``use_dynamic_bsz``; with fixed micro-batches it
+            counts real tokens) and ``perf/step_s`` (seconds of this update).
         """
         t0 = time.perf_counter()
         self.model.train()

@@ -14,8 +14,9 @@
         update     critic, then actor: require_batches mini-batches x ppo_epochs optimizer steps
         sync       every trigger_parameter_sync_step steps: ParameterSynchronizer -> param_version += 1
     metrics of the update: the engine's per mini-batch (averaged), and ``perf/update_s_per_token``, the
-        update's seconds over the tokens through the model (``perf/tokens`` x updates; no critic): the
-        train price of this run, to set beside ``asyncrl.sim.calibrate.measure_train``'s price alone
+        update's seconds (a wait for the weights lock, while a replica rejoins, included) over the tokens
+        through the model (``perf/tokens`` x updates; no critic): the train price of this run, to set beside
+        ``asyncrl.sim.calibrate.measure_train``'s price alone
     after a step: the row streams to metrics.csv + trainer.logger (Tracking); every trainer.save_freq
         steps a checkpoint (asyncrl.checkpoint); every sample's outcome goes to the Ledger by seq
 
