@@ -405,6 +405,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.models import load_tokenizer
     from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode, rollout_only
+    from asyncrl.staleness import sample_budget
 
     cfg = mode_config("d", args)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
@@ -420,6 +421,13 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs, _ in outputs for o in outs]
     cal["rollout_only"] = rollout_only(cfg, ro_s, outputs)  # timed, its groups in start order: what fit_per_request reproduces
+    if "shared" in replicas and replicas["shared"] is not split:
+        # the colocated engine on its own rollout-only: two whole batches at colocated's concurrency, as a colocated
+        # step generates them (its per-request cost is fitted on these, not on the split replica's)
+        ccfg = mode_config("colocated", args)
+        batch = sample_budget(ccfg).max_concurrent_samples
+        cal["rollout_only_shared"] = [rollout_only(ccfg, *asyncio.run(measure_rollout(replicas["shared"], ccfg, rows, batch)))
+                                      for _ in range(2)]
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
     for kind, mode in (("split", "d"), ("shared", "colocated")):
         t = ray.get(train.remote(mode_config(mode, args), outputs))
@@ -461,14 +469,17 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
       together (session 16: the calibration's 64 groups took 23% longer per group than the ideal bound's 96 in the
       same run); without
       the ideal's groups (saved before session 10), the ideal bound's alone, its lengths approximated by the
-      pool's groups cycled and rescaled to its total;
+      pool's groups cycled and rescaled to its total. The shared (colocated) engine's own cost is fitted on its
+      own rollout-only (``rollout_only_shared``, saved since session 17: two whole batches at colocated's
+      concurrency, the agent loops and the engine's two threads as a colocated step runs them); results saved
+      before use the split replica's;
     * train price per *priced* token (``measure_train``'s ``s_per_priced_token``), else ``s_per_token``
       times real / priced tokens of the pool's mini-batches (``priced_tokens``); and per priced token of the rows
       it trained (``s_per_trained_priced_token``, saved since session 15), for a mode simulated with its own
       share of rows with a gradient (``simulate_modes``).
 
     Returns:
-        ``{"pool", "per_request_s", "train": {kind: s per priced token}, "train_trained": {kind: s per priced
+        ``{"pool", "per_request_s" (the split replica's), "per_request_by_kind": {kind: s}, "train": {kind: s per priced token}, "train_trained": {kind: s per priced
         token of trained rows}, "notes": [...]}``.
     """
     from asyncrl.sim.calibrate import fit_per_request, per_request_cap, priced_tokens
@@ -515,11 +526,17 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         if at_cap:  # the bisection ran into its bound
             notes.append(f"per-request cost at its cap ({c * 1e3:.2f} ms): even so the simulated rollout-only is faster "
                          f"than the measured {seconds:.2f} s; what slows the real one is not in the probe")
-        for kind in ("shared",):
-            if f"decode_{kind}" in cal:
-                cap = per_request_cap({int(b): t for b, t in cal[f"decode_{kind}"].items()}, PROBE_TOKENS)
-                if c > cap:
-                    notes.append(f"per-request cost on the {kind} probe capped at {cap * 1e3:.2f} ms (its own time per request)")
+    by_kind = {"split": c, "shared": c}
+    own = cal.get("rollout_only_shared")
+    if own and "decode_shared" in cal:  # the colocated engine on its own rollout-only (saved since session 17)
+        shared = {int(b): t for b, t in cal["decode_shared"].items()}
+        first = own[0]
+        by_kind["shared"] = fit_per_request(shared, PROBE_TOKENS, first["groups"], first["concurrency"], first["seconds"],
+                                            pt, more=own[1:]).prefill_s
+    elif c is not None and "decode_shared" in cal:  # before: the split replica's cost, capped at the shared probe's
+        cap = per_request_cap({int(b): t for b, t in cal["decode_shared"].items()}, PROBE_TOKENS)
+        if c > cap:
+            notes.append(f"per-request cost on the shared probe capped at {cap * 1e3:.2f} ms (its own time per request)")
     budget = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu if cfg.actor_rollout_ref.actor.use_dynamic_bsz else None
     train = {}
     for kind in ("split", "shared"):
@@ -534,8 +551,8 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
             notes.append(f"train price per priced token: s_per_token x {sum(rows) / priced:.3f} (real / priced tokens)")
     trained = {kind: cal[f"train_s_per_trained_priced_token_{kind}"] for kind in ("split", "shared")
                if f"train_s_per_trained_priced_token_{kind}" in cal}
-    return {"pool": pool, "per_request_s": c, "per_request_at_cap": at_cap, "train": train, "train_trained": trained,
-            "notes": notes}
+    return {"pool": pool, "per_request_s": c, "per_request_at_cap": at_cap, "per_request_by_kind": by_kind,
+            "train": train, "train_trained": trained, "notes": notes}
 
 
 def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int = 96,
@@ -590,6 +607,11 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     if inputs["per_request_s"] is not None:
         how = "at its cap, see above" if inputs.get("per_request_at_cap") else "the rollout-only reproduced"
         print(f"  calibration: per-request cost {inputs['per_request_s'] * 1e3:.2f} ms ({how})", flush=True)
+    if cal.get("rollout_only_shared"):
+        print(f"  calibration: per-request cost of the shared engine {inputs['per_request_by_kind']['shared'] * 1e3:.2f} ms "
+              f"(its own rollout-only, {len(cal['rollout_only_shared'])} batches of "
+              f"{len(cal['rollout_only_shared'][0]['groups'])} groups: "
+              + ", ".join(f"{r['seconds']:.2f} s" for r in cal["rollout_only_shared"]) + ")", flush=True)
     for m, measured in result["modes"].items():
         # priced by placement of the work, not of the engine: every async mode (d_unpinned too, whose two busy
         # processes share the two cores as the pinned pair does) on the split probes and their contention terms
@@ -608,7 +630,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                               cal["sync_s"], int(cal["prompt_tokens"]),
                               rollout_contention=cal.get("rollout_contention", 0.0) if kind == "split" else 0.0,
                               train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0,
-                              per_request_s=inputs["per_request_s"], probe_tokens=PROBE_TOKENS)
+                              per_request_s=inputs["per_request_by_kind"][kind], probe_tokens=PROBE_TOKENS)
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0

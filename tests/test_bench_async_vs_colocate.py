@@ -179,3 +179,39 @@ def test_a_saved_run_with_its_own_train_price_is_simulated_beside_it(bench, tmp_
     bench.print_split_beside(out, measured)
     assert (f"{measured['train_price'] * 1e6:.1f} / {out['train_price'] * 1e6:.1f} "
             f"({measured['train_price'] / out['train_price']:.2f}x)") in capsys.readouterr().out
+
+
+def test_the_colocated_engine_is_priced_on_its_own_rollout_only(bench, tmp_path):
+    """Session 17: the colocated engine's per-request cost came from the split replica's rollout-only, and the
+    colocated runs were simulated up to a third faster than measured (notebook 06, 2026-12-03: +31%). With
+    ``rollout_only_shared`` in the calibration (two whole batches on the shared engine at colocated's
+    concurrency) the shared engine's cost is fitted on them: built here from a known cost (3 ms) on the shared
+    probe, the fit recovers it, the split replica's cost is unchanged, and the simulated colocated generation
+    takes longer by it. A result saved before keeps the split replica's cost for both."""
+    import argparse
+    import json
+
+    from asyncrl.sim import RolloutCostModel
+    from asyncrl.sim.calibrate import net_of_per_request, simulate_rollout_only
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s16.json").read_text())
+    result["modes"] = {"colocated": result["modes"]["colocated"]}
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    cal = result["calibration"]
+    before = bench.cpu_calibration(result, args)
+    assert before["per_request_by_kind"] == {"split": before["per_request_s"], "shared": before["per_request_s"]}
+    gen_before = bench.simulate_modes(result, args)["colocated"]["step_split"]["gen"]
+
+    shared = {int(b): t for b, t in cal["decode_shared"].items()}
+    pt, c_true = int(cal["prompt_tokens"]), 0.003
+    model = RolloutCostModel(0.0, 0.0, 0.0, prefill_s=c_true, per_iteration_s=net_of_per_request(shared, c_true, 48))
+    groups = cal["rollout_only"]["groups"]
+    batches = [groups[:32], groups[32:64]]
+    cal["rollout_only_shared"] = [{"groups": g, "concurrency": 32, "seconds": simulate_rollout_only(model, g, 32, pt)}
+                                  for g in batches]
+    after = bench.cpu_calibration(result, args)
+    assert after["per_request_by_kind"]["shared"] == pytest.approx(c_true, rel=1e-3)
+    assert after["per_request_by_kind"]["split"] == before["per_request_s"] == after["per_request_s"]
+    gen_after = bench.simulate_modes(result, args)["colocated"]["step_split"]["gen"]
+    assert c_true > before["per_request_s"] and gen_after > 1.05 * gen_before, (gen_before, gen_after)

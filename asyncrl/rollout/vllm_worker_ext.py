@@ -43,12 +43,15 @@ class AsyncRLWorkerExtension:
         on its socket (vLLM's ``SpinCondition.busy_loop_s``, 1 s built in, set on the readers of this process's
         shared-memory queues). Returns how many readers were set (0: this vLLM has no such queue)."""
         import gc
+        import warnings
 
         try:
             from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
         except ImportError:  # pragma: no cover - another vLLM layout
             return 0
-        readers = [o for o in gc.get_objects() if isinstance(o, SpinCondition) and o.is_reader]
+        with warnings.catch_warnings():  # isinstance on every live object touches deprecated module attributes
+            warnings.simplefilter("ignore")
+            readers = [o for o in gc.get_objects() if isinstance(o, SpinCondition) and o.is_reader]
         for r in readers:
             r.busy_loop_s = float(seconds)
         return len(readers)
