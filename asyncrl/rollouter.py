@@ -32,7 +32,7 @@ import collections
 import logging
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -99,6 +99,9 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
         self.eval_history: list[dict] = []
         self._eval_task: Optional[asyncio.Task] = None
         self._loops: list[asyncio.Task] = []
+        # a prompt group's uid (its requests' ids start with it); the simulator sets a seeded one so that a simulation,
+        # whose response lengths are drawn per request id, repeats exactly
+        self.new_uid: Callable[[], str] = lambda: uuid.uuid4().hex[:12]
         self.t_start = time.time()
         self.idle_s = 0.0  # time with no prompt group in generation (the replicas had nothing to do)
         self._idle_since: Optional[float] = time.time()
@@ -227,7 +230,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
     # ------------------------------------------------------------------ one prompt group
     async def _process_sample(self, seq: int, index: int, taken_at: float, version: int) -> None:
         row = self.train_rows[index]
-        uid = uuid.uuid4().hex[:12]
+        uid = self.new_uid()
         started = self.started_at[seq] = time.time()
         putting = False
         try:

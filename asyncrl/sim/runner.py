@@ -26,6 +26,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -277,6 +278,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         mq = MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(budget.max_required_samples)),
                                       budget.max_required_samples)
         rollouter = FullyAsyncRollouter(cfg, train, val, replicas, LocalRequestLoadBalancer(replicas), mq)
+        uids = random.Random(cfg.trainer.seed)  # request ids (which draw the lengths) repeat from run to run
+        rollouter.new_uid = lambda: f"{uids.getrandbits(48):012x}"
         trainer = FullyAsyncTrainer(cfg, mq, LocalActorHandle(rollouter), replicas)
         snapshots: list = []
 
