@@ -215,3 +215,26 @@ def test_the_colocated_engine_is_priced_on_its_own_rollout_only(bench, tmp_path)
     assert after["per_request_by_kind"]["split"] == before["per_request_s"] == after["per_request_s"]
     gen_after = bench.simulate_modes(result, args)["colocated"]["step_split"]["gen"]
     assert c_true > before["per_request_s"] and gen_after > 1.05 * gen_before, (gen_before, gen_after)
+
+
+def test_session_17s_run_is_simulated_within_15_percent_with_each_engine_on_its_own_rollout_only(bench, tmp_path):
+    """Session 17's benchmark run (tests/data/avc_cpu_longtail_s17.json, 2026-12-03 03:56; colocated 7.34, d 8.02,
+    d_s1 10.89 samples/s): its calibration holds two whole batches of the colocated engine alone, so the shared
+    engine's per-request cost is its own (0 ms: its probe alone ran those batches as slowly as measured) and not
+    the split replica's 1.77 ms. Re-simulated (deterministic since session 17): every mode within 15% (-7.6 / +3.5 /
+    -1.4%); with the split replica's cost colocated read -11.2%."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s17.json").read_text())
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    inputs = bench.cpu_calibration(result, args)
+    assert len(result["calibration"]["rollout_only_shared"]) == 2
+    assert inputs["per_request_by_kind"]["split"] == pytest.approx(0.00177, abs=5e-5)
+    assert inputs["per_request_by_kind"]["shared"] < 1e-4
+    out = bench.simulate_modes(result, args)
+    assert {m: abs(o["error"]) < 0.15 for m, o in out.items()} == {"colocated": True, "d": True, "d_s1": True}, out
+    del result["calibration"]["rollout_only_shared"]
+    borrowed = bench.simulate_modes(result, args)["colocated"]
+    assert borrowed["error"] < out["colocated"]["error"] - 0.02  # the borrowed cost ran the colocated engine slower
