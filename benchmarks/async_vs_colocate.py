@@ -422,8 +422,8 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs, _ in outputs for o in outs]
     cal["rollout_only"] = rollout_only(cfg, ro_s, outputs)  # timed, its groups in start order: what fit_per_request reproduces
     if "shared" in replicas and replicas["shared"] is not split:
-        # the colocated engine on its own rollout-only: two whole batches at colocated's concurrency, as a colocated
-        # step generates them (its per-request cost is fitted on these, not on the split replica's)
+        # the colocated engine on its own rollout-only: one whole batch (the same groups) twice, all at once as a
+        # colocated step generates them (its per-request cost is fitted on these, not on the split replica's)
         ccfg = mode_config("colocated", args)
         batch = sample_budget(ccfg).max_concurrent_samples
         cal["rollout_only_shared"] = [rollout_only(ccfg, *asyncio.run(measure_rollout(replicas["shared"], ccfg, rows, batch)))
@@ -470,9 +470,9 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
       same run); without
       the ideal's groups (saved before session 10), the ideal bound's alone, its lengths approximated by the
       pool's groups cycled and rescaled to its total. The shared (colocated) engine's own cost is fitted on its
-      own rollout-only (``rollout_only_shared``, saved since session 17: two whole batches at colocated's
-      concurrency, the agent loops and the engine's two threads as a colocated step runs them); results saved
-      before use the split replica's;
+      own rollout-only (``rollout_only_shared``, saved since session 17: one whole batch twice, every group at once
+      as a colocated step starts them, the engine's two threads on both cores; without the agent loops, as every
+      rollout-only); results saved before use the split replica's;
     * train price per *priced* token (``measure_train``'s ``s_per_priced_token``), else ``s_per_token``
       times real / priced tokens of the pool's mini-batches (``priced_tokens``); and per priced token of the rows
       it trained (``s_per_trained_priced_token``, saved since session 15), for a mode simulated with its own

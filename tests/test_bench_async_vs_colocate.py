@@ -184,8 +184,8 @@ def test_a_saved_run_with_its_own_train_price_is_simulated_beside_it(bench, tmp_
 def test_the_colocated_engine_is_priced_on_its_own_rollout_only(bench, tmp_path):
     """Session 17: the colocated engine's per-request cost came from the split replica's rollout-only, and the
     colocated runs were simulated up to a third faster than measured (notebook 06, 2026-12-03: +31%). With
-    ``rollout_only_shared`` in the calibration (two whole batches on the shared engine at colocated's
-    concurrency) the shared engine's cost is fitted on them: built here from a known cost (3 ms) on the shared
+    ``rollout_only_shared`` in the calibration (one whole batch twice on the shared engine, all at once as
+    colocated starts them) the shared engine's cost is fitted on them: built here from a known cost (3 ms) on the shared
     probe, the fit recovers it, the split replica's cost is unchanged, and the simulated colocated generation
     takes longer by it. A result saved before keeps the split replica's cost for both."""
     import argparse
@@ -219,8 +219,9 @@ def test_the_colocated_engine_is_priced_on_its_own_rollout_only(bench, tmp_path)
 
 def test_session_17s_run_is_simulated_within_15_percent_with_each_engine_on_its_own_rollout_only(bench, tmp_path):
     """Session 17's benchmark run (tests/data/avc_cpu_longtail_s17.json, 2026-12-03 03:56; colocated 7.34, d 8.02,
-    d_s1 10.89 samples/s): its calibration holds two whole batches of the colocated engine alone, so the shared
-    engine's per-request cost is its own (0 ms: its probe alone ran those batches as slowly as measured) and not
+    d_s1 10.89 samples/s): its calibration holds one whole batch of the colocated engine alone, twice, so the shared
+    engine's per-request cost is its own (0 ms: its probe alone ran the two together as slowly as measured, 5.77
+    s simulated against 4.70) and not
     the split replica's 1.77 ms. Re-simulated (deterministic since session 17): every mode within 15% (-7.6 / +3.5 /
     -1.4%); with the split replica's cost colocated read -11.2%."""
     import argparse

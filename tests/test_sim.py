@@ -700,7 +700,7 @@ def test_the_sim_backend_is_registered_only_while_a_simulation_runs():
 
 def test_a_simulation_repeats_exactly():
     """Session 17: a prompt group's uid (uuid4) starts its requests' ids, and an empirical workload draws each
-    request's length from its id: the same saved run re-simulated in one process gave 6.73 and 6.86 samples/s.
+    request's length from its id: the same saved run re-simulated four times gave 6.72-7.07 samples/s.
     The simulator now gives the rollouter a seeded uid generator (``trainer.seed``): the same inputs give the
     same run, and another seed another draw."""
     from asyncrl.sim.workload import empirical_lengths
