@@ -211,6 +211,10 @@ class RolloutConfig:
     """vLLM prefix caching. Off by default: a cache entry computed before a weight sync that survives
     it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which
     broke the version accounting and spiked ppo_kl on calc_tool (its prompts share a 370-token prefix)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
+    """Extra engine settings per backend, verl's ``rollout.engine_kwargs``: ``vllm`` holds ``AsyncEngineArgs``
+    fields passed as they are (e.g. ``distributed_executor_backend: uni``); they win over the keys above.
+    An unknown field is vLLM's error at the replica's start."""
     gpu_memory_utilization: float = 0.5
     """GPU memory fraction of a replica (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
     cpu_kvcache_space_gb: float = 1.0

@@ -219,6 +219,24 @@ def test_final_only_outputs_equal_streamed_ones(shared_replica):
     assert all(len(o.token_ids) == len(o.log_probs) == len(o.response_versions) for o in aborted)
 
 
+def test_rollout_engine_kwargs_vllm_reach_the_engine_args():
+    """verl's ``actor_rollout_ref.rollout.engine_kwargs.vllm``: passed to vLLM's ``AsyncEngineArgs`` as they are and
+    winning over the keys asyncrl derives; a field vLLM does not have is its error at start, before any process."""
+    from asyncrl.config import load_config
+    from asyncrl.recipes import arith_grpo_cpu
+    from asyncrl.rollout.replica import engine_kwargs_from_config
+    from asyncrl.rollout.vllm_backend import VLLMEngine
+
+    cfg = load_config(base=arith_grpo_cpu(), overrides=[
+        "actor_rollout_ref.rollout.engine_kwargs.vllm={max_num_batched_tokens: 4096, enable_prefix_caching: true}"])
+    kw = engine_kwargs_from_config(cfg)
+    assert kw["engine_kwargs"] == {"enable_prefix_caching": True, "max_num_batched_tokens": 4096}
+    assert engine_kwargs_from_config(arith_grpo_cpu())["engine_kwargs"] == {"enable_prefix_caching": False}
+    engine = VLLMEngine(kw["model_path"], engine_kwargs={"no_such_engine_field": 1}, warmup=False)
+    with pytest.raises(TypeError, match="no_such_engine_field"):
+        asyncio.run(engine.start())
+
+
 def test_keep_mode_configs_stream_outputs():
     from asyncrl.config import ExperimentConfig
     from asyncrl.rollout.replica import engine_kwargs_from_config

@@ -76,6 +76,7 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
             kw["load_format"] = arr.rollout.load_format
     if arr.rollout.name == "vllm":
         extra = {} if arr.rollout.load_format == "auto" else {"load_format": arr.rollout.load_format}
+        extra.update(dict((arr.rollout.engine_kwargs or {}).get("vllm") or {}))  # verl's rollout.engine_kwargs.vllm
         kw.update(engine_kwargs={"enable_prefix_caching": arr.rollout.enable_prefix_caching, **extra},
                   max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, enforce_eager=arr.rollout.enforce_eager,
