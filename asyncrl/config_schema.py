@@ -213,8 +213,9 @@ class RolloutConfig:
     broke the version accounting and spiked ppo_kl on calc_tool (its prompts share a 370-token prefix)."""
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
     """Extra engine settings per backend, verl's ``rollout.engine_kwargs``: ``vllm`` holds ``AsyncEngineArgs``
-    fields passed as they are (e.g. ``distributed_executor_backend: uni``); they win over the keys above.
-    An unknown field is vLLM's error at the replica's start."""
+    fields passed as they are (e.g. ``max_num_batched_tokens: 4096``); they win over the keys above. An unknown
+    field is vLLM's ``TypeError`` at the replica's start. The hf backend has none (its keys are above). vLLM-CPU
+    overrides some (``distributed_executor_backend: uni`` runs as ``mp`` there)."""
     gpu_memory_utilization: float = 0.5
     """GPU memory fraction of a replica (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
     cpu_kvcache_space_gb: float = 1.0
