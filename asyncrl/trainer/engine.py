@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 
 from asyncrl.agent_loop.base import AgentLoopOutput
-from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_log_probs
+from asyncrl.rollout.sampling import SamplingFilters
+from asyncrl.trainer.logprobs import response_log_probs  # noqa: F401 - re-exported: callers import it from here
 from asyncrl.trainer.losses import LossScale
 from asyncrl.trainer.schedule import warmup_linear_decay
 
@@ -181,36 +182,6 @@ def _trim(mb: Batch) -> Batch:
     extras = {k: (v[:, :resp] if v.dim() == 2 and v.shape[1] == full_resp else v) for k, v in mb.extras.items()}
     return Batch(mb.input_ids[:, :seq], mb.attention_mask[:, :seq], mb.resp_index[:, :resp], mb.response_mask[:, :resp],
                  mb.rollout_log_probs[:, :resp], mb.rewards, mb.group_ids, mb.response_versions[:, :resp], extras)
-
-
-def response_log_probs(model: torch.nn.Module, batch: Batch, sampling: Optional[SamplingFilters] = None,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Log-prob (and entropy) of each response token under ``model`` and the rollout's filters.
-
-    Args:
-        model: a causal LM.
-        batch: see :class:`Batch`.
-        sampling: the rollout's temperature / top-k / top-p / min-p (:mod:`asyncrl.rollout.sampling`),
-            so the result is a log-prob of the distribution the rollout sampled from.
-        with_entropy: also return the entropy of that distribution at each response position.
-
-    Returns:
-        ``(log_probs, entropy)``, each ``(batch, resp_len)`` float32, 0 on pad; ``entropy`` is
-        ``None`` unless requested. A token outside the filtered support gets
-        :data:`~asyncrl.rollout.sampling.LOGP_FLOOR`.
-    """
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    pred_pos = (batch.resp_index - 1).clamp(min=0)  # position t predicts token t+1
-    rows = torch.arange(len(batch)).unsqueeze(-1)
-    sel = logits[rows, pred_pos]  # (batch, resp_len, vocab)
-    targets = batch.input_ids.gather(1, batch.resp_index)
-    valid = batch.resp_index > 0
-    lp = token_log_probs(sel, targets, sampling)
-    lp = torch.where(valid, lp, torch.zeros_like(lp))
-    ent = None
-    if with_entropy:
-        ent = filtered_entropy(sel, sampling) * valid
-    return lp, ent
 
 
 class TrainEngine:

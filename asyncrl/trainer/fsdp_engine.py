@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_log_probs
+from asyncrl.rollout.sampling import SamplingFilters, token_log_probs
+from asyncrl.trainer.logprobs import ForwardPlan, forward_plan, kept_log_probs
 from asyncrl.trainer.losses import LossScale
 from asyncrl.trainer.fsdp_dist import (  # noqa: F401 - re-exported: callers import them from here
     FSDPCheckpointState, _get, _len, _reshard, _rows, init_distributed)
@@ -157,13 +158,8 @@ class FSDPEngine(FSDPCheckpointState):
         if resp_index is None:  # verl layout: the response is the last resp_len columns
             resp_index = torch.arange(seq - resp_len, seq, device=self.device).expand(input_ids.shape[0], resp_len)
         resp_index = resp_index.to(self.device)
-        first = torch.where(resp_index > 0, resp_index, seq).min() - 1
-        r = resp_index.shape[1]
-        verl = (resp_index == torch.arange(r, device=self.device) + first + 1).all()
-        m = attention_mask.to(self.device).bool()
-        causal_only = (m[:, 1:] <= m[:, :-1]).all()  # every row: real tokens, then only pads
-        facts = torch.stack([first, verl.long(), causal_only.long()]).tolist()
-        return resp_index, max(0, min(int(facts[0]), seq - 1)), bool(facts[1]), bool(facts[2])
+        plan = forward_plan(input_ids, attention_mask, resp_index)
+        return resp_index, plan.first, plan.verl, plan.causal_only
 
     def _attention_kernels(self) -> Any:
         """:data:`SDPA_BACKENDS` when packing on CUDA (the backward follows the forward's kernel); else torch's choice."""
@@ -188,22 +184,8 @@ class FSDPEngine(FSDPCheckpointState):
         with self._attention_kernels():
             out = (model or self.model)(input_ids=input_ids, attention_mask=None if causal_only else attention_mask,
                                         position_ids=position_ids, logits_to_keep=seq - first, use_cache=False)
-        logits = out.logits  # (b, seq - first, vocab), logits[:, t] predicts token first + t + 1
-        b, r = resp_index.shape
-        valid = resp_index > 0
-        if verl:
-            sel = logits[:, :r]  # a view, no copy of the (b, r, vocab) logits
-            lp = self._token_log_probs(sel, input_ids.gather(1, resp_index), sampling)
-            ent = filtered_entropy(sel, sampling) if with_entropy else None
-        else:  # rows' responses start at different columns: log-probs at every kept position (a view of the
-            # logits), then each row's response positions: no (b, r, vocab) gather copy and its index_put backward
-            nxt = input_ids[:, min(first + 1, seq - 1):]  # the token each kept position predicts
-            slab = logits[:, :nxt.shape[1]]
-            pred = (resp_index - 1 - first).clamp(min=0, max=nxt.shape[1] - 1)
-            lp = self._token_log_probs(slab, nxt, sampling).gather(1, pred)
-            ent = filtered_entropy(slab, sampling).gather(1, pred) if with_entropy else None
-        ent = ent * valid if ent is not None else None
-        return torch.where(valid, lp, torch.zeros_like(lp)), ent
+        return kept_log_probs(out.logits, input_ids, resp_index, ForwardPlan(first, verl, causal_only), sampling,
+                              with_entropy, self._token_log_probs)
 
     @staticmethod
     def _token_log_probs_eager(logits: torch.Tensor, targets: torch.Tensor,
