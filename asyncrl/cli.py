@@ -201,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     ls = msub.add_parser("list", help="known models and where they are cached")
     ls.add_argument("--cache-dir", default=None)
     ls.add_argument("--log-level", default="WARNING")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides"):  # overrides after an option (`sim task=x --cores 2 steps=4`): argparse
+        # takes one run of positionals, so a later key=value lands here; keep it, in order, after the first run
+        args.overrides += [e for e in extra if not e.startswith("-")]
+        extra = [e for e in extra if e.startswith("-")]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

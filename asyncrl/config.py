@@ -60,14 +60,21 @@ def _closest(key: str) -> str:
     return by_leaf[0] if by_leaf else (match[0] if match else "")
 
 
+KEY_HINTS = {
+    "mode": "there is no mode key: a mode (a, b, c, d) is a setting of async_training.trigger_parameter_sync_step, "
+            "async_training.staleness_threshold and async_training.partial_rollout (README, 'The four modes'); "
+            "e.g. mode d: async_training.staleness_threshold=0.5 async_training.partial_rollout=true",
+}
+"""Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
+
+
 def _merge(base, other, what: str):
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
-        bad = getattr(exc, "full_key", None) or str(exc)
-        raise ConfigError(
-            f"unknown config key {bad!r} in {what}; did you mean {_closest(str(bad))!r}?"
-        ) from None
+        bad = str(getattr(exc, "full_key", None) or exc)
+        hint = KEY_HINTS.get(bad) or f"did you mean {_closest(bad)!r}?"
+        raise ConfigError(f"unknown config key {bad!r} in {what}; {hint}") from None
     except ValidationError as exc:
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', '?')!r} in {what}: {str(exc.msg).splitlines()[0]}") from None
 

@@ -10,7 +10,11 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
   per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
   ``d_before`` (streamed tokens, one call per request: the rollout before session 10), ``d_c8`` / ``d_c16``
-  (at most 8 / 16 prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores).
+  (at most 8 / 16 prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores), ``d_c24``,
+  ``d_dyn`` (verl's ``use_dynamic_bsz``), ``d_unpinned`` (nothing pinned, as ``make demo`` places it);
+* the A/B modes of colocated: ``colocated_replica`` (hf: the engine in a replica actor, not the trainer's
+  process), ``colocated_1t`` (one torch thread), ``colocated_spin`` (OpenMP's spinning wait policy),
+  ``colocated_dyn`` (``use_dynamic_bsz``). ``MODES`` below holds each one's config keys.
 
 Then rollout-only (the replica alone generates the workload at mode d's concurrency) and train-only
 (the train engine alone updates on those responses) throughput on the async resources give the ideal
@@ -415,7 +419,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     probe = {"batch_sizes": (1, 8, 32, 128), "tokens": PROBE_TOKENS}
     for kind, rep in replicas.items():
         cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, **probe))
-        print(f"  decode s/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
+        print(f"  decode ms/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
               flush=True)
     split = replicas.get("split") or replicas["shared"]
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
@@ -757,7 +761,23 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         if m not in MODES:
-            p.error(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+            import difflib
+
+            near = difflib.get_close_matches(m, MODES, n=1)
+            p.error(f"unknown mode {m!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+                    + f" (modes: {', '.join(MODES)}; see --help)")
+    for name in ("steps", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if not (args.simulate_only and args.calibration):  # a bad --set fails here, before Ray and the engines start
+        from asyncrl.config import ConfigError
+
+        try:
+            for m in modes:
+                mode_config(m, args)
+        except ConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            sys.exit(2)
     if args.simulate_only and args.calibration:  # CPU: the modes of a saved result, re-simulated, no Ray
         resimulate(args)
         return
@@ -876,7 +896,9 @@ def combine_rounds(rounds: list[dict], modes: list[str]) -> dict:
     """``--repeats``: the rounds summarised. Per mode, the run with the median samples/s stands for the mode
     (``modes``: what the calibration and the simulator use, as one run does) with every round's samples/s beside
     it; per async mode its ratio to colocated *within* each round (``ratios``: the rounds' list, median, min,
-    max), and its fraction of that round's ideal bound (``of_ideal``); ``ideal``: the median round's bound.
+    max), and its fraction of that round's ideal bound (``of_ideal``); ``ideal``: the median round's bound. Every
+    median is a round's own value (the lower middle one of an even count, as the median run is), so a ratio of
+    two rounds is one of them, not their mean.
     Errors: none; a mode missing from a round (a failed run) is left out of that round's ratios."""
     out: dict[str, Any] = {"modes": {}, "ratios": {}, "of_ideal": {}}
     for m in modes:
@@ -890,11 +912,11 @@ def combine_rounds(rounds: list[dict], modes: list[str]) -> dict:
             per = [r["modes"][m]["samples_per_s"] / r["modes"]["colocated"]["samples_per_s"] for r in rounds
                    if m in r["modes"] and r["modes"].get("colocated", {}).get("samples_per_s")]
             if per:
-                out["ratios"][m] = {"rounds": per, "median": statistics.median(per), "min": min(per), "max": max(per)}
+                out["ratios"][m] = {"rounds": per, "median": statistics.median_low(per), "min": min(per), "max": max(per)}
         fr = [r["modes"][m]["samples_per_s"] / r["ideal"]["ideal_samples_per_s"] for r in rounds
               if m in r["modes"] and r.get("ideal")]
         if fr:
-            out["of_ideal"][m] = {"rounds": fr, "median": statistics.median(fr), "min": min(fr), "max": max(fr)}
+            out["of_ideal"][m] = {"rounds": fr, "median": statistics.median_low(fr), "min": min(fr), "max": max(fr)}
     ideals = sorted((r["ideal"] for r in rounds if r.get("ideal")), key=lambda i: i["ideal_samples_per_s"])
     if ideals:
         out["ideal"] = {**ideals[(len(ideals) - 1) // 2], "rounds_samples_per_s": [i["ideal_samples_per_s"] for i in ideals]}
@@ -954,7 +976,7 @@ def report(result: dict) -> None:
         print(f"\nover {n} rounds (each ratio within one round, its own ideal bound; median [min - max] (round 1, 2, ...)):")
         for m, r in modes.items():
             sps = r.get("rounds_samples_per_s") or []
-            line = f"{m:10s} samples/s {statistics.median(sps):.3f} [{min(sps):.3f} - {max(sps):.3f}]" if sps else f"{m:10s}"
+            line = f"{m:10s} samples/s {statistics.median_low(sps):.3f} [{min(sps):.3f} - {max(sps):.3f}]" if sps else f"{m:10s}"
             for key, name in (("ratios", "x colocated"), ("of_ideal", "of ideal")):
                 q = result.get(key, {}).get(m)
                 if q:
@@ -969,4 +991,10 @@ def report(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from asyncrl.config import ConfigError
+
+    try:
+        main()
+    except ConfigError as exc:  # one line, as the asyncrl CLI prints it
+        print(f"config error: {exc}", file=sys.stderr)
+        sys.exit(2)

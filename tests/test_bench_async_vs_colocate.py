@@ -126,7 +126,12 @@ def test_repeats_alternate_the_order_and_pair_each_ratio_within_its_round(bench,
     assert out["ideal"]["ideal_samples_per_s"] == 10.0 and "colocated" not in out["ratios"]
     # a run missing from a round (it failed) leaves that round out of the ratio, not the other rounds
     del rounds[1]["modes"]["d"]
-    assert bench.combine_rounds(rounds, ["colocated", "d"])["ratios"]["d"]["rounds"] == pytest.approx([1.4, 8 / 6])
+    two = bench.combine_rounds(rounds, ["colocated", "d"])
+    assert two["ratios"]["d"]["rounds"] == pytest.approx([1.4, 8 / 6])
+    # an even count: the median is a round's own value, the lower one, as the main table's median run (session 18:
+    # --repeats 2 printed the run's 0.97x in the table and the mean of two rounds, 1.02x, below it)
+    assert two["ratios"]["d"]["median"] == pytest.approx(8 / 6) and two["of_ideal"]["d"]["median"] == pytest.approx(0.7)
+    assert two["modes"]["d"]["samples_per_s"] == 7.0
     bench.report({**out, "rounds": rounds})
     printed = capsys.readouterr().out
     assert "over 3 rounds" in printed and "x colocated 1.40 [1.33 - 1.60] (1.40, 1.60, 1.33)" in printed
@@ -239,3 +244,18 @@ def test_session_17s_run_is_simulated_within_15_percent_with_each_engine_on_its_
     del result["calibration"]["rollout_only_shared"]
     borrowed = bench.simulate_modes(result, args)["colocated"]
     assert borrowed["error"] < out["colocated"]["error"] - 0.02  # the borrowed cost ran the colocated engine slower
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--set", "async_training.staleness_treshold=1"], "config error: unknown config key 'async_training.staleness_treshold'"),
+    (["--set", "async_training.staleness_threshold=-1"], "config error: async_training.staleness_threshold must be >= 0"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--modes", "colocate,d"], "unknown mode 'colocate'; did you mean 'colocated'?"),
+])
+def test_bad_arguments_end_in_one_line_before_anything_starts(argv, says):
+    """A fresh user's mistakes (session 18): each one error line and exit status 2, no traceback, before Ray starts."""
+    import subprocess
+
+    cmd = [sys.executable, str(REPO / "benchmarks" / "async_vs_colocate.py"), "--gpu", "--simulate-only", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -217,6 +217,38 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     assert "--contention must be >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--cores", "3"], "cores (--cores) must be 1"),
+    (["--preset", "h20-qwen2.5-7b", "--cores", "2"], "--cores applies to the cpu-embedded-vllm preset only"),
+    (["--recipe", "longtail_colocated_cpu", "--preset", "h20-qwen2.5-7b", "--rollout-gpus", "8", "--train-gpus", "16"],
+     "give rollout_gpus == train_gpus"),
+    (["--preset", "h20-qwen2.5-7b", "--rollout-gpus", "6", "--train-gpus", "8"], "multiple of h20-qwen2.5-7b's 4 GPUs"),
+    (["--rollout-gpus", "0"], "rollout_gpus (--rollout-gpus) must be at least 1; got 0"),
+    (["--token-scale", "0"], "at least 1; got 0"),
+    (["--seed-7b", "task=longtail"], "--seed-7b runs the seed's fixed 7B experiment and takes no"),
+    (["mode=d"], "there is no mode key"),
+])
+def test_cli_sim_refuses_bad_arguments_in_one_line(capsys, argv, says):
+    """A newcomer's mistakes (found by a fresh user's pass, session 18): each one ``config error:`` line and exit
+    status 2, not a traceback or a silently rounded split."""
+    from asyncrl.cli import main
+
+    assert main(["sim", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: ") and says in err and "Traceback" not in err, err
+
+
+def test_cli_takes_overrides_before_and_after_options(capsys):
+    from asyncrl.cli import main
+
+    assert main(["sim", "task=longtail", "--cores", "2", "trainer.total_training_steps=2"]) == 0
+    head, row = capsys.readouterr().out.strip().splitlines()[-2:]
+    back = len(head.split()) - head.split().index("steps")
+    assert int(row.split()[-back]) == 2  # the override after the option was applied
+    with pytest.raises(SystemExit):
+        main(["sim", "task=longtail", "--cores", "2", "--no-such-option"])
+
+
 def test_contention_stretches_each_side_and_is_calibrated_from_alone_vs_loaded():
     from asyncrl.sim.calibrate import contention, cpu_cost_model
 

@@ -3,7 +3,7 @@
     asyncrl sim task=longtail                                   # the recipe on the CPU cost model
     asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
     asyncrl sim --preset h20-qwen2.5-7b --rollout-gpus 64 --train-gpus 64 --token-scale 64 [config.yaml] [k=v ...]
-    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~1 min)
+    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~20-35 s)
     asyncrl sim --preset h200-qwen2.5-0.5b-hf --rollout-gpus 1 --train-gpus 1 [k=v ...]  # hf engine + FSDP2 on H200s
     asyncrl sim task=longtail --contention 0.3                  # both sides 30% slower while they overlap
 """
@@ -20,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", default=None, help="base recipe (default: the task's, else arith_grpo_cpu)")
     p.add_argument("--preset", default="cpu-embedded-vllm",
                    help="cost model: cpu-embedded-vllm | h20-qwen2.5-7b | h100-qwen2.5-7b | h200-qwen2.5-0.5b-hf")
-    p.add_argument("--cores", type=int, default=1, help="cpu-embedded-vllm: cores each side (1) or shared (2)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="cpu-embedded-vllm only: cores each side (1, the default) or shared (2, colocated)")
     p.add_argument("--rollout-gpus", type=int, default=None)
     p.add_argument("--train-gpus", type=int, default=None)
     p.add_argument("--token-scale", type=int, default=1, help="real tokens per simulated token (64 for 28K responses)")
@@ -40,28 +41,37 @@ def run(args: argparse.Namespace, load: "callable") -> int:
 
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 30)
+
+    def user_error(message: str) -> int:  # the CLI's one error style
+        print(f"config error: {message}", file=sys.stderr)
+        return 2
+
     if args.seed_7b:
+        if args.overrides or args.recipe:
+            return user_error("--seed-7b runs the seed's fixed 7B experiment and takes no config, recipe or overrides "
+                              f"(got {' '.join(args.overrides) or '--recipe ' + args.recipe}); drop them, or drop --seed-7b")
         from asyncrl.sim.scenarios import SEED_RATIO, reproduce_seed
 
         rep = reproduce_seed()
         print(rep.breakdown().round(1).to_string(index=False))
         print(f"simulated speed-up {rep.ratio:.2f}x (seed: {SEED_RATIO[0]}-{SEED_RATIO[1]}x)")
         return 0
-    if args.preset not in PRESETS:  # the CLI's one error style, with the registries' message
+    if args.preset not in PRESETS:  # with the registries' message
         from asyncrl.registry import UnknownNameError
 
-        print(f"config error: {UnknownNameError('sim preset (--preset)', args.preset, sorted(PRESETS))}", file=sys.stderr)
-        return 2
+        return user_error(str(UnknownNameError("sim preset (--preset)", args.preset, sorted(PRESETS))))
+    if args.cores is not None and args.preset != "cpu-embedded-vllm":
+        return user_error(f"--cores applies to the cpu-embedded-vllm preset only; {args.preset} counts GPUs: "
+                          "use --rollout-gpus / --train-gpus")
     cfg = load(args)
     if isinstance(cfg, int):
         return cfg
     from asyncrl.sim import simulate
 
-    cost = cpu_embedded_vllm(args.cores) if args.preset == "cpu-embedded-vllm" else PRESETS[args.preset]()
+    cost = cpu_embedded_vllm(args.cores or 1) if args.preset == "cpu-embedded-vllm" else PRESETS[args.preset]()
     if args.contention is not None:
         if args.contention < 0:
-            print(f"config error: --contention must be >= 0 (a fractional slowdown), got {args.contention}", file=sys.stderr)
-            return 2
+            return user_error(f"--contention must be >= 0 (a fractional slowdown), got {args.contention}")
         from dataclasses import replace
 
         cost = replace(cost, rollout=replace(cost.rollout, contention=args.contention),

@@ -10,6 +10,7 @@ measured or documented, by name (``PRESETS``: the ``asyncrl sim --preset`` choic
 
 from __future__ import annotations
 
+from asyncrl.config_schema import ConfigError
 from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
 
 def cpu_embedded_vllm(cores: int = 1) -> ClusterCostModel:
@@ -20,9 +21,13 @@ def cpu_embedded_vllm(cores: int = 1) -> ClusterCostModel:
     ``benchmarks/RESULTS.md``): vLLM-CPU decode on this model is overhead-bound (the per-iteration
     floor dominates; the per-sequence term is small), the trainer's cost is linear in tokens (dynamic
     micro-batches), and a second core speeds decode up less than training.
+
+    Raises:
+        asyncrl.config.ConfigError: ``cores`` other than 1 or 2.
     """
     if cores not in (1, 2):
-        raise ValueError(f"cores must be 1 or 2, got {cores}")
+        raise ConfigError(f"cores (--cores) must be 1 (the async split: a core each side) or 2 (colocated: both phases "
+                          f"on both cores); got {cores}")
     decode, train = (1.0, 1.0) if cores == 1 else (0.8, 0.6)
     return ClusterCostModel(
         name=f"cpu-embedded-vllm-{cores}core",

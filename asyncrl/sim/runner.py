@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from asyncrl.config import ExperimentConfig, validate
+from asyncrl.config import ConfigError, ExperimentConfig, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
 from asyncrl.sim.engines import Timeline
@@ -210,14 +210,18 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         A :class:`SimResult`.
 
     Raises:
+        asyncrl.config.ConfigError: a GPU count below 1 or not whole replicas / trainer ranks of ``cost``, a
+            ``token_scale`` below 1, or unequal counts with ``hybrid_engine``.
         asyncrl.sim.clock.SimulationStalled: the simulated system deadlocked.
     """
     cfg = copy.deepcopy(config)
     cfg.trainer.progress_bar = False
+    _check_split(cost, rollout_gpus, train_gpus, token_scale)
     default_rollout = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
     if cfg.actor_rollout_ref.hybrid_engine:  # one pool of GPUs takes turns
         if rollout_gpus is not None and train_gpus is not None and rollout_gpus != train_gpus:
-            raise ValueError("hybrid_engine shares every GPU between rollout and training: rollout_gpus == train_gpus")
+            raise ConfigError(f"hybrid_engine (colocated) shares every GPU between rollout and training: give rollout_gpus "
+                              f"== train_gpus, or one of them (got {rollout_gpus} and {train_gpus})")
         rollout_gpus = train_gpus = (train_gpus or rollout_gpus
                                      or max(default_rollout, cost.train.n_ranks * cost.train.gpus_per_rank))
     rollout_gpus = rollout_gpus or default_rollout
@@ -241,6 +245,21 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         torch.set_num_threads(threads)
     result.rollout_gpus, result.train_gpus = rollout_gpus, train_gpus
     return result
+
+
+def _check_split(cost: ClusterCostModel, rollout_gpus: Optional[int], train_gpus: Optional[int], token_scale: int) -> None:
+    """:class:`ConfigError` for a split :meth:`ClusterCostModel.with_split` would round silently."""
+    if token_scale < 1:
+        raise ConfigError(f"token_scale (--token-scale) is real tokens per simulated token, at least 1; got {token_scale}")
+    for name, n, unit, what in (("rollout_gpus", rollout_gpus, cost.rollout.gpus, "GPUs per rollout replica (tensor parallel)"),
+                                ("train_gpus", train_gpus, cost.train.gpus_per_rank, "GPUs per trainer rank")):
+        if n is None:
+            continue
+        if n < 1:
+            raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be at least 1; got {n}")
+        if n % unit:
+            raise ConfigError(f"{name} (--{name.replace('_', '-')}) must be a multiple of {cost.name}'s {unit} {what}; "
+                              f"got {n} (try {max(unit, n // unit * unit)})")
 
 
 async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
