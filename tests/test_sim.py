@@ -247,6 +247,13 @@ def test_cli_takes_overrides_before_and_after_options(capsys):
     assert int(row.split()[-back]) == 2  # the override after the option was applied
     with pytest.raises(SystemExit):
         main(["sim", "task=longtail", "--cores", "2", "--no-such-option"])
+    capsys.readouterr()
+    # a colocated row shows no partial-rollout settings (it never aborts), and a legend names the run's letters
+    assert main(["sim", "--recipe", "longtail_colocated_cpu", "--cores", "2", "steps=2"]) == 0
+    legend, head, row = capsys.readouterr().out.strip().splitlines()[-3:]
+    cols = dict(zip(head.split(), row.split()))
+    assert cols["run"] == "colocated" and cols["partial_rollout"] == cols["partial_rollout_mode"] == "-"
+    assert "s = async_training.staleness_threshold" in legend and "units of 2 core(s)" in legend
 
 
 def test_contention_stretches_each_side_and_is_calibrated_from_alone_vs_loaded():

@@ -77,5 +77,11 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         cost = replace(cost, rollout=replace(cost.rollout, contention=args.contention),
                        train=replace(cost.train, contention=args.contention))
     res = simulate(cfg, cost, rollout_gpus=args.rollout_gpus, train_gpus=args.train_gpus, token_scale=args.token_scale)
-    print(pd.DataFrame([res.summary()]).round(3).to_string(index=False))
+    row = res.summary()
+    if row["hybrid_engine"]:  # colocated: each step generates its whole batch, so partial rollouts never happen
+        row["partial_rollout"] = row["partial_rollout_mode"] = "-"
+    units = (f"units of {args.cores or 1} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
+    print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
+          f"rollout_gpus / train_gpus count {units}; the *_s columns are simulated seconds)")
+    print(pd.DataFrame([row]).round(3).to_string(index=False))
     return 0
