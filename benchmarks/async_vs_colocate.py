@@ -755,6 +755,9 @@ def main() -> None:
     p.add_argument("--census", action="store_true",
                    help="sample every process's CPU time, cores and threads during each mode (cpu_census.py)")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")
+    p.add_argument("--actor-logs", action="store_true",
+                   help="stream the actors' output (vLLM and Ray start-up warnings) to this console; by default it "
+                        "stays in Ray's session logs, so the console shows the benchmark's own lines")
     p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -794,7 +797,10 @@ def main() -> None:
 
     from asyncrl.experiment import _init_ray
 
-    _init_ray(None, None, attempts=5)
+    _init_ray(None, None, attempts=5, log_to_driver=args.actor_logs)
+    if not args.actor_logs:
+        print("actors' output (vLLM, Ray workers): Ray's session logs, /tmp/ray/session_latest/logs by default "
+              "(--actor-logs prints it here)", flush=True)
     if args.census:
         global CENSUS
         from cpu_census import CpuCensus
