@@ -4,6 +4,7 @@ computation over every position's logits."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 
@@ -86,3 +87,48 @@ def test_padding_before_real_tokens_keeps_the_mask_and_positions(random_model_di
     lp, _ = response_log_probs(model, batch)
     want, _ = plain_log_probs(model, batch.input_ids, batch.attention_mask, batch.resp_index)
     torch.testing.assert_close(lp, want, atol=1e-5, rtol=1e-5)
+
+
+def _fsdp_one_gpu(port, q):
+    """One NCCL rank on cuda:0: the FSDP2 engine's log-probs of a collate batch (rows' responses start at
+    different columns, right-padded) against the plain computation on an unsharded copy, fp32 throughout."""
+    import copy
+    import os
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        from asyncrl.trainer.fsdp_engine import FSDPEngine
+
+        torch.manual_seed(0)
+        cfg = transformers.Qwen2Config(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+        ref = copy.deepcopy(model).cuda()
+        eng = FSDPEngine(model, micro_batch_size=2, param_dtype=torch.float32, sync_dtype=None)
+        batch = _batch([7, 3, 5, 4], [4, 6, 1, 5], vocab=160)
+        got = eng.compute_log_probs(batch).cpu()
+        with torch.no_grad():
+            want, _ = plain_log_probs(ref, batch.input_ids.cuda(), batch.attention_mask.cuda(), batch.resp_index.cuda())
+        err = float((got - want.cpu()).abs().max())
+        q.put([] if err < 1e-4 else [f"max abs log-prob error {err}"])
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        q.put([repr(exc)])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fsdp_engine_on_one_gpu_equals_the_plain_computation():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = ctx.Process(target=_fsdp_one_gpu, args=(port, q))
+    p.start()
+    errors = q.get(timeout=600)
+    p.join(60)
+    assert errors == [], errors
