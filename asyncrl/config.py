@@ -246,6 +246,11 @@ def validate(cfg: ExperimentConfig) -> None:
 
 def _validate_trainer(cfg: ExperimentConfig) -> None:
     tr = cfg.trainer
+    if tr.total_training_steps < 1:  # the fit loop would end before its first step and report zeros
+        raise ConfigError(f"trainer.total_training_steps={tr.total_training_steps} would train nothing; use >= 1 "
+                          "(trainer.total_time_s can end the run sooner)")
+    if tr.total_time_s < 0:
+        raise ConfigError(f"trainer.total_time_s={tr.total_time_s}; use seconds > 0, or 0 for no time budget")
     from asyncrl.tracking import LOGGERS  # one list of valid names
 
     bad = [x for x in tr.logger if x not in LOGGERS]

@@ -227,6 +227,7 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     (["--token-scale", "0"], "at least 1; got 0"),
     (["--seed-7b", "task=longtail"], "--seed-7b runs the seed's fixed 7B experiment and takes no"),
     (["mode=d"], "there is no mode key"),
+    (["task=longtail", "steps=0"], "trainer.total_training_steps=0 would train nothing"),
 ])
 def test_cli_sim_refuses_bad_arguments_in_one_line(capsys, argv, says):
     """A newcomer's mistakes (found by a fresh user's pass, session 18): each one ``config error:`` line and exit
