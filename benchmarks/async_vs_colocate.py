@@ -775,9 +775,12 @@ def main() -> None:
     if not (args.simulate_only and args.calibration):  # a bad --set fails here, before Ray and the engines start
         from asyncrl.config import ConfigError
 
+        # --simulate-only prices the hf engine's cost model whatever --backend says (gpu_sim.predict): check
+        # the configs it will build
+        checked = argparse.Namespace(**{**vars(args), "backend": "hf"}) if args.simulate_only else args
         try:
             for m in modes:
-                mode_config(m, args)
+                mode_config(m, checked)
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             sys.exit(2)
