@@ -772,6 +772,9 @@ def main() -> None:
     for name in ("steps", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.gpu and not args.simulate_only and args.backend != "hf" and any(m.startswith("colocated") for m in modes):
+        p.error("--gpu: the colocated modes hand the weights over through cuda_ipc, which only the hf rollout backend "
+                "has (vLLM's CUDA build is not on the GPU machine either): add --backend hf")
     if not (args.simulate_only and args.calibration):  # a bad --set fails here, before Ray and the engines start
         from asyncrl.config import ConfigError
 

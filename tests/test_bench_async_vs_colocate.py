@@ -246,16 +246,21 @@ def test_session_17s_run_is_simulated_within_15_percent_with_each_engine_on_its_
     assert borrowed["error"] < out["colocated"]["error"] - 0.02  # the borrowed cost ran the colocated engine slower
 
 
+SIM = ["--gpu", "--simulate-only"]  # no GPU, no Ray: the checks run before either would start
+
+
 @pytest.mark.parametrize("argv, says", [
-    (["--set", "async_training.staleness_treshold=1"], "config error: unknown config key 'async_training.staleness_treshold'"),
-    (["--set", "async_training.staleness_threshold=-1"], "config error: async_training.staleness_threshold must be >= 0"),
-    (["--steps", "0"], "--steps must be at least 1"),
-    (["--modes", "colocate,d"], "unknown mode 'colocate'; did you mean 'colocated'?"),
+    (SIM + ["--set", "async_training.staleness_treshold=1"], "config error: unknown config key 'async_training.staleness_treshold'"),
+    (SIM + ["--set", "async_training.staleness_threshold=-1"], "config error: async_training.staleness_threshold must be >= 0"),
+    (SIM + ["--steps", "0"], "--steps must be at least 1"),
+    (SIM + ["--modes", "colocate,d"], "unknown mode 'colocate'; did you mean 'colocated'?"),
+    # a real --gpu run with the default backend: refused before the 494M model is built or Ray starts
+    (["--gpu", "--modes", "colocated,d", "--out", "/nonexistent/never-written"], "add --backend hf"),
 ])
 def test_bad_arguments_end_in_one_line_before_anything_starts(argv, says):
     """A fresh user's mistakes (session 18): each one error line and exit status 2, no traceback, before Ray starts."""
     import subprocess
 
-    cmd = [sys.executable, str(REPO / "benchmarks" / "async_vs_colocate.py"), "--gpu", "--simulate-only", *argv]
+    cmd = [sys.executable, str(REPO / "benchmarks" / "async_vs_colocate.py"), *argv]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
