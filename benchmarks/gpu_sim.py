@@ -106,7 +106,8 @@ def simulate_measured(result: dict, args: argparse.Namespace, mode_config: Calla
 
 
 def simulate_only(args: argparse.Namespace, modes: list[str], mode_config: Callable[..., Any]) -> dict:
-    """Predict colocated on 1 and ``--gpus`` GPUs and each async mode of ``modes`` on ``--gpus`` GPUs; print
+    """Predict colocated (and each other colocated mode of ``modes``, e.g. ``colocated_dyn``) on 1 and ``--gpus``
+    GPUs and each async mode of ``modes`` on ``--gpus`` GPUs; print
     the table and every async mode's ratio to colocated. Needs no GPU and no Ray.
 
     Returns:
@@ -115,7 +116,8 @@ def simulate_only(args: argparse.Namespace, modes: list[str], mode_config: Calla
     Raises:
         SystemExit: an async mode asked for with ``--gpus`` < 2.
     """
-    setups = [("colocated", g) for g in sorted({1, args.gpus})]
+    colocated = ["colocated"] + [m for m in modes if m.startswith("colocated") and m != "colocated"]
+    setups = [(m, g) for m in colocated for g in sorted({1, args.gpus})]  # colocated_dyn too, when asked for
     for m in modes:
         if not m.startswith("colocated"):
             if args.gpus < 2:
@@ -134,9 +136,10 @@ def print_predictions(rows: list[dict], ratios: dict, args: argparse.Namespace) 
     """The predicted table (one row per mode and GPU count) and the ratios."""
     print(f"predicted on H200s ({SIMULATED_FROM}); {args.steps} steps, responses lognormal median "
           f"{args.gpu_median_tokens}, max {args.gpu_max_tokens} tokens:")
-    print("mode        GPUs  samples/s  step s   gen s  fetch wait s  update s  sync s  trainer idle  rollouter idle  lag")
+    w = max([10] + [len(r["mode"]) for r in rows])
+    print(f"{'mode':{w}s}  GPUs  samples/s  step s   gen s  fetch wait s  update s  sync s  trainer idle  rollouter idle  lag")
     for r in rows:
-        print(f"{r['mode']:10s} {r['gpus']:5d} {r['samples_per_s']:10.3f} {r['step_s']:7.2f} {r['gen_s']:7.2f} "
+        print(f"{r['mode']:{w}s} {r['gpus']:5d} {r['samples_per_s']:10.3f} {r['step_s']:7.2f} {r['gen_s']:7.2f} "
               f"{r['fetch_s']:13.2f} {r['update_s']:9.2f} {r['sync_s']:7.3f} {r['trainer_idle_ratio']:13.2f} "
               f"{r['rollouter_idle_ratio']:15.2f} {r['lag_mean']:5.2f}")
     for k, v in ratios.items():

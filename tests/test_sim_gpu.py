@@ -245,6 +245,19 @@ def test_simulate_only_prints_colocated_and_async_rows_and_their_ratio(bench, tm
         bench.main()
 
 
+def test_simulate_only_predicts_every_colocated_mode_asked_for(bench, tmp_path, monkeypatch, capsys):
+    """colocated_dyn was left out of the prediction without a word (only 'colocated' and the async modes were
+    set up); each colocated mode asked for now gets its rows, on 1 and --gpus GPUs."""
+    monkeypatch.setattr(sys, "argv", ["async_vs_colocate.py", "--gpu", "--simulate-only", "--gpus", "1", "--modes",
+                                      "colocated,colocated_dyn", "--steps", "3", "--gpu-max-tokens", "1024",
+                                      "--out", str(tmp_path)])
+    bench.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    modes = {tuple(r[:2]) for r in rows if r[:1] in (["colocated"], ["colocated_dyn"])}
+    assert modes == {("colocated", "1"), ("colocated_dyn", "1")}, rows
+    assert all(len(r) == 11 for r in rows if r[:1] == ["colocated_dyn"])  # mode, GPUs and the nine predicted values
+
+
 TWO_GPU_RUNS = {"avc_gpu_x2_h200_2048.json": ("d", 2048, 8), "avc_gpu_x2_h200_2048_s1.json": ("d_s1", 2048, 7),
                 "avc_gpu_x2_h200_4096.json": ("d_s1", 4096, 5)}
 """Session 7, two H200s, each predicted before it ran (``--simulate-only``): file -> (async mode, max response
