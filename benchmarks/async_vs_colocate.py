@@ -948,13 +948,14 @@ def report(result: dict) -> None:
         print(f"\n(each mode's median run of {len(result['rounds'])} rounds, which may come from different rounds; its "
               "'x colocated' and 'of ideal' (the rounds' median bound) compare across rounds: the paired ratios per round "
               "are at the end)")
-    print("\nmode       samples/s  x colocated  of ideal  step s  trainer idle  rollouter idle  lag mean/max  "
+    w = max([10] + [len(m) for m in modes])  # colocated_dyn, d_unpinned ... keep their columns
+    print(f"\n{'mode':{w}s} samples/s  x colocated  of ideal  step s  trainer idle  rollouter idle  lag mean/max  "
           "reward first->last  to target")
     for m, r in modes.items():
         x = f"{r['samples_per_s'] / base:9.2f}x" if base else "        -"
         f = f"{r['samples_per_s'] / ideal:8.2f}" if ideal else "       -"
         tt = f"{r['time_to_target_s']:.0f} s" if r["time_to_target_s"] is not None else "not reached"
-        print(f"{m:10s} {r['samples_per_s']:9.3f} {x}  {f}  {r['step_s_median']:6.2f}  {r['trainer_idle_ratio']:12.2f}"
+        print(f"{m:{w}s} {r['samples_per_s']:9.3f} {x}  {f}  {r['step_s_median']:6.2f}  {r['trainer_idle_ratio']:12.2f}"
               f"  {r['rollouter_idle_ratio']:14.2f}  {r['lag_mean']:5.2f}/{r['lag_max']:<3d}  "
               f"{r['reward_first']:.2f} -> {r['reward_last']:.2f}  {tt}")
     steady = {m: r.get("steady_samples_per_s") or 0.0 for m, r in modes.items()}
@@ -978,7 +979,7 @@ def report(result: dict) -> None:
             bare = r.get("without_contention_samples_per_s")
             was = f"; without the contention term {bare:.3f} ({100 * (bare / modes[m]['samples_per_s'] - 1):+.0f}%)" if bare else ""
             bound = f"; its own bound {r['bound']['samples_per_s']:.3f}" if r.get("bound") else ""
-            print(f"{m:10s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured{steady})  trainer idle {r['trainer_idle_ratio']:.2f}"
+            print(f"{m:{w}s} {r['samples_per_s']:9.3f} samples/s ({err} vs measured{steady})  trainer idle {r['trainer_idle_ratio']:.2f}"
                   f"  rollouter idle {r['rollouter_idle_ratio']:.2f}{was}{bound}")
             print_split_beside(r, modes[m])
             if r.get("above_bound"):
