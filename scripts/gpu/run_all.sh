@@ -27,20 +27,24 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 cd "$REPO" || exit 1
 
 echo "== environment"
-$PY - <<'EOF'
-import importlib, sys
+$PY - "$REPO/pyproject.toml" <<'EOF'
+import importlib.metadata as md, re, sys, tomllib
+# every runtime dependency of pyproject.toml, by its distribution name (a package carried as a wheel
+# with pip --target has its dist-info beside it), plus pytest for the tests part
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] + ["pytest"]
 missing = []
-for mod in ("torch", "transformers", "ray", "omegaconf", "zmq", "aiohttp", "pandas", "matplotlib", "tqdm", "pytest"):
+for req in deps:
+    name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0)
     try:
-        m = importlib.import_module(mod)
-        print(f"  {mod:13s} {getattr(m, '__version__', '?')}")
-    except Exception as exc:
-        missing.append(mod)
-        print(f"  {mod:13s} MISSING ({exc})")
+        print(f"  {name:13s} {md.version(name)}")
+    except md.PackageNotFoundError:
+        missing.append(name)
+        print(f"  {name:13s} MISSING")
 import torch
 print(f"  cuda devices  {torch.cuda.device_count()}  {torch.cuda.get_device_name(0) if torch.cuda.is_available() else ''}")
 if missing:
-    print(f"  missing packages: {missing} (zmq only makes the NCCL metadata channel faster; the rest are needed)")
+    print(f"  missing packages: {missing} (carry them as cp312 wheels; pyzmq only makes the NCCL metadata channel "
+          "faster, the rest are imported by the runs)")
 EOF
 
 run_part() {  # name timeout_s command...
