@@ -761,38 +761,11 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in MODES:
-            import difflib
-
-            near = difflib.get_close_matches(m, MODES, n=1)
-            p.error(f"unknown mode {m!r}" + (f"; did you mean {near[0]!r}?" if near else "")
-                    + f" (modes: {', '.join(MODES)}; see --help)")
-    for name in ("steps", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.gpu and not args.simulate_only and args.backend != "hf" and any(m.startswith("colocated") for m in modes):
-        p.error("--gpu: the colocated modes hand the weights over through cuda_ipc, which only the hf rollout backend "
-                "has (vLLM's CUDA build is not on the GPU machine either): add --backend hf")
-    if not (args.simulate_only and args.calibration):  # a bad --set fails here, before Ray and the engines start
-        from asyncrl.config import ConfigError
-
-        # --simulate-only prices the hf engine's cost model whatever --backend says (gpu_sim.predict): check
-        # the configs it will build
-        checked = argparse.Namespace(**{**vars(args), "backend": "hf"}) if args.simulate_only else args
-        try:
-            for m in modes:
-                mode_config(m, checked)
-        except ConfigError as exc:
-            print(f"config error: {exc}", file=sys.stderr)
-            sys.exit(2)
+    modes = check_args(p, args)
     if args.simulate_only and args.calibration:  # CPU: the modes of a saved result, re-simulated, no Ray
         resimulate(args)
         return
     if args.simulate_only:
-        if not args.gpu:
-            p.error("--simulate-only predicts the --gpu rows, or with --calibration F re-simulates a saved CPU result")
         import gpu_sim
 
         predicted = gpu_sim.simulate_only(args, modes, mode_config)
@@ -873,6 +846,79 @@ def print_split_beside(sim: dict, measured: dict) -> None:
     if run_price and sim_price and sim.get("gradient_rows_frac") is not None:  # both per token of the trained rows
         print(f"{'':10s} train price (us per token through the model, measured in the run / simulated): "
               f"{run_price * 1e6:.1f} / {sim_price * 1e6:.1f} ({run_price / sim_price:.2f}x)")
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Every argument mistake ends here, in one ``error:`` / ``config error:`` line and exit status 2, before Ray,
+    an engine or the ``--gpu`` model (494M parameters, ~1 GB written) starts; returns the modes asked for.
+    Each mode's config is built (and validated) as the run will build it."""
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes:
+        p.error(f"--modes {args.modes!r} names no mode (modes: {', '.join(MODES)})")
+    if len(set(modes)) < len(modes):
+        p.error(f"--modes {args.modes!r} names a mode twice (use --repeats N to run each mode N times)")
+    for m in modes:
+        if m not in MODES:
+            import difflib
+
+            near = difflib.get_close_matches(m, MODES, n=1)
+            p.error(f"unknown mode {m!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+                    + f" (modes: {', '.join(MODES)}; see --help)")
+    for name in ("steps", "repeats", "ideal_groups"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.calibration and not args.simulate_only:
+        p.error("--calibration F re-simulates a saved result without running it: add --simulate-only")
+    if args.simulate_only and not (args.gpu or args.calibration):
+        p.error("--simulate-only predicts the --gpu rows, or with --calibration F re-simulates a saved CPU result")
+    if args.simulate_only and args.gpu and args.calibration:
+        p.error("--calibration re-simulates a saved CPU result; a --gpu prediction needs none: drop one of them")
+    if args.calibration:
+        try:
+            saved = json.loads(Path(args.calibration).read_text())
+        except (OSError, ValueError) as exc:
+            p.error(f"--calibration {args.calibration}: cannot read a saved result ({type(exc).__name__}: {exc})")
+        if not isinstance(saved, dict) or saved.get("gpu") or not isinstance(saved.get("calibration"), dict) \
+                or not isinstance(saved.get("modes"), dict):
+            why = ("a --gpu result (re-simulate those with tests/test_sim_gpu.py's path, or predict with --gpu "
+                   "--simulate-only)" if isinstance(saved, dict) and saved.get("gpu") else
+                   "no calibration: it was made with --no-simulate, or is not a --json file of this benchmark")
+            p.error(f"--calibration {args.calibration}: {why}")
+    if args.gpu:
+        if args.gpus < 1:
+            p.error(f"--gpus must be at least 1, got {args.gpus}")
+        asynchronous = [m for m in modes if not m.startswith("colocated")]
+        if args.gpus < 2 and asynchronous:
+            p.error(f"--gpus {args.gpus}: mode(s) {', '.join(asynchronous)} split the GPUs between rollout and "
+                    "trainer; they need --gpus 2 or more (only the colocated modes run on one GPU)")
+        if args.gpu_max_tokens < 1 or args.gpu_median_tokens < 1:
+            p.error(f"--gpu-median-tokens and --gpu-max-tokens must be at least 1, got {args.gpu_median_tokens} "
+                    f"and {args.gpu_max_tokens}")
+        if args.gpu_median_tokens > args.gpu_max_tokens:
+            p.error(f"--gpu-median-tokens {args.gpu_median_tokens} is above --gpu-max-tokens {args.gpu_max_tokens}: "
+                    "the median response must fit under the cap")
+        if not args.simulate_only and args.backend != "hf" and any(m.startswith("colocated") for m in modes):
+            p.error("--gpu: the colocated modes hand the weights over through cuda_ipc, which only the hf rollout "
+                    "backend has (vLLM's CUDA build is not on the GPU machine either): add --backend hf")
+    if args.reference and not all((Path(args.reference) / f).is_file() for f in ("sft.py", "grpo_best.py")):
+        p.error(f"--reference {args.reference}: not the rlproto reference loop's directory (it holds sft.py and "
+                "grpo_best.py, e.g. ../shared/baselines/rlproto)")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        p.error(f"--json {args.json}: its directory does not exist")
+    if not (args.simulate_only and args.calibration):
+        from asyncrl.config import ConfigError
+
+        # --simulate-only prices the hf engine's cost model whatever --backend says (gpu_sim.predict); and the
+        # check builds no --gpu model (simulate_only: the embedded model's path stands in)
+        checked = argparse.Namespace(**{**vars(args), "simulate_only": True,
+                                        "backend": "hf" if args.simulate_only else args.backend})
+        try:
+            for m in modes:
+                mode_config(m, checked)
+        except ConfigError as exc:
+            print(f"config error: {exc}", file=sys.stderr)
+            sys.exit(2)
+    return modes
 
 
 def resimulate(args: argparse.Namespace) -> dict:

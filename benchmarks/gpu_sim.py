@@ -125,9 +125,11 @@ def simulate_only(args: argparse.Namespace, modes: list[str], mode_config: Calla
                                  "it needs --gpus 2 or more")
             setups.append((m, args.gpus))
     rows = [predict(m, g, args.steps, args, mode_config) for m, g in setups]
-    base = {r["gpus"]: r["samples_per_s"] for r in rows if r["mode"] == "colocated"}
-    ratios = {f"{r['mode']} / colocated@{g}": r["samples_per_s"] / base[g]
-              for r in rows if not r["mode"].startswith("colocated") for g in sorted(base) if base[g]}
+    bases = {(r["mode"], r["gpus"]): r["samples_per_s"] for r in rows if r["mode"].startswith("colocated")}
+    ratios = {f"{r['mode']} / {b}@{g}": r["samples_per_s"] / v  # each async mode against every colocated row
+              for r in rows if not r["mode"].startswith("colocated") for (b, g), v in bases.items() if v}
+    ratios.update({f"{b}@{g} / colocated@{g}": v / bases["colocated", g]  # colocated_dyn ... against plain
+                   for (b, g), v in bases.items() if b != "colocated" and bases.get(("colocated", g))})
     print_predictions(rows, ratios, args)
     return {"rows": rows, "ratios": ratios}
 
@@ -137,7 +139,7 @@ def print_predictions(rows: list[dict], ratios: dict, args: argparse.Namespace) 
     print(f"predicted on H200s ({SIMULATED_FROM}); {args.steps} steps, responses lognormal median "
           f"{args.gpu_median_tokens}, max {args.gpu_max_tokens} tokens:")
     w = max([10] + [len(r["mode"]) for r in rows])
-    print(f"{'mode':{w}s}  GPUs  samples/s  step s   gen s  fetch wait s  update s  sync s  trainer idle  rollouter idle  lag")
+    print(f"{'mode':{w}s}  GPUs  samples/s  step s   gen s  fetch wait s  update s  sync s  trainer idle  rollouter idle   lag")
     for r in rows:
         print(f"{r['mode']:{w}s} {r['gpus']:5d} {r['samples_per_s']:10.3f} {r['step_s']:7.2f} {r['gen_s']:7.2f} "
               f"{r['fetch_s']:13.2f} {r['update_s']:9.2f} {r['sync_s']:7.3f} {r['trainer_idle_ratio']:13.2f} "

@@ -256,6 +256,19 @@ SIM = ["--gpu", "--simulate-only"]  # no GPU, no Ray: the checks run before eith
     (SIM + ["--modes", "colocate,d"], "unknown mode 'colocate'; did you mean 'colocated'?"),
     # a real --gpu run with the default backend: refused before the 494M model is built or Ray starts
     (["--gpu", "--modes", "colocated,d", "--out", "/nonexistent/never-written"], "add --backend hf"),
+    # session 19, a fresh tester's pass: each of these started Ray, built the model first, or ended in a traceback
+    (["--gpu", "--backend", "hf", "--modes", "colocated", "--set", "foo.bar=1", "--out", "/nonexistent/never-written"],
+     "config error: unknown config key 'foo'"),
+    (["--gpu", "--backend", "hf", "--modes", "d", "--gpus", "1"], "they need --gpus 2 or more"),
+    (SIM + ["--gpu-median-tokens", "5000", "--gpu-max-tokens", "4096"], "is above --gpu-max-tokens 4096"),
+    (["--calibration", "tests/data/avc_cpu_longtail_s17.json", "--modes", "d"], "add --simulate-only"),
+    (["--simulate-only", "--calibration", "/nonexistent.json"], "cannot read a saved result (FileNotFoundError"),
+    (["--simulate-only", "--calibration", "tests/data/avc_gpu_x2_h200_2048.json"], "a --gpu result"),
+    (["--modes", ","], "names no mode"),
+    (["--modes", "d,d"], "names a mode twice"),
+    (["--ideal-groups", "0"], "--ideal-groups must be at least 1"),
+    (["--reference", "/nonexistent"], "not the rlproto reference loop's directory"),
+    (SIM + ["--json", "/nonexistent/x.json"], "its directory does not exist"),
 ])
 def test_bad_arguments_end_in_one_line_before_anything_starts(argv, says):
     """A fresh user's mistakes (session 18): each one error line and exit status 2, no traceback, before Ray starts."""

@@ -241,8 +241,10 @@ def test_simulate_only_prints_colocated_and_async_rows_and_their_ratio(bench, tm
         saved["rows"][2]["samples_per_s"] / saved["rows"][1]["samples_per_s"])
     assert not (tmp_path / "random_qwen2.5-0.5b").exists()
     monkeypatch.setattr(sys, "argv", ["async_vs_colocate.py", "--gpu", "--simulate-only", "--gpus", "1", "--modes", "d"])
-    with pytest.raises(SystemExit, match="needs --gpus 2"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
         bench.main()
+    assert exit_.value.code == 2 and "need --gpus 2" in capsys.readouterr().err
 
 
 def test_simulate_only_predicts_every_colocated_mode_asked_for(bench, tmp_path, monkeypatch, capsys):
@@ -256,6 +258,7 @@ def test_simulate_only_predicts_every_colocated_mode_asked_for(bench, tmp_path, 
     modes = {tuple(r[:2]) for r in rows if r[:1] in (["colocated"], ["colocated_dyn"])}
     assert modes == {("colocated", "1"), ("colocated_dyn", "1")}, rows
     assert all(len(r) == 11 for r in rows if r[:1] == ["colocated_dyn"])  # mode, GPUs and the nine predicted values
+    assert ["predicted", "colocated_dyn@1", "/", "colocated@1:"] == next(r for r in rows if "colocated_dyn@1" in r)[:4]
 
 
 TWO_GPU_RUNS = {"avc_gpu_x2_h200_2048.json": ("d", 2048, 8), "avc_gpu_x2_h200_2048_s1.json": ("d_s1", 2048, 7),
