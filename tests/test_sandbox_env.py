@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import shutil
 import socket
@@ -221,3 +222,28 @@ def test_container_keeps_background_processes_between_commands_and_stop_kills_th
     gone = not status.exists() or "State:\tZ" in status.read_text()  # dead (maybe not yet reaped by pid 1)
     assert gone, "the container's init must be gone after stop()"
     assert not (tmp_path / "trial").exists()
+
+
+@needs_bwrap
+def test_a_container_is_ready_only_once_its_init_shell_runs(tmp_path, monkeypatch):
+    """Session 19: a command entering the namespace before bwrap's root was final found no ``setpriv`` (the
+    readiness probe could run in the host root the child still had before its pivot_root). ``start`` now
+    waits for the init shell, which bwrap starts only on the final root, before it probes."""
+    assert not isolation._runs_init_shell(None) and not isolation._runs_init_shell(os.getpid())
+    seen = []
+    real = isolation._runs_init_shell
+    monkeypatch.setattr(isolation, "_runs_init_shell", lambda pid: seen.append(real(pid)) or seen[-1])
+
+    async def go():
+        c = isolation.Container([(str(tmp_path), "/work")], network=False)
+        await c.start()
+        try:
+            assert isolation._runs_init_shell(c.pid)  # the shell runs when start returns
+            probe = await asyncio.create_subprocess_exec(*c.exec_argv({"PATH": isolation.DEFAULT_PATH}, "/", "ls /usr/bin/setpriv"),
+                                                         stdout=asyncio.subprocess.PIPE)
+            return (await probe.communicate())[0].decode()
+        finally:
+            await c.kill()
+
+    assert run(go()).strip() == "/usr/bin/setpriv"
+    assert seen and seen[-1] is True  # start polled for the shell until it ran

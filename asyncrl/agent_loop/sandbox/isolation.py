@@ -116,6 +116,39 @@ def bwrap_argv(binds: Sequence[tuple[str, str]], network: bool, env: dict[str, s
     return argv + ["--chdir", cwd, "--", "/bin/bash", "-c", command]
 
 
+INIT_MARK = b"sleep 3600 & wait"
+"""A piece of the container init's command line (``Container.start``): its shell runs once the root is final."""
+
+
+def _runs_init_shell(pid: Optional[int]) -> bool:
+    """Whether bwrap's pid-1 process ``pid`` (or a child of it) runs the container's init shell yet (Linux
+    ``/proc``: ``task/<pid>/children``, else a scan of every process's parent)."""
+    if pid is None:
+        return False
+
+    def cmdline(p: int) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except OSError:
+        kids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            kids.append(int(d))
+                except (OSError, ValueError, IndexError):
+                    pass
+    return any(INIT_MARK in cmdline(p) for p in (pid, *kids))
+
+
 class Container:
     """A persistent namespace set whose init is a sleeper; commands join it with ``nsenter``.
 
@@ -140,7 +173,7 @@ class Container:
         r, w = os.pipe()
         try:
             argv = self.prefix + namespace_argv(self.binds, self.network) + [
-                "--info-fd", str(w), "--", "/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"]
+                "--info-fd", str(w), "--", "/bin/sh", "-c", f"trap 'exit 0' TERM; while :; do {INIT_MARK.decode()}; done"]
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(w,), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
@@ -162,9 +195,16 @@ class Container:
         await self._wait_ready(timeout_sec)
 
     async def _wait_ready(self, timeout_sec: float) -> None:
-        """bwrap reports the pid before its mounts are final: poll until a command runs inside."""
+        """bwrap reports the pid before its mounts are final, and a command can run in the namespace before
+        them too (the host's root is still the child's until its pivot_root; a command entering between the
+        pivot and the last bind found no ``setpriv``: a failed test under load, session 19). bwrap starts the
+        init's shell only once the root is final: poll until that shell runs, then until a command runs inside."""
         loop = asyncio.get_running_loop()
         deadline, err = loop.time() + timeout_sec, b""
+        while loop.time() < deadline and not _runs_init_shell(self.pid):
+            if self.proc is not None and self.proc.returncode is not None:
+                break
+            await asyncio.sleep(0.005)
         while loop.time() < deadline:
             probe = await asyncio.create_subprocess_exec(
                 *self.exec_argv({"PATH": DEFAULT_PATH}, "/", "true"), stdout=asyncio.subprocess.DEVNULL,
