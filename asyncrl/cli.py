@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         extra = [e for e in extra if e.startswith("-")]
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    if args.log_level.upper() not in levels:  # every subcommand's --log-level
+        parser.error(f"--log-level {args.log_level!r}: one of {', '.join(levels)} (any case)")
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "batch":

@@ -214,7 +214,7 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
         speeds.append(float(row.split()[-back]))
     assert speeds[1] < speeds[0] / 1.2, speeds
     assert main(["sim", "--contention", "-1"]) == 2
-    assert "--contention must be >= 0" in capsys.readouterr().err
+    assert "--contention must be a finite number >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -225,7 +225,14 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     (["--preset", "h20-qwen2.5-7b", "--rollout-gpus", "6", "--train-gpus", "8"], "multiple of h20-qwen2.5-7b's 4 GPUs"),
     (["--rollout-gpus", "0"], "rollout_gpus (--rollout-gpus) must be at least 1; got 0"),
     (["--token-scale", "0"], "at least 1; got 0"),
-    (["--seed-7b", "task=longtail"], "--seed-7b runs the seed's fixed 7B experiment and takes no"),
+    (["--seed-7b", "task=longtail"], "--seed-7b runs the seed's fixed 7B experiment"),
+    # session 19, a fresh tester: nan ran forever (29k-56k watchdog lines in 90 s), 0 cores was taken as 1,
+    # --seed-7b dropped the cost-model options without a word
+    (["trainer.total_training_steps=3", "--contention", "nan"], "--contention must be a finite number >= 0"),
+    (["--contention", "inf"], "got inf"),
+    (["--cores", "0"], "cores (--cores) must be 1"),
+    (["--seed-7b", "--preset", "h100-qwen2.5-7b"], "(got --preset h100-qwen2.5-7b)"),
+    (["--seed-7b", "--contention", "0.5", "--token-scale", "8"], "(got --contention 0.5, --token-scale 8)"),
     (["mode=d"], "there is no mode key"),
     (["task=longtail", "steps=0"], "trainer.total_training_steps=0 would train nothing"),
 ])
@@ -237,6 +244,16 @@ def test_cli_sim_refuses_bad_arguments_in_one_line(capsys, argv, says):
     assert main(["sim", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("config error: ") and says in err and "Traceback" not in err, err
+
+
+def test_cli_refuses_an_unknown_log_level(capsys):
+    """``--log-level LOUD`` was taken as WARNING by every subcommand."""
+    from asyncrl.cli import main
+
+    for cmd in (["sim"], ["train"], ["models", "list"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*cmd, "--log-level", "LOUD"])
+        assert exit_.value.code == 2 and "--log-level 'LOUD': one of DEBUG, INFO" in capsys.readouterr().err
 
 
 def test_cli_takes_overrides_before_and_after_options(capsys):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -18,10 +19,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulate a run in virtual time (asyncrl.sim) and print its throughput")
     p.add_argument("overrides", nargs="*", help="[config.yaml] key=value ... (verl key names)")
     p.add_argument("--recipe", default=None, help="base recipe (default: the task's, else arith_grpo_cpu)")
-    p.add_argument("--preset", default="cpu-embedded-vllm",
-                   help="cost model: cpu-embedded-vllm | h20-qwen2.5-7b | h100-qwen2.5-7b | h200-qwen2.5-0.5b-hf")
+    p.add_argument("--preset", default=None,
+                   help="cost model: cpu-embedded-vllm (the default) | h20-qwen2.5-7b | h100-qwen2.5-7b | "
+                        "h200-qwen2.5-0.5b-hf")
     p.add_argument("--cores", type=int, default=None,
-                   help="cpu-embedded-vllm only: cores each side (1, the default) or shared (2, colocated)")
+                   help="cpu-embedded-vllm only: the cores of one resource unit (rollout_gpus / train_gpus count "
+                        "units): 1 (the default) prices the 2-core box split a core per side, as the async modes "
+                        "run it; 2 prices both phases on both cores, as the colocated mode runs it (with an async "
+                        "config, 2 means two cores for each side)")
     p.add_argument("--rollout-gpus", type=int, default=None)
     p.add_argument("--train-gpus", type=int, default=None)
     p.add_argument("--token-scale", type=int, default=1, help="real tokens per simulated token (64 for 28K responses)")
@@ -37,6 +42,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``."""
     import pandas as pd
 
+    from asyncrl.config import ConfigError
     from asyncrl.sim.presets import PRESETS, cpu_embedded_vllm
 
     pd.set_option("display.width", 200)
@@ -47,15 +53,22 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         return 2
 
     if args.seed_7b:
-        if args.overrides or args.recipe:
-            return user_error("--seed-7b runs the seed's fixed 7B experiment and takes no config, recipe or overrides "
-                              f"(got {' '.join(args.overrides) or '--recipe ' + args.recipe}); drop them, or drop --seed-7b")
+        given = ([" ".join(args.overrides)] if args.overrides else []) + [
+            f"--{k.replace('_', '-')} {v}" for k, v in (("recipe", args.recipe), ("preset", args.preset),
+                                                       ("cores", args.cores), ("rollout_gpus", args.rollout_gpus),
+                                                       ("train_gpus", args.train_gpus), ("contention", args.contention))
+            if v is not None] + ([f"--token-scale {args.token_scale}"] if args.token_scale != 1 else [])
+        if given:
+            return user_error("--seed-7b runs the seed's fixed 7B experiment (its own presets, GPUs and token scale) "
+                              f"and takes no config, recipe, overrides or cost-model options (got {', '.join(given)}); "
+                              "drop them, or drop --seed-7b")
         from asyncrl.sim.scenarios import SEED_RATIO, reproduce_seed
 
         rep = reproduce_seed()
         print(rep.breakdown().round(1).to_string(index=False))
         print(f"simulated speed-up {rep.ratio:.2f}x (seed: {SEED_RATIO[0]}-{SEED_RATIO[1]}x)")
         return 0
+    args.preset = args.preset or "cpu-embedded-vllm"
     if args.preset not in PRESETS:  # with the registries' message
         from asyncrl.registry import UnknownNameError
 
@@ -68,10 +81,14 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         return cfg
     from asyncrl.sim import simulate
 
-    cost = cpu_embedded_vllm(args.cores or 1) if args.preset == "cpu-embedded-vllm" else PRESETS[args.preset]()
+    if args.contention is not None and not (math.isfinite(args.contention) and args.contention >= 0):
+        return user_error(f"--contention must be a finite number >= 0 (a fractional slowdown), got {args.contention}")
+    cores = 1 if args.cores is None else args.cores
+    try:
+        cost = cpu_embedded_vllm(cores) if args.preset == "cpu-embedded-vllm" else PRESETS[args.preset]()
+    except ConfigError as exc:
+        return user_error(str(exc))
     if args.contention is not None:
-        if args.contention < 0:
-            return user_error(f"--contention must be >= 0 (a fractional slowdown), got {args.contention}")
         from dataclasses import replace
 
         cost = replace(cost, rollout=replace(cost.rollout, contention=args.contention),
@@ -80,7 +97,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     row = res.summary()
     if row["hybrid_engine"]:  # colocated: each step generates its whole batch, so partial rollouts never happen
         row["partial_rollout"] = row["partial_rollout_mode"] = "-"
-    units = (f"units of {args.cores or 1} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
+    units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
           f"rollout_gpus / train_gpus count {units}; the *_s columns are simulated seconds)")
     print(pd.DataFrame([row]).round(3).to_string(index=False))
