@@ -5,7 +5,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 * ``colocated``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train, sync, in
   turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
-  ``d_s1`` (staleness 1: a whole batch of look-ahead), ``d_t2`` (two updates per sync): the replica on
+  ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead), ``d_t2`` (two updates per
+  sync): the replica on
   core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
   per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
@@ -94,6 +95,9 @@ MODES = {
               "actor_rollout_ref.actor.use_dynamic_bsz": True},
     # mode d with more look-ahead: a whole batch (staleness 1), or two updates per sync
     "d_s1": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True},
+    # d_s1 sits at its budget (staleness_samples 64 of 64) with the trainer idle half the time: the budget, not
+    # the replica, caps it (session 19); two batches of look-ahead, as the simulator's sweep suggests
+    "d_s2": {"async_training.staleness_threshold": 2.0, "async_training.partial_rollout": True},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
