@@ -95,8 +95,8 @@ MODES = {
               "actor_rollout_ref.actor.use_dynamic_bsz": True},
     # mode d with more look-ahead: a whole batch (staleness 1), or two updates per sync
     "d_s1": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True},
-    # d_s1 sits at its budget (staleness_samples 64 of 64) with the trainer idle half the time: the budget, not
-    # the replica, caps it (session 19); two batches of look-ahead, as the simulator's sweep suggests
+    # two batches of look-ahead: d_s1 sits at its budget (staleness_samples 64 of 64) with the trainer idle half
+    # the time; session 19 measured d_s2 with 1.5x the requests in the engine and no more samples/s (RESULTS.md)
     "d_s2": {"async_training.staleness_threshold": 2.0, "async_training.partial_rollout": True},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
