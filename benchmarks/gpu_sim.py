@@ -114,16 +114,11 @@ def simulate_only(args: argparse.Namespace, modes: list[str], mode_config: Calla
         ``{"rows": [predict() rows], "ratios": {"d / colocated@2": x, ...}}``.
 
     Raises:
-        SystemExit: an async mode asked for with ``--gpus`` < 2.
+        SystemExit: an async mode asked for with ``--gpus`` < 2 (from the benchmark's ``placement``).
     """
     colocated = ["colocated"] + [m for m in modes if m.startswith("colocated") and m != "colocated"]
     setups = [(m, g) for m in colocated for g in sorted({1, args.gpus})]  # colocated_dyn too, when asked for
-    for m in modes:
-        if not m.startswith("colocated"):
-            if args.gpus < 2:
-                raise SystemExit(f"--gpus {args.gpus}: mode {m} splits the GPUs between rollout and trainer; "
-                                 "it needs --gpus 2 or more")
-            setups.append((m, args.gpus))
+    setups += [(m, args.gpus) for m in modes if not m.startswith("colocated")]  # placement() refuses --gpus < 2
     rows = [predict(m, g, args.steps, args, mode_config) for m, g in setups]
     bases = {(r["mode"], r["gpus"]): r["samples_per_s"] for r in rows if r["mode"].startswith("colocated")}
     ratios = {f"{r['mode']} / {b}@{g}": r["samples_per_s"] / v  # each async mode against every colocated row
