@@ -227,6 +227,11 @@ class RolloutConfig:
     before it sleeps on a socket (vLLM's ``SpinCondition``: 1 s built in; ``None`` keeps it). A decode step
     comes every few to tens of ms, so a generation never sleeps; but the 1 s after one took a core from what
     ran next on a CPU box (the colocated update, 1.3-1.5x its price: ``benchmarks/RESULTS.md``, session 16)."""
+    disable_log_stats: bool = False
+    """verl's key. ``False``: every replica times its engine iterations (vLLM's per-step
+    ``iteration_details``, the hf engine's own), logged each step as ``rollout/engine_*`` (busy ratio, sequences
+    per iteration, decode ms, tokens/s: :mod:`asyncrl.rollout.engine_stats`); vLLM's periodic log lines stay off
+    either way. ``True``: nothing is collected."""
     load_format: str = "auto"
     """Replica weights at start: ``auto`` (read the checkpoint) or ``dummy`` (random init from its
     config.json; the trainer's initial sync delivers version 0 before rollout starts: big models)."""

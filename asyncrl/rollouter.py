@@ -358,9 +358,29 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
                 "pending": self.pending_queue.qsize(), "active": len(self.active_tasks),
                 "dropped": dict(self.dropped), "failed": dict(self.failed)}
 
+    def idle_ratio(self) -> float:
+        """Share of wall time since the start with no prompt group in generation (the replicas idle)."""
+        now = time.time()
+        idle = self.idle_s + (now - self._idle_since if self._idle_since else 0.0)
+        return min(1.0, idle / max(1e-9, now - self.t_start))
+
+    async def step_metrics(self) -> dict[str, float]:
+        """The trainer's per-step ``rollouter/idle_ratio`` and ``rollout/engine_*`` (the replicas' engine
+        iterations since the previous call, merged: :func:`asyncrl.rollout.engine_stats.window_metrics`). A
+        replica that cannot answer now (down, restarting) is left out of this step's engine metrics."""
+        from asyncrl.rollout.engine_stats import merge_windows, window_metrics
+
+        names = list(self.replicas)
+        windows = await asyncio.gather(*[self.replicas[n].iteration_stats.remote() for n in names],
+                                       return_exceptions=True)
+        for name, w in zip(names, windows):
+            if isinstance(w, BaseException):
+                logger.debug("replica %s gave no iteration stats this step: %s", name, w)
+        return {"rollouter/idle_ratio": self.idle_ratio(),
+                **window_metrics(merge_windows(w for w in windows if isinstance(w, dict)))}
+
     async def snapshot(self) -> dict:
         """Live state for widgets and ``Experiment.status()`` (cheap; no generation)."""
-        wall = max(1e-9, time.time() - self.t_start)
         return {
             "param_version": self.param_version,
             "staleness_samples": self.staleness_samples,
@@ -372,7 +392,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             "max_concurrent_samples": self.budget.max_concurrent_samples,
             "max_required_samples": self.budget.max_required_samples,
             "required_samples": self.budget.required_samples,
-            "idle_ratio": min(1.0, (self.idle_s + (time.time() - self._idle_since if self._idle_since else 0.0)) / wall),
+            "idle_ratio": self.idle_ratio(),
             "accounting": self.accounting(),
             "recent_failures": self.failures.snapshot(),
             "data_position": {**self.sampler.position.state_dict(), "rows": len(self.train_rows)},

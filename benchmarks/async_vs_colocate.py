@@ -291,6 +291,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "train_price": (statistics.median(r["perf/update_s_per_token"] for r in steady)
                         if steady and all("perf/update_s_per_token" in r for r in steady) else None),
         "funnel": funnel.summary(),
+        "engine": engine_summary(steady),
         "history": history,
     }
     if cpu:
@@ -298,6 +299,8 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     print(f"  {mode:9s} {out['steps']:3d} steps  {out['samples_per_s']:.3f} samples/s  step {out['step_s_median']:.2f} s"
           f"  trainer idle {out['trainer_idle_ratio']:.2f}  rollouter idle {out['rollouter_idle_ratio']:.2f}", flush=True)
     print("    funnel (mean of 1 Hz samples): " + "  ".join(f"{k} {v:.1f}" for k, v in out["funnel"].items()), flush=True)
+    if out["engine"]:
+        print("    engine (median of steps): " + format_engine(out["engine"]), flush=True)
     print("    per step (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in out["step_split"].items()), flush=True)
     if cpu:
         from cpu_census import format_report
@@ -357,6 +360,21 @@ class FunnelSampler:
         return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]} if rows else {}
 
 
+ENGINE_KEYS = ("busy_ratio", "batch_mean", "decode_ms", "tokens_per_s")
+
+
+def engine_summary(rows: list[dict]) -> dict:
+    """Medians over ``rows`` of the engines' ``rollout/engine_*`` (:mod:`asyncrl.rollout.engine_stats`): is
+    the replica underfed (low busy ratio, small batches) or slowed (decode ms above rollout-only's)?"""
+    keys = [k for k in ENGINE_KEYS if rows and all(f"rollout/engine_{k}" in r for r in rows)]
+    return {k: statistics.median(r[f"rollout/engine_{k}"] for r in rows) for k in keys}
+
+
+def format_engine(e: dict) -> str:
+    return (f"busy {e.get('busy_ratio', 0):.2f}  batch {e.get('batch_mean', 0):.1f} seqs  "
+            f"decode {e.get('decode_ms', 0):.1f} ms/iteration  {e.get('tokens_per_s', 0):,.0f} tokens/s")
+
+
 def pipeline_fill(history: list[dict]) -> int:
     """How many first steps a step split leaves out: the pipeline's fill (2, fewer in a short run)."""
     return min(2, max(0, len(history) - 3))
@@ -383,22 +401,28 @@ def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
     import ray
 
     from asyncrl.data.dataset import get_task_rows
+    from asyncrl.rollout.engine_stats import merge_windows, window_metrics
     from asyncrl.sim.calibrate import measure_rollout, measure_train
 
     cfg = mode_config("d", args)
     rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
     groups = args.ideal_groups
     asyncio.run(measure_rollout(replica, cfg, rows, 8))  # warm-up
+    ray.get(replica.actor.iteration_stats.remote())  # the engine's window starts with the measurement
     gen_s, outputs = asyncio.run(measure_rollout(replica, cfg, rows, groups))
+    engine = window_metrics(merge_windows([ray.get(replica.actor.iteration_stats.remote())]), prefix="")
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker: it pins itself
     t = ray.get(train.remote(cfg, outputs))
     rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
     out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
            "ideal_samples_per_s": 1.0 / max(rollout_s_per_sample, train_s_per_sample),
            "rollout_tokens": sum(len(o.token_ids) for _, _, outs, _ in outputs for o in outs), "rollout_s": gen_s,
-           "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])]}
+           "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])],
+           "engine": {k: engine[k] for k in ENGINE_KEYS if k in engine}}
     print(f"  rollout-only {1 / rollout_s_per_sample:.3f} samples/s, train-only {1 / train_s_per_sample:.3f} samples/s"
           f" -> ideal {out['ideal_samples_per_s']:.3f} samples/s", flush=True)
+    if out["engine"]:
+        print("    engine in the rollout-only: " + format_engine(out["engine"]), flush=True)
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import random
+import types
 
 from asyncrl.agent_loop.base import AgentLoopOutput
 from asyncrl.sample import RolloutSample
@@ -44,6 +45,9 @@ class FakeMessageQueue:
             return None
         return [self.samples.popleft() for _ in range(n)]
 
+    async def stats_async(self):
+        return types.SimpleNamespace(size=len(self.samples), maxsize=0, shutdown_reason=None)
+
 
 class FakeRollouter:
     def __init__(self):
@@ -59,6 +63,7 @@ class FakeRollouter:
             self.admission_closed = True
 
         self.close_admission = _Remote(close)
+        self.step_metrics = _Remote(lambda: {"rollouter/idle_ratio": 0.0})
 
 
 def fake_samples(n_groups: int, n: int, vocab: int = 90, rewards=None, seed: int = 0, version: int = 0,

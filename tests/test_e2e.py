@@ -71,6 +71,13 @@ def test_mode_a_on_policy(shared_replica, tmp_path):
     assert (tmp_path / summary.run_dir.split("/")[-1] / "metrics.csv").exists()
     hist = pd.read_csv(f"{summary.run_dir}/metrics.csv")
     assert set(hist["staleness/update_lag_max"]) == {1}  # on-policy in versions; PPO's 2nd mini-batch is 1 update behind
+    # the rollouter's side of each row: its idle share, the queue, and the engine's iterations since the last row
+    # (mode a generates every step's batch between two rows, so each row saw the engine work)
+    assert hist["rollouter/idle_ratio"].between(0, 1).all() and (hist["rollouter/queue_size"] >= 0).all()
+    assert (hist["rollout/engine_iterations"] > 0).all() and (hist["rollout/engine_tokens_per_s"] > 0).all()
+    assert hist["rollout/engine_busy_ratio"].between(0, 1, inclusive="right").all()
+    assert hist["rollout/engine_batch_mean"].between(1, cfg.actor_rollout_ref.rollout.max_num_seqs).all()
+    assert (hist["rollout/engine_decode_ms"] > 0).all()
     # the run's workload for the simulator: every trained response counted once by its length
     counts = summary.response_length_counts
     assert sum(counts.values()) == summary.accounting["trained"] * cfg.actor_rollout_ref.rollout.n

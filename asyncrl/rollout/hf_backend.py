@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from typing import Any, Literal, Optional, Sequence
 
 import torch
 
 from asyncrl.api import InferenceEngine
 from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput, UnsupportedSamplingParam
+from asyncrl.rollout.engine_stats import IterationWindow
 from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
 from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots
 from asyncrl.rollout.stop import StopStrings
@@ -85,7 +87,8 @@ class HFEngine(InferenceEngine):
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
                  torch_threads: Optional[int] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
                  kv_cache_gb: Optional[float] = None, gpu_memory_utilization: Optional[float] = None,
-                 cuda_graphs: bool = True, max_prefill_tokens: int = 16384, load_format: str = "auto", **_: Any):
+                 cuda_graphs: bool = True, max_prefill_tokens: int = 16384, load_format: str = "auto",
+                 iteration_stats: bool = True, **_: Any):
         self.model_path = str(model_path)
         self.load_format = load_format
         self.dtype = getattr(torch, dtype)
@@ -100,6 +103,8 @@ class HFEngine(InferenceEngine):
         self.max_prefill_tokens = max_prefill_tokens
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
+        # each add + step timed (asyncrl.rollout.engine_stats; ``not rollout.disable_log_stats``)
+        self.iteration_window: Optional[IterationWindow] = IterationWindow() if iteration_stats else None
         self.model: Any = None
         self._tok: Any = None
         self.batcher: Optional[ContinuousBatcher] = None
@@ -291,8 +296,14 @@ class HFEngine(InferenceEngine):
 
     def _iterate(self, admit: list[SlotRequest]) -> list[Finished]:
         version = self.param_version  # weight loads wait for the lock: this is the version used
+        t0, active = time.perf_counter(), self.batcher.num_active
         finished = self.batcher.add(admit, version) if admit else []
-        return finished + self.batcher.step(version)
+        stepped = self.batcher.num_active  # the admitted rows' first tokens came from their prefill
+        finished += self.batcher.step(version)
+        if self.iteration_window is not None:
+            self.iteration_window.record(time.perf_counter() - t0, active + len(admit), len(admit) + stepped,
+                                         sum(len(r.prompt_ids) for r in admit))
+        return finished
 
     def _fail(self, admit: list[SlotRequest], exc: Exception) -> None:
         ids = {r.request_id for r in admit} | set(self.batcher.active_ids())

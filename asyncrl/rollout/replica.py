@@ -83,6 +83,8 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
                   # pause("keep") freezes requests across a sync: only streamed outputs tell their versions apart
                   stream_outputs=cfg.async_training.partial_rollout_mode == "keep",
                   busy_loop_s=arr.rollout.engine_busy_loop_s)
+    if arr.rollout.name in ("vllm", "hf"):
+        kw["iteration_stats"] = not arr.rollout.disable_log_stats
     return kw
 
 
@@ -247,6 +249,12 @@ class _ReplicaActor:
     def stats(self) -> dict[str, Any]:
         return {"backend": self.backend, "replica_rank": self.replica_rank, "param_version": self.param_version(),
                 "num_inflight": self.num_inflight(), "restarted": self.restarted, **self._stats}
+
+    def iteration_stats(self) -> dict[str, float]:
+        """The engine's iteration sums since the last call (:meth:`asyncrl.rollout.engine_stats.IterationWindow.take`),
+        restarting its window; ``{}`` for an engine that keeps none (``rollout.disable_log_stats``)."""
+        window = getattr(self.engine, "iteration_window", None)
+        return window.take() if window is not None else {}
 
     async def param_checksums(self) -> dict[str, float]:
         return await self.engine.param_checksums()

@@ -29,6 +29,7 @@ from typing import Any, Literal, Optional, Sequence
 
 from asyncrl.api import InferenceEngine
 from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput
+from asyncrl.rollout.engine_stats import IterationWindow, vllm_stat_logger
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.sync.bucket import metas_to_wire
 
@@ -91,6 +92,8 @@ class VLLMEngine(InferenceEngine):
         engine_kwargs: extra ``AsyncEngineArgs`` fields.
         busy_loop_s: seconds the worker busy-polls for its next step before it sleeps (``None``: vLLM's 1 s;
             ``actor_rollout_ref.rollout.engine_busy_loop_s``).
+        iteration_stats: time every engine step into :attr:`iteration_window`
+            (:mod:`asyncrl.rollout.engine_stats`; ``not actor_rollout_ref.rollout.disable_log_stats``).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class VLLMEngine(InferenceEngine):
         stream_outputs: bool = False,
         engine_kwargs: Optional[dict[str, Any]] = None,
         busy_loop_s: Optional[float] = None,
+        iteration_stats: bool = True,
     ):
         self.model_path = str(model_path)
         self.dtype = dtype
@@ -123,6 +127,7 @@ class VLLMEngine(InferenceEngine):
         self.stream_outputs = stream_outputs
         self.engine_kwargs = dict(engine_kwargs or {})
         self.busy_loop_s = busy_loop_s
+        self.iteration_window: Optional[IterationWindow] = IterationWindow() if iteration_stats else None
         self.param_version = 0
         self.eos_token_ids = eos_token_ids(self.model_path)
         self._engine: Any = None
@@ -163,8 +168,12 @@ class VLLMEngine(InferenceEngine):
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gb * _GiB)
         else:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        loggers = []
+        if self.iteration_window is not None:  # vLLM times each step; its own log lines stay off
+            kwargs["enable_logging_iteration_details"] = True
+            loggers.append(vllm_stat_logger(self.iteration_window))
         kwargs.update(self.engine_kwargs)
-        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers or None)
         if self.busy_loop_s is not None:
             await self._engine.collective_rpc("asyncrl_set_busy_loop", args=(self.busy_loop_s,))
         if self.warmup:

@@ -261,7 +261,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         if self.global_steps % cfg.async_training.trigger_parameter_sync_step == 0:
             self._set_phase("sync")
             sync_metrics = await self._sync_weights()
-        self._log_step(samples, batch, lags, metrics, sync_metrics,
+        self._log_step(samples, batch, lags, {**metrics, **await self._rollout_metrics()}, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
                         "timing/collate_s": t_collated - t_fetched, "timing/adv_s": t_adv - t_collated,
                         "timing/update_actor_s": t_actor - t_adv, "timing/update_post_s": t_updated - t_actor,
@@ -322,6 +322,14 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             metrics.update(run_updates(self.engine, batch, actor_loss_fn(cfg), at.require_batches, actor.ppo_epochs,
                                        with_entropy=bool(actor.entropy_coeff)))
         return metrics
+
+    async def _rollout_metrics(self) -> dict[str, float]:
+        """The rollouter's side of the step's row: ``rollouter/idle_ratio``, ``rollouter/queue_size`` and the
+        engines' ``rollout/engine_*`` since the previous step (:meth:`FullyAsyncRollouter.step_metrics`)."""
+        if self.rollouter is None:
+            return {}
+        ro, mq = await asyncio.gather(self.rollouter.step_metrics.remote(), self.mq.stats_async())
+        return {**ro, "rollouter/queue_size": mq.size}
 
     async def call_rollouter(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``rollouter.<name>(...)`` for the driver when the rollouter lives in this process (``local_rollout``)."""

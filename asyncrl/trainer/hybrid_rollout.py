@@ -157,7 +157,7 @@ def build_local_rollout(trainer: Any, message_queue: Any, train_rows: list[dict]
     cfg = trainer.cfg
     kw = engine_kwargs_from_config(cfg)
     engine = SharedModuleHFEngine(trainer.engine.model, cfg.actor_rollout_ref.model.path,
-                                  **{k: kw[k] for k in ("seed", "max_num_seqs", "max_model_len", "kv_cache_gb")})
+                                  **{k: kw[k] for k in ("seed", "max_num_seqs", "max_model_len", "kv_cache_gb", "iteration_stats")})
     replicas = {SERVER_ID: LocalActorHandle(LocalReplica(engine))}
     rollouter = FullyAsyncRollouter(cfg, train_rows, val_rows, replicas, LocalRequestLoadBalancer(replicas),
                                     message_queue, resume)
