@@ -52,7 +52,7 @@ async def _one(ro: Any, log: FailureLog, i: int, row: dict, rid: str) -> Any:
         limit = ro.cfg.data.max_prompt_length
         if len(prompt_ids) > limit:
             return EvalSampleFailed(PROMPT_TOO_LONG, f"prompt of {len(prompt_ids)} tokens > data.max_prompt_length={limit}")
-        outs = await ro.agent_loops.generate_sequences_single(row, rid, ro.greedy_sp, 1, prompt_ids)
+        outs = await ro.agent_loops.generate_sequences_single(row, rid, ro.greedy_sp, 1, prompt_ids, trained=False)
         return outs[0]
     except asyncio.CancelledError as exc:
         if own_cancellation():  # the evaluation itself is being cancelled (the rollouter stops)

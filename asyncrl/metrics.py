@@ -23,6 +23,8 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
                                     alone: the engine was slowed, e.g. its cores shared)
 ``rollout/engine_tokens_per_s``     tokens the engines generated per wall second since the previous row (all
                                     replicas; also tokens later aborted, partial or dropped)
+``rollout/engine_generated_tokens`` those tokens' count: over a run, against the trained tokens, what generation
+                                    cost beyond what trained (dropped groups, look-ahead left at the end)
 ``rollout/engine_iterations``       engine iterations since the previous row (all replicas). ``rollout/engine_*``:
                                     :mod:`asyncrl.rollout.engine_stats`; off with ``rollout.disable_log_stats``
 ``actor/pg_loss``, ``pg_clipfrac``  PPO-clip loss and clipped fraction (``pg_clipfrac_lower``: dual clip)

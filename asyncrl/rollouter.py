@@ -43,7 +43,7 @@ from asyncrl.data.length_workload import LengthWorkload
 from asyncrl.failures import FailureLog, own_cancellation
 from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.client import GenerationAborted
+from asyncrl.rollout.client import GenerationAborted, StaleGeneration
 from asyncrl.rollout.health import ReplicaHealthMixin, call_live
 from asyncrl.sample import RolloutSample, trajectory_view
 from asyncrl.staleness import sample_budget
@@ -273,6 +273,9 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
             # a callee's cancellation (an engine request, a Ray task): this sample failed, the run goes on
             logger.error("sample %s (row %d) failed: a callee raised CancelledError", uid, index)
             self._fail(self.failures.record(exc, uid, index=index, reason="cancelled by a callee"), seq)
+            await self.release_budget()
+        except StaleGeneration:  # it outlived the staleness bound in generation: the trainer would drop it
+            self._drop("stale_in_generation", seq)
             await self.release_budget()
         except GenerationAborted:
             self._drop("aborted_no_partial_rollout", seq)

@@ -5,7 +5,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 * ``colocated``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train, sync, in
   turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
-  ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead), ``d_t2`` (two updates per
+  ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead; ``d_s1_late``: d_s1 with groups past
+  the staleness bound generating on until the trainer drops them, ``drop_stale_in_generation=False``), ``d_t2`` (two updates per
   sync): the replica on
   core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
@@ -98,6 +99,10 @@ MODES = {
     # two batches of look-ahead: d_s1 sits at its budget (staleness_samples 64 of 64) with the trainer idle half
     # the time; session 19 measured d_s2 with 1.5x the requests in the engine and no more samples/s (RESULTS.md)
     "d_s2": {"async_training.staleness_threshold": 2.0, "async_training.partial_rollout": True},
+    # d_s1 as before session 20: a long-tail group past the staleness bound generates on until the trainer drops
+    # it (stale_at_trainer) instead of ending at its resubmission (stale_in_generation)
+    "d_s1_late": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                  "async_training.drop_stale_in_generation": False},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
@@ -291,7 +296,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "train_price": (statistics.median(r["perf/update_s_per_token"] for r in steady)
                         if steady and all("perf/update_s_per_token" in r for r in steady) else None),
         "funnel": funnel.summary(),
-        "engine": engine_summary(steady),
+        "engine": {**engine_summary(steady), **generation_cost(history, req * cfg.actor_rollout_ref.rollout.n)},
         "history": history,
     }
     if cpu:
@@ -370,9 +375,24 @@ def engine_summary(rows: list[dict]) -> dict:
     return {k: statistics.median(r[f"rollout/engine_{k}"] for r in rows) for k in keys}
 
 
+def generation_cost(history: list[dict], responses_per_step: int) -> dict:
+    """What the run's generation cost beyond what it trained: the engines' tokens over the trained tokens
+    (``rollout/engine_generated_tokens`` summed over the rows against ``response_length/mean`` x responses)
+    and the prompt groups dropped as stale at the trainer. ``{}`` without engine statistics."""
+    if not history or not all("rollout/engine_generated_tokens" in r for r in history):
+        return {}
+    trained = sum(r["response_length/mean"] * responses_per_step for r in history)
+    return {"tokens_per_trained_token": sum(r["rollout/engine_generated_tokens"] for r in history) / max(1e-9, trained),
+            "dropped_stale": history[-1].get("trainer/dropped_stale", 0)}
+
+
 def format_engine(e: dict) -> str:
-    return (f"busy {e.get('busy_ratio', 0):.2f}  batch {e.get('batch_mean', 0):.1f} seqs  "
-            f"decode {e.get('decode_ms', 0):.1f} ms/iteration  {e.get('tokens_per_s', 0):,.0f} tokens/s")
+    out = (f"busy {e.get('busy_ratio', 0):.2f}  batch {e.get('batch_mean', 0):.1f} seqs  "
+           f"decode {e.get('decode_ms', 0):.1f} ms/iteration  {e.get('tokens_per_s', 0):,.0f} tokens/s")
+    if "tokens_per_trained_token" in e:
+        out += (f"; whole run: {e['tokens_per_trained_token']:.2f} tokens generated per token trained,"
+                f" {e['dropped_stale']:.0f} groups dropped stale")
+    return out
 
 
 def pipeline_fill(history: list[dict]) -> int:

@@ -76,6 +76,21 @@ def test_report_prints_steady_state_ratio(bench, capsys):
     assert "colocated 2.000 samples/s, d 3.000 samples/s (1.50x)" in capsys.readouterr().out
 
 
+def test_engine_line_reports_medians_and_what_generation_cost_beyond_training(bench):
+    """Session 20: d_s1's engines generated 1.2-1.3x the tokens it trained (36 groups dropped stale), colocated
+    1.00x: the per-step engine statistics say so in the benchmark's engine line."""
+    rows = [{"rollout/engine_busy_ratio": b, "rollout/engine_batch_mean": 10.0 * b, "rollout/engine_decode_ms": 5.0,
+             "rollout/engine_tokens_per_s": 1000.0, "rollout/engine_generated_tokens": tokens, "response_length/mean": 20.0,
+             "trainer/dropped_stale": stale} for b, tokens, stale in ((0.5, 800.0, 0), (0.7, 1000.0, 1), (0.9, 600.0, 3))]
+    e = {**bench.engine_summary(rows), **bench.generation_cost(rows, responses_per_step=32)}
+    assert e == {"busy_ratio": 0.7, "batch_mean": 7.0, "decode_ms": 5.0, "tokens_per_s": 1000.0,
+                 "tokens_per_trained_token": 2400 / (3 * 20 * 32), "dropped_stale": 3}
+    line = bench.format_engine(e)
+    assert "busy 0.70  batch 7.0 seqs  decode 5.0 ms/iteration  1,000 tokens/s" in line
+    assert "whole run: 1.25 tokens generated per token trained, 3 groups dropped stale" in line
+    assert bench.generation_cost([{k: v for k, v in rows[0].items() if "engine" not in k}], 32) == {}  # no statistics
+
+
 def test_cpu_async_modes_pin_a_core_each_and_d_unpinned_runs_as_the_recipe_places_it(bench, tmp_path, monkeypatch):
     """Session 13: the benchmark's mode d pins the replica to core 0 and the trainer to core 1; ``make demo`` (the
     recipe) pins nothing. ``d_unpinned`` measures the recipe's placement, on the unpinned ("shared") replica."""

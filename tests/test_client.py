@@ -247,3 +247,72 @@ def test_a_request_the_stream_never_answers_fails_instead_of_hanging():
     assert outs[0].stop_reason == "completed"
     assert isinstance(outs[1], RuntimeError) and "without a result for request b" in str(outs[1])
     assert pool.inflight["r"] == 0
+
+
+# --------------------------------------------------------------------------- stale partial rollouts (session 20)
+
+
+def _sim_replica():
+    """The real replica actor body over the simulator's engine (in real time: ~1 ms a decode iteration)."""
+    from asyncrl.sim.cost_models import RolloutCostModel
+    from asyncrl.sim.engines import CostModelInferenceEngine
+    from asyncrl.trainer.hybrid_rollout import LocalReplica
+
+    return LocalReplica(CostModelInferenceEngine(RolloutCostModel(step_s=1e-3, per_seq_s=0.0, per_ctx_token_s=0.0),
+                                                 prompt_tokens=4))
+
+
+def test_a_resubmission_waits_for_the_resume_and_is_refused_on_a_version_past_its_limit():
+    async def main():
+        body = _sim_replica()
+        await body.pause("abort")
+        late = SamplingParams(max_tokens=5, ignore_eos=True, max_start_version=1)
+        ok = SamplingParams(max_tokens=5, ignore_eos=True, max_start_version=2)
+        waiting = [asyncio.ensure_future(body.generate(f"r{i}", [1, 2], sp)) for i, sp in enumerate((late, ok))]
+        await asyncio.sleep(0.02)
+        assert not any(t.done() for t in waiting)  # paused: both wait for the version they will start on
+        await body.engine.finish_weight_update(2)
+        await body.resume()
+        refused, served = await asyncio.gather(*waiting)
+        assert (refused.stop_reason, refused.token_ids) == ("stale", [])  # 2 > 1: not started, no tokens
+        assert served.stop_reason == "length" and served.response_versions == [2] * 5
+        assert body.stats()["stale"] == 1
+        # abort_all_requests releases a request still waiting for a resume: aborted, no tokens, not stale
+        await body.pause("abort")
+        pending = asyncio.ensure_future(body.generate("r9", [1], late))
+        await asyncio.sleep(0.01)
+        assert await body.abort_all_requests() == 0  # nothing in the engine ...
+        out = await asyncio.wait_for(pending, 1.0)  # ... but the waiter ended
+        assert (out.stop_reason, out.token_ids) == ("aborted", []) and body.stats()["stale"] == 1
+
+    run(main())
+
+
+@pytest.mark.parametrize("resumed_on", [0, 1])
+def test_a_partial_rollout_resumed_past_the_staleness_bound_ends_as_stale_generation(resumed_on):
+    """The client sends its oldest token's version + the bound with each resubmission; resumed on a newer
+    version the request ends as ``StaleGeneration`` (with the tokens so far), else it continues. Outside
+    ``staleness_bounded`` (evaluation) there is no limit."""
+    from asyncrl.rollout.client import StaleGeneration, staleness_bounded
+
+    async def main(bounded: bool):
+        body = _sim_replica()
+        client = FullyAsyncLLMServerClient(FakePool({"r": body}), partial_rollout=True)
+        with staleness_bounded(0 if bounded else None):  # on-policy: a token of version 0 trains at version 0
+            task = asyncio.ensure_future(client.generate("long", [1, 2], SamplingParams(max_tokens=400, ignore_eos=True)))
+        await asyncio.sleep(0.05)
+        await body.pause("abort")  # a sync: the request returns its tokens and is resubmitted
+        await asyncio.sleep(0.01)
+        await body.engine.finish_weight_update(resumed_on)
+        await body.resume()
+        return await task
+
+    if resumed_on == 1:  # 1 - 0 > the bound 0
+        with pytest.raises(StaleGeneration) as err:
+            run(main(True))
+        assert err.value.partial.token_ids and set(err.value.partial.response_versions) == {0}
+        out = run(main(False))  # no bound (an evaluation request): it continues on the new version
+        assert len(out.token_ids) == 400 and out.response_versions[-1] == 1
+    else:
+        out = run(main(True))  # resumed on version 0 again: within the bound
+        assert len(out.token_ids) == 400 and set(out.response_versions) == {0} and out.num_aborts == 1

@@ -78,6 +78,8 @@ def test_mode_a_on_policy(shared_replica, tmp_path):
     assert hist["rollout/engine_busy_ratio"].between(0, 1, inclusive="right").all()
     assert hist["rollout/engine_batch_mean"].between(1, cfg.actor_rollout_ref.rollout.max_num_seqs).all()
     assert (hist["rollout/engine_decode_ms"] > 0).all()
+    trained_tokens = (hist["response_length/mean"] * sample_budget(cfg).required_samples * cfg.actor_rollout_ref.rollout.n).sum()
+    assert hist["rollout/engine_generated_tokens"].sum() >= trained_tokens - 1e-6  # every trained token was generated
     # the run's workload for the simulator: every trained response counted once by its length
     counts = summary.response_length_counts
     assert sum(counts.values()) == summary.accounting["trained"] * cfg.actor_rollout_ref.rollout.n

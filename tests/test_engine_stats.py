@@ -26,7 +26,7 @@ def test_window_sums_and_metrics_by_hand(monkeypatch):
     m = window_metrics(merge_windows([got]))
     assert m == {"rollout/engine_busy_ratio": pytest.approx(0.3), "rollout/engine_batch_mean": pytest.approx(10 / 3),
                  "rollout/engine_decode_ms": pytest.approx(200.0), "rollout/engine_tokens_per_s": pytest.approx(5.0),
-                 "rollout/engine_iterations": 3.0}
+                 "rollout/engine_generated_tokens": 10.0, "rollout/engine_iterations": 3.0}
     # the window restarted: a second replica's window over the same 2 s merges by adding
     w.record(1.0, 8, 8, 0)
     other = w.take()

@@ -648,23 +648,34 @@ def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its
     rollout a long-tail response resumes after every sync; notebook 06's full-size mode-d run dropped 2 groups as
     ``stale_at_trainer``. One prompt here answers at 250 tokens (~2.5 virtual s) while every other answers at 4
     and a trainer step takes ~0.4 s: its group spans many syncs and must be dropped, never trained, and counted,
-    and the run must still finish its steps (the slot handed back), with every trained token within the bound."""
-    cfg = _config("d")
-    cfg.data.length_workload.distribution = "none"  # lengths from natural_length below, EOS respected
-    long_prompt: list = []
+    and the run must still finish its steps (the slot handed back), with every trained token within the bound.
+    Session 20 (``async_training.drop_stale_in_generation``, the default): the resubmission that would start past
+    the bound ends the group there (``stale_in_generation``), so the engines generate fewer tokens for it."""
+    generated = {}
+    for in_generation in (True, False):
+        cfg = _config("d")
+        cfg.data.length_workload.distribution = "none"  # lengths from natural_length below, EOS respected
+        cfg.async_training.drop_stale_in_generation = in_generation
+        long_prompt: list = []
 
-    def natural(request_id, prompt_ids=()):
-        if not long_prompt:
-            long_prompt.append(tuple(prompt_ids))  # the first prompt to reach an engine is the long one
-        return 250 if tuple(prompt_ids) == long_prompt[0] else 4
+        def natural(request_id, prompt_ids=()):
+            if not long_prompt:
+                long_prompt.append(tuple(prompt_ids))  # the first prompt to reach an engine is the long one
+            return 250 if tuple(prompt_ids) == long_prompt[0] else 4
 
-    cfg.trainer.total_training_steps = 20  # ~0.4 virtual s a step: the long group spans ~6 syncs
-    r = simulate(cfg, _cost(), natural_length=natural)
-    budget = sample_budget(r.config)
-    assert budget.staleness_bound == 2 and len(r.history) == 20
-    assert r.history[-1]["trainer/dropped_stale"] >= 1  # dropped at the trainer, counted
-    assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
-    assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
+        cfg.trainer.total_training_steps = 20  # ~0.4 virtual s a step: the long group spans ~6 syncs
+        r = simulate(cfg, _cost(), natural_length=natural)
+        budget = sample_budget(r.config)
+        assert budget.staleness_bound == 2 and len(r.history) == 20
+        stale = (r.accounting["dropped"].get("stale_in_generation", 0), r.history[-1]["trainer/dropped_stale"])
+        assert stale == ((1, 0) if in_generation else (0, 1))  # the long group, dropped once and counted
+        assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
+        assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
+        generated[in_generation] = sum(row["rollout/engine_generated_tokens"] for row in r.history)
+        trained = sum(row["response_length/mean"] for row in r.history) * budget.required_samples * r.config.actor_rollout_ref.rollout.n
+        assert generated[in_generation] > trained  # every trained token, the dropped group's and the look-ahead's
+    # dropped at its resumption, the long group's responses stopped ~1,300 tokens before the trainer's drop
+    assert generated[True] < generated[False] - 1000, generated
 
 
 def test_a_runs_trained_lengths_are_its_workload_for_the_simulator():

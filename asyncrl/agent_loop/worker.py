@@ -28,7 +28,9 @@ from asyncrl.agent_loop.base import AgentLoopOutput, get_agent_loop_cls
 from asyncrl.config import ExperimentConfig
 from asyncrl.failures import own_cancellation
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.client import FullyAsyncLLMServerClient, GenerationAborted, coalesced
+from asyncrl.rollout.client import (FullyAsyncLLMServerClient, GenerationAborted, StaleGeneration, coalesced,
+                                    staleness_bounded)
+from asyncrl.staleness import sample_budget
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ class AgentLoopWorker:
         self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.tokenizer_path or config.actor_rollout_ref.model.path)
         self.compute_score = compute_score
         self.client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=config.async_training.partial_rollout)
+        # trained groups only (generate_sequences_single); None: no early drop
+        self.staleness_bound = (sample_budget(config).staleness_bound if config.async_training.drop_stale_in_generation
+                                else None)
         self._coalesce = config.actor_rollout_ref.rollout.agent.coalesce_group_requests
         self.active_samples = 0
         self.active_trajectories = 0
@@ -75,13 +80,18 @@ class AgentLoopWorker:
             return self._proxy
 
     async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams | list[SamplingParams],
-                                        n: int, prompt_ids: Optional[list[int]] = None) -> list[AgentLoopOutput]:
+                                        n: int, prompt_ids: Optional[list[int]] = None,
+                                        trained: bool = True) -> list[AgentLoopOutput]:
         """Run ``n`` trajectories of one dataset row concurrently and score each as it finishes.
 
         ``sampling_params`` is shared, or one per trajectory (e.g. the synthetic length workload).
+        ``trained``: the group is for the trainer, which drops it once it is older than the staleness bound, so
+        a resumed partial rollout already that old ends it (:func:`asyncrl.rollout.client.staleness_bounded`);
+        ``False`` (evaluation): no bound.
 
         Raises:
-            GenerationAborted: a request was aborted with ``partial_rollout`` off (sample dropped).
+            GenerationAborted: a request was aborted with ``partial_rollout`` off (sample dropped); its
+                subclass ``StaleGeneration``: a request outlived the staleness bound (sample dropped).
             Exception: whatever an agent loop raised (the rollouter records it as failed).
         """
         name = row.get("agent_name") or self.cfg.actor_rollout_ref.rollout.agent.default_agent_loop
@@ -90,7 +100,8 @@ class AgentLoopWorker:
         try:
             extra = {"prompt_ids": prompt_ids} if prompt_ids is not None else {}
             sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * n
-            return await self._group([self._one(loop, sps[k], f"{uid}-{k}", row, extra, uid) for k in range(n)])
+            with staleness_bounded(self.staleness_bound if trained else None):  # the tasks copy the bound
+                return await self._group([self._one(loop, sps[k], f"{uid}-{k}", row, extra, uid) for k in range(n)])
         finally:
             self.active_samples -= 1
             self.done_samples += 1
@@ -194,13 +205,14 @@ class AgentLoopManager:
         self.active = [0] * len(self.workers)
 
     async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams | list[SamplingParams],
-                                        n: int, prompt_ids: Optional[list[int]] = None) -> list[AgentLoopOutput]:
+                                        n: int, prompt_ids: Optional[list[int]] = None,
+                                        trained: bool = True) -> list[AgentLoopOutput]:
         i = min(range(len(self.workers)), key=lambda k: self.active[k])
         self.active[i] += 1
         try:
             if self.local:
-                return await self.workers[i].generate_sequences_single(row, uid, sampling_params, n, prompt_ids)
-            ref = self.workers[i].generate_sequences_single.remote(row, uid, sampling_params, n, prompt_ids)
+                return await self.workers[i].generate_sequences_single(row, uid, sampling_params, n, prompt_ids, trained)
+            ref = self.workers[i].generate_sequences_single.remote(row, uid, sampling_params, n, prompt_ids, trained)
             try:
                 return await ref
             except asyncio.CancelledError:
@@ -208,8 +220,8 @@ class AgentLoopManager:
                 raise
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.as_instanceof_cause()
-                if isinstance(cause, GenerationAborted):
-                    raise GenerationAborted(str(cause)) from None
+                if isinstance(cause, GenerationAborted):  # the subclass kept: the rollouter's reason depends on it
+                    raise (StaleGeneration if isinstance(cause, StaleGeneration) else GenerationAborted)(str(cause)) from None
                 raise
         finally:
             self.active[i] -= 1

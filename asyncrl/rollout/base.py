@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-StopReason = Literal["completed", "length", "aborted"]
+StopReason = Literal["completed", "length", "aborted", "stale"]
 
 
 @dataclass
@@ -21,8 +21,9 @@ class TokenOutput:
         token_ids: generated ids, ``(n_generated,)`` ints, EOS included when generation completed.
         log_probs: per-token logprob of each generated id under the sampling policy, same length
             as ``token_ids``; ``None`` when not requested.
-        stop_reason: ``completed`` (EOS / stop token), ``length`` (max_tokens hit) or
-            ``aborted`` (interrupted by abort / pause(mode="abort"); resumable).
+        stop_reason: ``completed`` (EOS / stop token), ``length`` (max_tokens hit),
+            ``aborted`` (interrupted by abort / pause(mode="abort"); resumable) or ``stale`` (not started: the
+            replica's version was above ``SamplingParams.max_start_version``; no tokens).
         routed_experts: MoE routing per token when the engine reports it, else ``None``.
         num_preempted: times the engine preempted this request (KV-cache pressure).
         top_logprobs: when ``SamplingParams.top_logprobs > 0``: per generated token, the engine's
@@ -70,6 +71,11 @@ class SamplingParams:
         top_logprobs: also report this many most likely alternatives per token (0 = off).
         presence_penalty / frequency_penalty / repetition_penalty: vLLM's penalties (0 / 0 / 1 =
             off); an engine that cannot apply one raises :class:`UnsupportedSamplingParam`.
+        max_start_version: the newest parameter version this request may start on, or ``None``. Set by the
+            partial-rollout client on a resubmission after an abort (its oldest token's version + the staleness
+            bound): a replica (:class:`asyncrl.rollout.replica.RolloutReplica`, not the bare engines) that would
+            start it on a newer version, also once it resumes from the sync that aborted it, returns at once
+            with ``stop_reason="stale"``: the trainer would drop the sample anyway.
     """
 
     max_tokens: int = 32
@@ -86,6 +92,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    max_start_version: Optional[int] = None
 
 
 class PromptTooLong(ValueError):

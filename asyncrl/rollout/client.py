@@ -53,6 +53,12 @@ class GenerationAborted(RuntimeError):
     partial: Optional["ResumableOutput"] = None
 
 
+class StaleGeneration(GenerationAborted):
+    """A partial rollout's resubmission would start on a version newer than its oldest token's version + the
+    staleness bound: the trainer would drop its sample (``stale_at_trainer``), so it is dropped now
+    (``stale_in_generation``) instead of generating on. ``partial``: the tokens generated before."""
+
+
 class ServerPool(Protocol):
     """What the client needs from a load balancer (see GlobalRequestLoadBalancer)."""
 
@@ -76,6 +82,20 @@ class ResumableOutput(TokenOutput):
 
 
 _COALESCE_KEY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("asyncrl_coalesce_key", default=None)
+_STALENESS_BOUND: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("asyncrl_staleness_bound", default=None)
+
+
+@contextlib.contextmanager
+def staleness_bounded(bound: Optional[int]) -> Iterator[None]:
+    """Requests made inside this block (and the tasks it starts) are for samples the trainer drops once their
+    oldest token is more than ``bound`` versions behind it (:func:`asyncrl.staleness.staleness_bound`): a
+    partial rollout's resubmission that would start beyond that ends with :class:`StaleGeneration` instead of
+    generating tokens nobody trains. ``None`` (evaluation, samples never trained): no limit."""
+    token = _STALENESS_BOUND.set(bound)
+    try:
+        yield
+    finally:
+        _STALENESS_BOUND.reset(token)
 
 
 @contextlib.contextmanager
@@ -300,6 +320,8 @@ class FullyAsyncLLMServerClient(LLMServerClient):
         Raises:
             GenerationAborted: when aborted and ``partial_rollout`` is False (tokens so far attached
                 as ``.partial``), or when ``max_resumes`` is exceeded.
+            StaleGeneration: resumed inside :func:`staleness_bounded`, the request would start on a version
+                its oldest token is more than the bound behind (a ``GenerationAborted``).
         """
         budget = int(sampling_params.max_tokens)
         prompt = list(prompt_ids)
@@ -309,9 +331,17 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             if remaining <= 0:
                 result.stop_reason = "length"
                 return result
+            bound = _STALENESS_BOUND.get()
             sp = dataclasses.replace(sampling_params, max_tokens=remaining,
-                                     stop_token_ids=list(sampling_params.stop_token_ids))
+                                     stop_token_ids=list(sampling_params.stop_token_ids),
+                                     max_start_version=(min(result.response_versions) + bound
+                                                        if bound is not None and result.response_versions else None))
             out, server_id = await self._call(request_id, prompt + result.token_ids, sp, result)
+            if out.stop_reason == "stale":
+                err = StaleGeneration(f"request {request_id}: its oldest token (version {min(result.response_versions)}) "
+                                      f"would be more than {bound} versions behind the trainer once resumed")
+                err.partial = result
+                raise err
             new = list(out.token_ids)[:remaining]
             result.token_ids.extend(new)
             if result.log_probs is not None:

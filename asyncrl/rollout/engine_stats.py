@@ -9,7 +9,9 @@ Sources, no patches:
   (``SchedulerIterationDetails``: context / generation requests and tokens, ``elapsed_ms``), handed
   to the custom stat logger :func:`vllm_stat_logger` registers with ``AsyncLLM`` (vLLM's own
   periodic log lines stay off).
-* the transformers backend (:mod:`asyncrl.rollout.hf_backend`) records each ``add + step`` itself.
+* the transformers backend (:mod:`asyncrl.rollout.hf_backend`) records each ``add + step`` itself;
+* the simulator's engines (:mod:`asyncrl.sim.engines`) their priced prefills and decode spans (virtual
+  seconds; tokens in simulated tokens, as its ``response_length/mean``).
 
 An :class:`IterationWindow` accumulates sums since its last :meth:`~IterationWindow.take`, so the
 windows of several replicas merge by adding (:func:`merge_windows`) and :func:`window_metrics`
@@ -54,15 +56,22 @@ class IterationWindow:
         ``generated_tokens`` new tokens and read ``prefill_tokens`` prompt tokens."""
         if num_seqs <= 0:
             return  # an empty step (nothing scheduled): not an iteration
-        self.iterations += 1
+        self.add(busy_s, 1, num_seqs, generated_tokens, prefill_tokens)
+
+    def add(self, busy_s: float, iterations: float, seqs: float, generated_tokens: float = 0,
+            prefill_tokens: float = 0) -> None:
+        """``iterations`` iterations at once, ``seqs`` sequences over all of them (the simulator prices
+        spans of decode iterations in closed form: :mod:`asyncrl.sim.engines`; counts may be fractional
+        there). Decode-only when ``prefill_tokens`` is 0."""
+        self.iterations += iterations
         self.busy_s += busy_s
-        self.seqs += num_seqs
+        self.seqs += seqs
         self.generated_tokens += generated_tokens
         self.prefill_tokens += prefill_tokens
         if not prefill_tokens:
-            self.decode_iterations += 1
+            self.decode_iterations += iterations
             self.decode_busy_s += busy_s
-            self.decode_seqs += num_seqs
+            self.decode_seqs += seqs
 
     def take(self) -> dict[str, float]:
         """The sums since the window opened plus ``wall_s`` (its length) and ``replicas`` (1); restarts
@@ -92,7 +101,8 @@ def window_metrics(w: dict[str, float], prefix: str = "rollout/engine_") -> dict
         ``<prefix>busy_ratio``: model-step time / wall time, mean over replicas (0..1; low = underfed);
         ``<prefix>batch_mean``: sequences per iteration; ``<prefix>decode_ms``: mean milliseconds of a
         decode-only iteration (slowed = higher than the same batch alone); ``<prefix>tokens_per_s``:
-        generated tokens per wall second, all replicas together; ``<prefix>iterations``.
+        generated tokens per wall second, all replicas together; ``<prefix>generated_tokens`` (their count) and
+        ``<prefix>iterations``.
     """
     if not w.get("replicas") or w.get("wall_s", 0.0) <= 0.0:
         return {}
@@ -102,6 +112,7 @@ def window_metrics(w: dict[str, float], prefix: str = "rollout/engine_") -> dict
         f"{prefix}batch_mean": w["seqs"] / w["iterations"] if w["iterations"] else 0.0,
         f"{prefix}decode_ms": 1e3 * w["decode_busy_s"] / w["decode_iterations"] if w["decode_iterations"] else 0.0,
         f"{prefix}tokens_per_s": w["generated_tokens"] / wall,
+        f"{prefix}generated_tokens": float(w["generated_tokens"]),
         f"{prefix}iterations": float(w["iterations"]),
     }
 

@@ -118,6 +118,7 @@ class _ReplicaActor:
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
         self._start_task: Optional[asyncio.Future] = None
         self._stats = self.fresh_stats()
+        self.init_pause_state()
         # Ray restarted this actor after a crash (rollout.max_restarts): its engine holds the initial
         # checkpoint, not the current weights, so it serves nothing until it has been given them.
         self.restarted = was_actor_restarted()
@@ -128,7 +129,28 @@ class _ReplicaActor:
         """The replica's counters at zero; every body of this actor (the in-process ``LocalReplica`` too)
         starts from here, so a counter added for one is there for all."""
         return {"requests": 0, "generated_tokens": 0, "aborted": 0, "weight_updates": 0, "last_sync_s": 0.0,
-                "group_calls": 0}
+                "group_calls": 0, "stale": 0}
+
+    def init_pause_state(self) -> None:
+        """Not paused; no request waiting for a resume (see :meth:`start_version`)."""
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._aborted = asyncio.Event()  # set (and replaced) by abort_all_requests: releases the waiters
+
+    async def start_version(self) -> Optional[int]:
+        """The parameter version a request starting now runs on: the current one, or, while paused for a
+        sync, the one the replica resumes with (waits for it). ``None``: :meth:`abort_all_requests` came first."""
+        if not self._resumed.is_set():
+            aborted = self._aborted
+            waits = [asyncio.ensure_future(self._resumed.wait()), asyncio.ensure_future(aborted.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if aborted.is_set():
+                return None
+        return self.param_version()
 
     async def start(self) -> None:
         """Start the engine once; concurrent / repeated calls await the same start."""
@@ -146,6 +168,12 @@ class _ReplicaActor:
 
             raise ReplicaUnavailable(f"replica {self.replica_rank} was restarted and has not received the current "
                                      "weights yet")
+        if sampling_params.max_start_version is not None:  # a partial rollout's resubmission (SamplingParams)
+            version = await self.start_version()
+            if version is None or version > sampling_params.max_start_version:
+                self._stats["stale"] += version is not None
+                return TokenOutput(token_ids=[], log_probs=[] if sampling_params.logprobs else None,
+                                   stop_reason="aborted" if version is None else "stale")
         out = await self.engine.generate(request_id, prompt_ids, sampling_params)
         self._stats["requests"] += 1
         self._stats["generated_tokens"] += len(out.token_ids)
@@ -172,13 +200,17 @@ class _ReplicaActor:
                 t.cancel()
 
     async def abort_all_requests(self) -> int:
+        self._aborted.set()  # requests waiting for a resume end as aborted too
+        self._aborted = asyncio.Event()
         return await self.engine.abort_all_requests()
 
     async def pause(self, mode: Literal["abort", "wait", "keep"] = "abort") -> None:
+        self._resumed.clear()
         await self.engine.pause(mode)
 
     async def resume(self) -> None:
         await self.engine.resume()
+        self._resumed.set()
 
     async def update_weights(self, buckets: list, version: int) -> int:
         """Load ``[(bucket, metas) | ObjectRef of it, ...]`` one bucket at a time."""

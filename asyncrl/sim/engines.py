@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Sequence
 
 from asyncrl.rollout.base import SamplingParams, TokenOutput
+from asyncrl.rollout.engine_stats import IterationWindow
 from asyncrl.sim.cost_models import RolloutCostModel
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class CostModelInferenceEngine:
         self._switches: list[tuple[float, int]] = [(float("-inf"), 0)]  # (decode iteration, version from then on)
         self._drained: Optional[asyncio.Event] = None
         self.generated_tokens = 0
+        self.iteration_window = IterationWindow()  # as the real engines' (asyncrl.rollout.engine_stats), virtual s
 
     # ------------------------------------------------------------------ clock
     @property
@@ -118,6 +120,7 @@ class CostModelInferenceEngine:
             dg = self.cost.decode_iterations(now - start, *self._shape())
             self._g += dg
             self._ctx += b * dg
+            self.iteration_window.add(now - start, dg, b * dg)
             if self.timeline is not None:
                 self.timeline.add(self.name, start, now, "decode")
         self._t = now
@@ -169,6 +172,7 @@ class CostModelInferenceEngine:
         self._ctx -= req.ctx0 + min(self._g - req.g0, req.need)
         n = self._tokens_of(req) if how == "aborted" else int(round(req.need / self.scale))
         self.generated_tokens += n
+        self.iteration_window.generated_tokens += n  # counted when the request ends (aborted: what it made)
         if how != "aborted":
             self._first_prompt.pop(req.rid, None)
             self._prefilled.discard(req.rid)
@@ -192,6 +196,7 @@ class CostModelInferenceEngine:
         now = self._loop.time()
         begin = max(now, self._busy_until)
         self._busy_until = begin + self.cost.prefill_time(int(req.ctx0))
+        self.iteration_window.add(self._busy_until - begin, 1, 1, prefill_tokens=int(req.ctx0))
         if self.timeline is not None:
             self.timeline.add(self.name, begin, self._busy_until, "prefill")
             self.timeline.prefill_tokens += int(req.ctx0)

@@ -140,6 +140,7 @@ class LocalReplica(_ReplicaActor):
         self.backend, self.replica_rank, self.engine = "hf", replica_rank, engine
         self._start_task = None
         self._stats = self.fresh_stats()
+        self.init_pause_state()
         self.restarted, self.weights_current = False, True
 
 
