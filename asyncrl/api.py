@@ -71,6 +71,8 @@ class InferenceEngine(Protocol):
         param_version: the weight version being served (0 until the first sync).
         num_inflight: requests inside :meth:`generate`.
         num_weight_workers: processes that each join a weight broadcast (vLLM: TP x PP; hf: 1).
+        iteration_window: optional; an :class:`asyncrl.rollout.engine_stats.IterationWindow` the engine records its
+            iterations in (``None`` or absent: no ``rollout/engine_*`` metrics from it).
     """
 
     param_version: int

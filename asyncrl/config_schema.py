@@ -283,8 +283,9 @@ class AsyncTrainingConfig:
     load, they continue; tokens after the sync come from the new weights, the KV before it from the
     old)."""
     drop_stale_in_generation: bool = True
-    """With ``partial_rollout`` (``abort``): a request resumed after a sync that would start on a version more
-    than the staleness bound past its oldest token ends its prompt group at once (``dropped/stale_in_generation``),
+    """With ``partial_rollout`` (``abort``): a request resumed after a sync (or a tool loop's next turn) that would
+    start on a version more than the staleness bound past its group's oldest token ends the group at once
+    (``dropped/stale_in_generation``),
     instead of generating on for the trainer to drop (``stale_at_trainer``; invariant 3 holds either way).
     Long-tail groups outlive the bound under partial rollout (session 20: 28-36 of ~550 groups with
     ``staleness_threshold=1``). ``False``: they generate to the end."""

@@ -296,7 +296,8 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "train_price": (statistics.median(r["perf/update_s_per_token"] for r in steady)
                         if steady and all("perf/update_s_per_token" in r for r in steady) else None),
         "funnel": funnel.summary(),
-        "engine": {**engine_summary(steady), **generation_cost(history, req * cfg.actor_rollout_ref.rollout.n)},
+        "engine": {**engine_summary(steady), **generation_cost(history, req * cfg.actor_rollout_ref.rollout.n,
+                                                               summary.accounting.get("dropped", {}))},
         "history": history,
     }
     if cpu:
@@ -375,23 +376,25 @@ def engine_summary(rows: list[dict]) -> dict:
     return {k: statistics.median(r[f"rollout/engine_{k}"] for r in rows) for k in keys}
 
 
-def generation_cost(history: list[dict], responses_per_step: int) -> dict:
+def generation_cost(history: list[dict], responses_per_step: int, dropped: Optional[dict] = None) -> dict:
     """What the run's generation cost beyond what it trained: the engines' tokens over the trained tokens
     (``rollout/engine_generated_tokens`` summed over the rows against ``response_length/mean`` x responses)
-    and the prompt groups dropped as stale at the trainer. ``{}`` without engine statistics."""
+    and the prompt groups dropped as stale, at the trainer and (``dropped``: the run's accounting) in generation.
+    ``{}`` without engine statistics."""
     if not history or not all("rollout/engine_generated_tokens" in r for r in history):
         return {}
     trained = sum(r["response_length/mean"] * responses_per_step for r in history)
     return {"tokens_per_trained_token": sum(r["rollout/engine_generated_tokens"] for r in history) / max(1e-9, trained),
-            "dropped_stale": history[-1].get("trainer/dropped_stale", 0)}
+            "dropped_stale": history[-1].get("trainer/dropped_stale", 0),
+            "dropped_stale_in_generation": (dropped or {}).get("stale_in_generation", 0)}
 
 
 def format_engine(e: dict) -> str:
     out = (f"busy {e.get('busy_ratio', 0):.2f}  batch {e.get('batch_mean', 0):.1f} seqs  "
            f"decode {e.get('decode_ms', 0):.1f} ms/iteration  {e.get('tokens_per_s', 0):,.0f} tokens/s")
     if "tokens_per_trained_token" in e:
-        out += (f"; whole run: {e['tokens_per_trained_token']:.2f} tokens generated per token trained,"
-                f" {e['dropped_stale']:.0f} groups dropped stale")
+        out += (f"; whole run: {e['tokens_per_trained_token']:.2f} tokens generated per token trained, groups dropped"
+                f" stale {e['dropped_stale']:.0f} at the trainer + {e.get('dropped_stale_in_generation', 0):.0f} in generation")
     return out
 
 

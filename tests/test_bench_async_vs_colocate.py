@@ -82,12 +82,12 @@ def test_engine_line_reports_medians_and_what_generation_cost_beyond_training(be
     rows = [{"rollout/engine_busy_ratio": b, "rollout/engine_batch_mean": 10.0 * b, "rollout/engine_decode_ms": 5.0,
              "rollout/engine_tokens_per_s": 1000.0, "rollout/engine_generated_tokens": tokens, "response_length/mean": 20.0,
              "trainer/dropped_stale": stale} for b, tokens, stale in ((0.5, 800.0, 0), (0.7, 1000.0, 1), (0.9, 600.0, 3))]
-    e = {**bench.engine_summary(rows), **bench.generation_cost(rows, responses_per_step=32)}
+    e = {**bench.engine_summary(rows), **bench.generation_cost(rows, 32, {"stale_in_generation": 2, "x_at_shutdown": 9})}
     assert e == {"busy_ratio": 0.7, "batch_mean": 7.0, "decode_ms": 5.0, "tokens_per_s": 1000.0,
-                 "tokens_per_trained_token": 2400 / (3 * 20 * 32), "dropped_stale": 3}
+                 "tokens_per_trained_token": 2400 / (3 * 20 * 32), "dropped_stale": 3, "dropped_stale_in_generation": 2}
     line = bench.format_engine(e)
     assert "busy 0.70  batch 7.0 seqs  decode 5.0 ms/iteration  1,000 tokens/s" in line
-    assert "whole run: 1.25 tokens generated per token trained, 3 groups dropped stale" in line
+    assert "whole run: 1.25 tokens generated per token trained, groups dropped stale 3 at the trainer + 2 in generation" in line
     assert bench.generation_cost([{k: v for k, v in rows[0].items() if "engine" not in k}], 32) == {}  # no statistics
 
 

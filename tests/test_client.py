@@ -316,3 +316,26 @@ def test_a_partial_rollout_resumed_past_the_staleness_bound_ends_as_stale_genera
     else:
         out = run(main(True))  # resumed on version 0 again: within the bound
         assert len(out.token_ids) == 400 and set(out.response_versions) == {0} and out.num_aborts == 1
+
+
+def test_the_bound_is_the_samples_a_request_after_an_older_sibling_is_refused():
+    """A group is trained whole, so its oldest token counts for every request of it: a request (a sibling, a
+    tool loop's next turn) that would start more than the bound past a token another one returned is refused,
+    even with no old token of its own."""
+    from asyncrl.rollout.client import StaleGeneration, staleness_bounded
+
+    async def main():
+        body = _sim_replica()
+        client = FullyAsyncLLMServerClient(FakePool({"r": body}), partial_rollout=True)
+        sp = SamplingParams(max_tokens=3, ignore_eos=True)
+        with staleness_bounded(1) as limit:
+            first = await client.generate("g-0", [1], sp)
+            assert first.response_versions == [0, 0, 0] and limit.oldest == 0 and limit.max_start_version == 1
+            await body.engine.finish_weight_update(1)
+            assert (await client.generate("g-1", [1], sp)).response_versions == [1, 1, 1]  # 1 - 0 <= 1
+            await body.engine.finish_weight_update(2)
+            with pytest.raises(StaleGeneration, match="oldest token \\(version 0\\)"):
+                await client.generate("g-2", [1], sp)
+        assert (await client.generate("eval-0", [1], sp)).response_versions == [2, 2, 2]  # outside: no limit
+
+    run(main())

@@ -72,8 +72,8 @@ class SamplingParams:
         presence_penalty / frequency_penalty / repetition_penalty: vLLM's penalties (0 / 0 / 1 =
             off); an engine that cannot apply one raises :class:`UnsupportedSamplingParam`.
         max_start_version: the newest parameter version this request may start on, or ``None``. Set by the
-            partial-rollout client on a resubmission after an abort (its oldest token's version + the staleness
-            bound): a replica (:class:`asyncrl.rollout.replica.RolloutReplica`, not the bare engines) that would
+            partial-rollout client for a trained sample once one of its requests has returned tokens (the oldest
+            token's version + the staleness bound: :func:`asyncrl.rollout.client.staleness_bounded`): a replica (:class:`asyncrl.rollout.replica.RolloutReplica`, not the bare engines) that would
             start it on a newer version, also once it resumes from the sync that aborted it, returns at once
             with ``stop_reason="stale"``: the trainer would drop the sample anyway.
     """

@@ -82,20 +82,39 @@ class ResumableOutput(TokenOutput):
 
 
 _COALESCE_KEY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("asyncrl_coalesce_key", default=None)
-_STALENESS_BOUND: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("asyncrl_staleness_bound", default=None)
+@dataclass
+class StalenessLimit:
+    """The staleness bound of one sample (a prompt group, trained whole) and the oldest token version any of its
+    requests has returned so far: no request of it should start on a version past ``oldest + bound``."""
+
+    bound: int
+    oldest: Optional[int] = None
+
+    def note(self, versions: Sequence[int]) -> None:
+        if versions:
+            self.oldest = min(versions) if self.oldest is None else min(self.oldest, min(versions))
+
+    @property
+    def max_start_version(self) -> Optional[int]:
+        return None if self.oldest is None else self.oldest + self.bound
+
+
+_STALENESS: contextvars.ContextVar[Optional[StalenessLimit]] = contextvars.ContextVar("asyncrl_staleness", default=None)
 
 
 @contextlib.contextmanager
-def staleness_bounded(bound: Optional[int]) -> Iterator[None]:
-    """Requests made inside this block (and the tasks it starts) are for samples the trainer drops once their
-    oldest token is more than ``bound`` versions behind it (:func:`asyncrl.staleness.staleness_bound`): a
-    partial rollout's resubmission that would start beyond that ends with :class:`StaleGeneration` instead of
-    generating tokens nobody trains. ``None`` (evaluation, samples never trained): no limit."""
-    token = _STALENESS_BOUND.set(bound)
+def staleness_bounded(bound: Optional[int]) -> Iterator[Optional[StalenessLimit]]:
+    """Requests made inside this block (and the tasks it starts) are for one sample, which the trainer drops once
+    its oldest token is more than ``bound`` versions behind it (:func:`asyncrl.staleness.staleness_bound`): a
+    request (a partial rollout's resubmission, a tool loop's next turn) that would start beyond the oldest token
+    any of them has returned + ``bound`` ends with :class:`StaleGeneration` instead of generating tokens nobody
+    trains. Yields the sample's :class:`StalenessLimit`; ``None`` (evaluation, samples never trained): no limit."""
+    limit = StalenessLimit(bound) if bound is not None else None
+    token = _STALENESS.set(limit)
     try:
-        yield
+        yield limit
     finally:
-        _STALENESS_BOUND.reset(token)
+        _STALENESS.reset(token)
 
 
 @contextlib.contextmanager
@@ -320,8 +339,8 @@ class FullyAsyncLLMServerClient(LLMServerClient):
         Raises:
             GenerationAborted: when aborted and ``partial_rollout`` is False (tokens so far attached
                 as ``.partial``), or when ``max_resumes`` is exceeded.
-            StaleGeneration: resumed inside :func:`staleness_bounded`, the request would start on a version
-                its oldest token is more than the bound behind (a ``GenerationAborted``).
+            StaleGeneration: inside :func:`staleness_bounded`, the request would start on a version more than the
+                bound past its sample's oldest token (a ``GenerationAborted``).
         """
         budget = int(sampling_params.max_tokens)
         prompt = list(prompt_ids)
@@ -331,17 +350,18 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             if remaining <= 0:
                 result.stop_reason = "length"
                 return result
-            bound = _STALENESS_BOUND.get()
+            limit = _STALENESS.get()
             sp = dataclasses.replace(sampling_params, max_tokens=remaining,
                                      stop_token_ids=list(sampling_params.stop_token_ids),
-                                     max_start_version=(min(result.response_versions) + bound
-                                                        if bound is not None and result.response_versions else None))
+                                     max_start_version=limit.max_start_version if limit is not None else None)
             out, server_id = await self._call(request_id, prompt + result.token_ids, sp, result)
             if out.stop_reason == "stale":
-                err = StaleGeneration(f"request {request_id}: its oldest token (version {min(result.response_versions)}) "
-                                      f"would be more than {bound} versions behind the trainer once resumed")
+                err = StaleGeneration(f"request {request_id}: its sample's oldest token (version {limit.oldest}) would "
+                                      f"be more than {limit.bound} versions behind the trainer")
                 err.partial = result
                 raise err
+            if limit is not None:
+                limit.note(out.response_versions)
             new = list(out.token_ids)[:remaining]
             result.token_ids.extend(new)
             if result.log_probs is not None:
