@@ -282,13 +282,15 @@ class AsyncTrainingConfig:
     weight update: vLLM ``pause_generation(mode="keep")`` freezes them with their KV cache, weights
     load, they continue; tokens after the sync come from the new weights, the KV before it from the
     old)."""
-    drop_stale_in_generation: bool = True
+    drop_stale_in_generation: bool = False
     """With ``partial_rollout`` (``abort``): a request resumed after a sync (or a tool loop's next turn) that would
     start on a version more than the staleness bound past its group's oldest token ends the group at once
-    (``dropped/stale_in_generation``),
-    instead of generating on for the trainer to drop (``stale_at_trainer``; invariant 3 holds either way).
-    Long-tail groups outlive the bound under partial rollout (session 20: 28-36 of ~550 groups with
-    ``staleness_threshold=1``). ``False``: they generate to the end."""
+    (``dropped/stale_in_generation``), instead of generating on for the trainer to drop (``stale_at_trainer``;
+    invariant 3 holds either way). Off by default: on the 2-core long-tail benchmark (``d_s1`` 28-36 of ~550
+    groups dropped stale, 1.2-1.4 tokens generated per token trained) it saved no tokens and no time in four A/B
+    rounds (-20% to +2%; the freed budget slots start new groups, more requests share the engine and more
+    groups outlive the bound: ``benchmarks/RESULTS.md``, session 20); at the seed's 7B scale nothing outlives the
+    bound. For workloads whose stale groups would generate long after their last resumption."""
     sync_bucket_size_mb: float = 64.0
     """ParameterSynchronizer bucket size in MiB."""
 

@@ -12,10 +12,10 @@ All counts are *samples* = prompt groups (one prompt with ``rollout.n`` response
   budget above caps how many samples are outstanding, not how long one of them generates: a long-tail
   response under partial rollout resumes after every sync and can outlive the bound. The trainer
   enforces it: a sample older than the bound is dropped, counted (``dropped/stale_at_trainer``) and its
-  budget slot released (``FullyAsyncTrainer._fetch_batch``). A resumed request that would start on a
-  version already more than the bound past its oldest token ends its group at once instead
-  (``dropped/stale_in_generation``: :func:`asyncrl.rollout.client.staleness_bounded`), so no engine time
-  goes to a sample the trainer would drop.
+  budget slot released (``FullyAsyncTrainer._fetch_batch``). With
+  ``async_training.drop_stale_in_generation`` a resumed request that would start on a version already more
+  than the bound past its group's oldest token ends the group at once instead (``dropped/stale_in_generation``:
+  :func:`asyncrl.rollout.client.staleness_bounded`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 * ``colocated``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train, sync, in
   turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
-  ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead; ``d_s1_late``: d_s1 with groups past
-  the staleness bound generating on until the trainer drops them, ``drop_stale_in_generation=False``), ``d_t2`` (two updates per
+  ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead; ``d_s1_early``: d_s1 with groups past
+  the staleness bound dropped at their resubmission, ``drop_stale_in_generation=True``), ``d_t2`` (two updates per
   sync): the replica on
   core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
@@ -99,10 +99,10 @@ MODES = {
     # two batches of look-ahead: d_s1 sits at its budget (staleness_samples 64 of 64) with the trainer idle half
     # the time; session 19 measured d_s2 with 1.5x the requests in the engine and no more samples/s (RESULTS.md)
     "d_s2": {"async_training.staleness_threshold": 2.0, "async_training.partial_rollout": True},
-    # d_s1 as before session 20: a long-tail group past the staleness bound generates on until the trainer drops
-    # it (stale_at_trainer) instead of ending at its resubmission (stale_in_generation)
-    "d_s1_late": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
-                  "async_training.drop_stale_in_generation": False},
+    # d_s1 with a long-tail group past the staleness bound ending at its resubmission (stale_in_generation) instead
+    # of generating on until the trainer drops it (stale_at_trainer): no gain in session 20's A/B rounds
+    "d_s1_early": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                   "async_training.drop_stale_in_generation": True},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
