@@ -651,6 +651,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.sim import simulate
     from asyncrl.sim.calibrate import cpu_cost_model
     from asyncrl.sim.workload import empirical_lengths, gradient_fraction
+    from asyncrl.staleness import sample_budget
 
     cal = result["calibration"]
     inputs = cpu_calibration(result, args)
@@ -709,6 +710,10 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                   "trained_rows_frac": statistics.mean(r.get("actor/trained_rows_frac", 1.0) for r in res.history),
                   "step_split": step_split(res.history[pipeline_fill(res.history):]),
                   "train_price": price * (1.0 + cost.train.contention),  # s per priced token, as charged
+                  # the simulated engines' rollout/engine_* beside the measured ones (print_split_beside)
+                  "engine": {**engine_summary(res.history[pipeline_fill(res.history):]),
+                             **generation_cost(res.history, sample_budget(cfg).required_samples
+                                               * cfg.actor_rollout_ref.rollout.n, res.accounting.get("dropped", {}))},
                   "error": res.samples_per_s / measured["samples_per_s"] - 1 if measured["samples_per_s"] else None}
     return out
 
@@ -893,6 +898,15 @@ def print_split_beside(sim: dict, measured: dict) -> None:
     if parts:
         print(f"{'':10s} per step (median s, measured / simulated): " + ", ".join(parts)
               + (f"; rows with a gradient {grad:.2f}" if grad is not None else ""))
+    me, se = measured.get("engine") or {}, sim.get("engine") or {}
+    both = [k for k in ("batch_mean", "tokens_per_s", "tokens_per_trained_token") if k in me and k in se]
+    if both:  # the engine statistics both report the same way (decode ms and busy ratio do not: the simulator's
+        # iteration price folds in vLLM's scheduling and output handling, which the engine's own timing leaves out)
+        names = {"batch_mean": "batch", "tokens_per_s": "tokens/s", "tokens_per_trained_token": "tokens per token trained"}
+        stale = [f"{d.get('dropped_stale', 0):.0f} + {d.get('dropped_stale_in_generation', 0):.0f}" for d in (me, se)]
+        print(f"{'':10s} engine (measured / simulated): " + ", ".join(
+            f"{names[k]} {me[k]:,.{0 if k == 'tokens_per_s' else 2}f} / {se[k]:,.{0 if k == 'tokens_per_s' else 2}f}"
+            for k in both) + (f"; groups dropped stale {stale[0]} / {stale[1]}" if "dropped_stale" in me else ""))
     run_price, sim_price = measured.get("train_price"), sim.get("train_price")
     if run_price and sim_price and sim.get("gradient_rows_frac") is not None:  # both per token of the trained rows
         print(f"{'':10s} train price (us per token through the model, measured in the run / simulated): "

@@ -1,6 +1,7 @@
 """asyncrl.sim: virtual time, the cost-model engines, and the real control logic run in virtual time."""
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -781,3 +782,31 @@ def test_a_simulation_repeats_exactly():
     cfg.trainer.seed += 1
     other = simulate(cfg, _cost(), natural_length=natural)
     assert [h["response_length/mean"] for h in other.history] != [h["response_length/mean"] for h in runs[0].history]
+
+
+def test_a_request_pays_its_fixed_cost_once_and_a_resume_only_its_context():
+    """Session 20: the per-request cost fitted on the rollout-only (admission, the output's trip back) was charged
+    again on every resume after a sync's abort; in a d_s1 run with ~240 requests in flight that stalled the
+    simulated replica ~1.5 s per sync (batches of ~15 against the measured run's ~68; d_s1 simulated -22%). A resume
+    pays only its recomputed context (``per_prefill_token_s``)."""
+    cost = RolloutCostModel(step_s=0.01, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=0.5, per_prefill_token_s=0.001)
+
+    async def main():
+        eng = CostModelInferenceEngine(cost, prompt_tokens=10)
+        sp = SamplingParams(max_tokens=100, ignore_eos=True)
+        task = asyncio.ensure_future(eng.generate("r", [1, 2], sp))
+        await asyncio.sleep(0.5 + 0.010 + 0.2)  # prefill (0.5 + 10 tokens x 1 ms), then 20 iterations
+        await eng.pause("abort")
+        first = await task
+        await eng.resume()
+        t0 = asyncio.get_running_loop().time()
+        rest = await eng.generate("r", [1, 2] + first.token_ids, dataclasses.replace(sp, max_tokens=100 - len(first.token_ids)))
+        return first, rest, asyncio.get_running_loop().time() - t0, eng.iteration_window.take()
+
+    first, rest, resumed_s, window = run(main)
+    assert len(first.token_ids) == 20 and first.stop_reason == "aborted"
+    assert len(rest.token_ids) == 80
+    # the resume: its context (10 prompt + 20 tokens) x 1 ms, then 80 iterations; no second 0.5 s
+    assert resumed_s == pytest.approx(0.030 + 80 * 0.01, abs=1e-6)
+    assert window["prefill_tokens"] == 10 + 30 and window["busy_s"] == pytest.approx(0.510 + 0.030 + 1.0, abs=1e-6)
+    assert window["iterations"] == pytest.approx(100) and window["seqs"] == pytest.approx(100)  # prefills: no iteration

@@ -105,7 +105,7 @@ def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequen
 
     The probe's requests all run ``probe_tokens`` tokens; the workload's are mostly short (long-tail task:
     median 14 tokens), so what a request costs once (admission, prefill of its prompt, its output's trip
-    back; again on every resume after an abort) weighs ~3x more per token in a run than in the probe, and a
+    back; a resume after an abort pays only its recomputed context: :mod:`asyncrl.sim.engines`) weighs ~3x more per token in a run than in the probe, and a
     model fitted to the probe alone runs the workload too fast (1.2-1.4x on the 2-core box, and more
     so the more requests it keeps in flight). The per-request cost ``c`` (:attr:`RolloutCostModel.prefill_s`,
     which blocks the replica as the real engine's admission does) is found by bisection so that

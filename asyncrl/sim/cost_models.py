@@ -63,7 +63,8 @@ class RolloutCostModel:
     per_ctx_token_s: float
     """Extra decode time per context token of the running sequences (KV-cache read)."""
     prefill_s: float = 0.0
-    """Fixed cost of admitting one request (scheduling, first forward)."""
+    """Fixed cost of admitting one request (scheduling, first forward), once per request: a partial rollout
+    resumed after an abort pays only ``per_prefill_token_s`` for its prompt + partial tokens."""
     per_prefill_token_s: float = 0.0
     """Prefill compute per prompt token (also paid again for prompt + partial tokens on a resume)."""
     weight_load_s: float = 0.0

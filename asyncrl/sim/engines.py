@@ -195,8 +195,13 @@ class CostModelInferenceEngine:
     def _start(self, req: _Request) -> None:
         now = self._loop.time()
         begin = max(now, self._busy_until)
-        self._busy_until = begin + self.cost.prefill_time(int(req.ctx0))
-        self.iteration_window.add(self._busy_until - begin, 1, 1, prefill_tokens=int(req.ctx0))
+        # what a request costs once (prefill_s: admission, its output's trip back) it pays on its first start; a
+        # partial rollout resumed after an abort pays only its recomputed context (session 20: charged on every
+        # resume, the in-run replica ran batches of ~15 against the measured run's ~68, and d_s1 22% slow)
+        resumed = req.rid in self._prefilled
+        self._busy_until = begin + self.cost.prefill_time(int(req.ctx0)) - (self.cost.prefill_s if resumed else 0.0)
+        # busy time and prompt tokens, not an iteration: the real engines prefill inside their decode iterations
+        self.iteration_window.add(self._busy_until - begin, 0, 0, prefill_tokens=int(req.ctx0))
         if self.timeline is not None:
             self.timeline.add(self.name, begin, self._busy_until, "prefill")
             self.timeline.prefill_tokens += int(req.ctx0)
