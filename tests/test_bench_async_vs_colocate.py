@@ -292,3 +292,24 @@ def test_bad_arguments_end_in_one_line_before_anything_starts(argv, says):
     cmd = [sys.executable, str(REPO / "benchmarks" / "async_vs_colocate.py"), *argv]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_session_20s_async_runs_are_simulated_within_15_percent_now_that_a_resume_pays_no_fixed_cost(bench, tmp_path):
+    """Session 20's 20:56 run (tests/data/avc_cpu_longtail_s20.json; histories dropped): d_s1 12.60 samples/s, its
+    early-drop variant 12.75. Simulated -22% / -24% while every resume after a sync's abort paid the 6.36 ms
+    per-request cost again (~240 requests in flight: the simulated replica stalled ~1.5 s a sync); -7% / -7% now.
+    The simulated engine's batches stay below the measured ones (27-34 against 68, which the engine statistics
+    show): what is left of the miss. Colocated (+36%) is the slower of two colocated rounds that ran 11.13 and 7.78
+    samples/s an hour apart, the box's swing, not asserted here."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s20.json").read_text())
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    out = bench.simulate_modes(result, args)
+    assert {m: abs(out[m]["error"]) < 0.15 for m in ("d_s1", "d_s1_early")} == {"d_s1": True, "d_s1_early": True}, out
+    for m in ("d_s1", "d_s1_early"):
+        measured, simulated = result["modes"][m]["engine"], out[m]["engine"]
+        assert simulated["batch_mean"] < measured["batch_mean"]  # the miss that is left, in the engine's own terms
+        assert measured["tokens_per_trained_token"] > 1.2 > simulated["tokens_per_trained_token"]  # drops not priced
