@@ -15,17 +15,18 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``rollouter/partial_count``         samples in the step whose tokens span several versions
 ``rollouter/partial_max_span``      largest version span of one sample in the step
 ``rollouter/processing_p50_s`` ...  per-sample generation+reward time percentiles
-``rollouter/queue_size``            MessageQueue size when the step was logged
-``rollout/engine_busy_ratio``       share of the wall time since the previous row the replicas' engines spent in
+``rollouter/queue_size``            MessageQueue size once the step's batch was fetched
+``rollout/engine_busy_ratio``       share of the wall time between the previous step's fetch and this one's (the
+                                    window of every ``rollout/engine_*``) the replicas' engines spent in
                                     model steps (mean over replicas; low: the engines were underfed)
-``rollout/engine_batch_mean``       sequences per engine iteration (prefill + decode) since the previous row
+``rollout/engine_batch_mean``       sequences per engine iteration (prefill + decode) in the window
 ``rollout/engine_decode_ms``        mean milliseconds of a decode-only engine iteration (higher than the same batch
                                     alone: the engine was slowed, e.g. its cores shared)
-``rollout/engine_tokens_per_s``     tokens the engines generated per wall second since the previous row (all
+``rollout/engine_tokens_per_s``     tokens the engines generated per wall second in the window (all
                                     replicas; also tokens later aborted, partial or dropped)
 ``rollout/engine_generated_tokens`` those tokens' count: over a run, against the trained tokens, what generation
                                     cost beyond what trained (dropped groups, look-ahead left at the end)
-``rollout/engine_iterations``       engine iterations since the previous row (all replicas). ``rollout/engine_*``:
+``rollout/engine_iterations``       engine iterations in the window (all replicas). ``rollout/engine_*``:
                                     :mod:`asyncrl.rollout.engine_stats`; off with ``rollout.disable_log_stats``
 ``actor/pg_loss``, ``pg_clipfrac``  PPO-clip loss and clipped fraction (``pg_clipfrac_lower``: dual clip)
 ``actor/ppo_kl``, ``actor/kl_loss`` behaviour-vs-policy KL estimate; reference KL (if enabled)

@@ -206,6 +206,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             await self.rollouter.close_admission.remote()  # the last batch: nothing started now could train
         self._set_phase("update")
         t_fetched = time.time()
+        # the rollouter's side of the row, asked now: its Ray calls (~40 ms a step on the busy 2-core box, on the
+        # trainer's path when asked after the sync) are answered while the update runs
+        rollout_metrics = asyncio.ensure_future(self._rollout_metrics())
+        rollout_metrics.add_done_callback(lambda t: t.cancelled() or t.exception())  # a step that raises never awaits it
         batch = collate([o for s in samples for o in s.outputs], [s.uid for s in samples for _ in s.outputs])
         t_collated = time.time()
         metrics: dict[str, float] = {}
@@ -261,7 +265,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         if self.global_steps % cfg.async_training.trigger_parameter_sync_step == 0:
             self._set_phase("sync")
             sync_metrics = await self._sync_weights()
-        self._log_step(samples, batch, lags, {**metrics, **await self._rollout_metrics()}, sync_metrics,
+        self._log_step(samples, batch, lags, {**metrics, **await rollout_metrics}, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
                         "timing/collate_s": t_collated - t_fetched, "timing/adv_s": t_adv - t_collated,
                         "timing/update_actor_s": t_actor - t_adv, "timing/update_post_s": t_updated - t_actor,
@@ -324,8 +328,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         return metrics
 
     async def _rollout_metrics(self) -> dict[str, float]:
-        """The rollouter's side of the step's row: ``rollouter/idle_ratio``, ``rollouter/queue_size`` and the
-        engines' ``rollout/engine_*`` since the previous step (:meth:`FullyAsyncRollouter.step_metrics`)."""
+        """The rollouter's side of the step's row, asked once the step's batch is fetched: ``rollouter/idle_ratio``,
+        ``rollouter/queue_size`` and the engines' ``rollout/engine_*`` since the previous step's fetch
+        (:meth:`FullyAsyncRollouter.step_metrics`)."""
         if self.rollouter is None:
             return {}
         ro, mq = await asyncio.gather(self.rollouter.step_metrics.remote(), self.mq.stats_async())
