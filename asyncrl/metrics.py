@@ -11,7 +11,8 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``staleness/update_lag_mean``, ...  the same lag in optimizer updates (differs when a sync carries several
                                     updates, mode b; includes PPO's mini-batch lag within a step)
 ``trainer/idle_ratio``              share of wall time the trainer waited for samples, cumulative from its start to this step
-``rollouter/idle_ratio``            share of wall time with no prompt group in generation (replicas idle)
+``rollouter/idle_ratio``            share of wall time with no prompt group in generation (replicas idle), cumulative
+                                    from the rollouter's start to this step
 ``rollouter/partial_count``         samples in the step whose tokens span several versions
 ``rollouter/partial_max_span``      largest version span of one sample in the step
 ``rollouter/processing_p50_s`` ...  per-sample generation+reward time percentiles
@@ -23,11 +24,14 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``rollout/engine_decode_ms``        mean milliseconds of a decode-only engine iteration (higher than the same batch
                                     alone: the engine was slowed, e.g. its cores shared)
 ``rollout/engine_tokens_per_s``     tokens the engines generated per wall second in the window (all
-                                    replicas; also tokens later aborted, partial or dropped)
+                                    replicas; also evaluation's and tokens later aborted, partial or dropped)
 ``rollout/engine_generated_tokens`` those tokens' count: over a run, against the trained tokens, what generation
-                                    cost beyond what trained (dropped groups, look-ahead left at the end)
-``rollout/engine_iterations``       engine iterations in the window (all replicas). ``rollout/engine_*``:
-                                    :mod:`asyncrl.rollout.engine_stats`; off with ``rollout.disable_log_stats``
+                                    cost beyond what trained (dropped groups, evaluation, look-ahead left at the end)
+``rollout/engine_iterations``       engine iterations in the window (all replicas; fractional in a simulation, which
+                                    prices spans of iterations). ``rollout/engine_*``: :mod:`asyncrl.rollout.engine_stats`;
+                                    the first window opens when the rollouter starts; off with ``rollout.disable_log_stats``
+``rollouter/dropped_stale_in_generation`` prompt groups dropped so far because they outlived the staleness bound
+                                    before they finished (``async_training.drop_stale_in_generation``)
 ``actor/pg_loss``, ``pg_clipfrac``  PPO-clip loss and clipped fraction (``pg_clipfrac_lower``: dual clip)
 ``actor/ppo_kl``, ``actor/kl_loss`` behaviour-vs-policy KL estimate; reference KL (if enabled)
 ``actor/entropy``                   entropy of the filtered sampling distribution (``entropy_coeff`` > 0)
@@ -40,7 +44,8 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``critic/grad_norm``, ``critic/lr`` the critic's optimizer (``gae``)
 ``rollout_corr/*``                  rollout vs trainer log-prob mismatch and IS / rejection statistics
                                     (decoupled mode; ``asyncrl/trainer/rollout_correction.py``)
-``trainer/dropped_stale``           prompt groups dropped for staleness so far
+``trainer/dropped_stale``           prompt groups the trainer dropped for staleness so far (at fetch; see also
+                                    ``rollouter/dropped_stale_in_generation``)
 ``trainer/dropped_dapo_no_signal``  prompt groups dropped by DAPO's ``filter_groups`` so far
 ``sync/*``                          weight-sync phase timings (pause, transfer, resume, total)
 ``sync/replica_faults``             1 when a replica died during the sync (resent to the live ones)

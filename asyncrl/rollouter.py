@@ -121,6 +121,7 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
     async def start(self) -> None:
         """Start the feed and processor loops (returns at once). With ``hybrid_engine`` only the feed
         loop runs: the trainer asks for each batch with :meth:`generate_batch`."""
+        await self._engine_windows()  # the first step's engine window opens now, not at the engine's start-up
         self._loops = [asyncio.create_task(self._feed_loop())]
         if not self.cfg.actor_rollout_ref.hybrid_engine:
             self._loops.append(asyncio.create_task(self._processor_loop()))
@@ -367,20 +368,26 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
         idle = self.idle_s + (now - self._idle_since if self._idle_since else 0.0)
         return min(1.0, idle / max(1e-9, now - self.t_start))
 
-    async def step_metrics(self) -> dict[str, float]:
-        """The trainer's per-step ``rollouter/idle_ratio`` and ``rollout/engine_*`` (the replicas' engine
-        iterations since the previous call, merged: :func:`asyncrl.rollout.engine_stats.window_metrics`). A
-        replica that cannot answer now (down, restarting) is left out of this step's engine metrics."""
-        from asyncrl.rollout.engine_stats import merge_windows, window_metrics
-
+    async def _engine_windows(self) -> list[dict]:
+        """Every replica's engine iteration sums since the previous call (each restarts its window). A replica
+        that cannot answer now (down, restarting) is left out."""
         names = list(self.replicas)
         windows = await asyncio.gather(*[self.replicas[n].iteration_stats.remote() for n in names],
                                        return_exceptions=True)
         for name, w in zip(names, windows):
             if isinstance(w, BaseException):
-                logger.debug("replica %s gave no iteration stats this step: %s", name, w)
+                logger.debug("replica %s gave no iteration stats: %s", name, w)
+        return [w for w in windows if isinstance(w, dict)]
+
+    async def step_metrics(self) -> dict[str, float]:
+        """The rollouter's side of a trainer step's row: ``rollouter/idle_ratio`` (cumulative from the start),
+        ``rollouter/dropped_stale_in_generation`` (so far) and ``rollout/engine_*`` (the replicas' engine iterations
+        since the previous call, merged: :func:`asyncrl.rollout.engine_stats.window_metrics`)."""
+        from asyncrl.rollout.engine_stats import merge_windows, window_metrics
+
         return {"rollouter/idle_ratio": self.idle_ratio(),
-                **window_metrics(merge_windows(w for w in windows if isinstance(w, dict)))}
+                "rollouter/dropped_stale_in_generation": self.dropped.get("stale_in_generation", 0),
+                **window_metrics(merge_windows(await self._engine_windows()))}
 
     async def snapshot(self) -> dict:
         """Live state for widgets and ``Experiment.status()`` (cheap; no generation)."""

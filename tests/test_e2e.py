@@ -62,6 +62,11 @@ def _check_accounting(cfg, summary):
 
 
 def test_mode_a_on_policy(shared_replica, tmp_path):
+    from asyncrl.rollout.base import SamplingParams
+
+    # 4,000 tokens in the session engine's statistics window before the run: the run's first window must not hold them
+    ray.get([shared_replica.generate_async(f"before-a-{i}", [5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True))
+             for i in range(40)])
     cfg, summary, versions = _run("a", shared_replica, tmp_path)
     _check_accounting(cfg, summary)
     assert summary.param_version == 4
@@ -80,6 +85,11 @@ def test_mode_a_on_policy(shared_replica, tmp_path):
     assert (hist["rollout/engine_decode_ms"] > 0).all()
     trained_tokens = (hist["response_length/mean"] * sample_budget(cfg).required_samples * cfg.actor_rollout_ref.rollout.n).sum()
     assert hist["rollout/engine_generated_tokens"].sum() >= trained_tokens - 1e-6  # every trained token was generated
+    # the first window opens when the rollouter starts, not when the engine's did (the 4,000 tokens above): on-policy
+    # it holds the first batch and the evaluation at version 0 (val_size greedy answers of at most response_length)
+    first = hist["response_length/mean"].iloc[0] * sample_budget(cfg).required_samples * cfg.actor_rollout_ref.rollout.n
+    evaluation = cfg.data.val_size * cfg.actor_rollout_ref.rollout.response_length
+    assert first <= hist["rollout/engine_generated_tokens"].iloc[0] <= first + evaluation, (hist.iloc[0], first)
     # the run's workload for the simulator: every trained response counted once by its length
     counts = summary.response_length_counts
     assert sum(counts.values()) == summary.accounting["trained"] * cfg.actor_rollout_ref.rollout.n

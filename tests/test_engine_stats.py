@@ -99,3 +99,17 @@ def test_vllm_replica_counts_every_generated_token(shared_replica):
     assert w["decode_iterations"] >= 8 and 0 < w["decode_busy_s"] <= w["busy_s"] <= w["wall_s"]
     m = window_metrics(merge_windows([w]))
     assert 1 <= m["rollout/engine_batch_mean"] <= 8 and m["rollout/engine_decode_ms"] > 0
+
+
+def test_the_simulator_reports_the_engine_statistics_unless_disable_log_stats():
+    from asyncrl.recipes import smoke_cpu
+    from asyncrl.sim import simulate
+    from asyncrl.sim.presets import cpu_embedded_vllm
+
+    cfg = smoke_cpu("d")
+    on = simulate(cfg, cpu_embedded_vllm())
+    assert all(0 < row["rollout/engine_busy_ratio"] <= 1 and row["rollout/engine_batch_mean"] >= 1 for row in on.history)
+    cfg.actor_rollout_ref.rollout.disable_log_stats = True
+    off = simulate(cfg, cpu_embedded_vllm())
+    assert not any(k.startswith("rollout/engine_") for row in off.history for k in row)
+    assert all("rollouter/idle_ratio" in row for row in off.history)

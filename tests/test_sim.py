@@ -650,8 +650,9 @@ def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its
     ``stale_at_trainer``. One prompt here answers at 250 tokens (~2.5 virtual s) while every other answers at 4
     and a trainer step takes ~0.4 s: its group spans many syncs and must be dropped, never trained, and counted,
     and the run must still finish its steps (the slot handed back), with every trained token within the bound.
-    Session 20 (``async_training.drop_stale_in_generation``, the default): the resubmission that would start past
-    the bound ends the group there (``stale_in_generation``), so the engines generate fewer tokens for it."""
+    Session 20 (``async_training.drop_stale_in_generation``, an option): the resubmission that would start past
+    the bound ends the group there (``stale_in_generation``, counted per step too), so the engines generate fewer
+    tokens for it."""
     generated = {}
     for in_generation in (True, False):
         cfg = _config("d")
@@ -670,6 +671,7 @@ def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its
         assert budget.staleness_bound == 2 and len(r.history) == 20
         stale = (r.accounting["dropped"].get("stale_in_generation", 0), r.history[-1]["trainer/dropped_stale"])
         assert stale == ((1, 0) if in_generation else (0, 1))  # the long group, dropped once and counted
+        assert r.history[-1]["rollouter/dropped_stale_in_generation"] == stale[0]
         assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
         assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
         generated[in_generation] = sum(row["rollout/engine_generated_tokens"] for row in r.history)

@@ -79,11 +79,12 @@ class CostModelInferenceEngine:
             synthetic length workload sets ``ignore_eos``).
         timeline: optional :class:`Timeline` receiving this replica's busy spans.
         name: lane name in the timeline.
+        iteration_stats: report :attr:`iteration_window` (``rollout/engine_*``; ``not rollout.disable_log_stats``).
     """
 
     def __init__(self, cost: RolloutCostModel, token_scale: int = 1, prompt_tokens: int = 64,
                  natural_length: Optional[Callable[[str, Sequence[int]], int]] = None, timeline: Optional[Timeline] = None,
-                 name: str = "replica", **_: Any):
+                 name: str = "replica", iteration_stats: bool = True, **_: Any):
         self.cost, self.scale, self.prompt_tokens = cost, max(1, int(token_scale)), prompt_tokens
         self.natural_length, self.timeline, self.name = natural_length, timeline, name
         self.param_version = 0
@@ -104,7 +105,9 @@ class CostModelInferenceEngine:
         self._switches: list[tuple[float, int]] = [(float("-inf"), 0)]  # (decode iteration, version from then on)
         self._drained: Optional[asyncio.Event] = None
         self.generated_tokens = 0
-        self.iteration_window = IterationWindow()  # as the real engines' (asyncrl.rollout.engine_stats), virtual s
+        # as the real engines' (asyncrl.rollout.engine_stats), in virtual s; None: not reported (disable_log_stats)
+        self._window = IterationWindow()
+        self.iteration_window: Optional[IterationWindow] = self._window if iteration_stats else None
 
     # ------------------------------------------------------------------ clock
     @property
@@ -120,7 +123,7 @@ class CostModelInferenceEngine:
             dg = self.cost.decode_iterations(now - start, *self._shape())
             self._g += dg
             self._ctx += b * dg
-            self.iteration_window.add(now - start, dg, b * dg)
+            self._window.add(now - start, dg, b * dg)
             if self.timeline is not None:
                 self.timeline.add(self.name, start, now, "decode")
         self._t = now
@@ -172,7 +175,7 @@ class CostModelInferenceEngine:
         self._ctx -= req.ctx0 + min(self._g - req.g0, req.need)
         n = self._tokens_of(req) if how == "aborted" else int(round(req.need / self.scale))
         self.generated_tokens += n
-        self.iteration_window.generated_tokens += n  # counted when the request ends (aborted: what it made)
+        self._window.generated_tokens += n  # counted when the request ends (aborted: what it made)
         if how != "aborted":
             self._first_prompt.pop(req.rid, None)
             self._prefilled.discard(req.rid)
@@ -201,7 +204,7 @@ class CostModelInferenceEngine:
         resumed = req.rid in self._prefilled
         self._busy_until = begin + self.cost.prefill_time(int(req.ctx0)) - (self.cost.prefill_s if resumed else 0.0)
         # busy time and prompt tokens, not an iteration: the real engines prefill inside their decode iterations
-        self.iteration_window.add(self._busy_until - begin, 0, 0, prefill_tokens=int(req.ctx0))
+        self._window.add(self._busy_until - begin, 0, 0, prefill_tokens=int(req.ctx0))
         if self.timeline is not None:
             self.timeline.add(self.name, begin, self._busy_until, "prefill")
             self.timeline.prefill_tokens += int(req.ctx0)

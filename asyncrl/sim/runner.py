@@ -291,7 +291,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
                                                                           cfg.actor_rollout_ref.hybrid_engine,
                                                                           gradient_fraction):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
-                      natural_length=natural_length, timeline=timeline)
+                      natural_length=natural_length, timeline=timeline,
+                      iteration_stats=not cfg.actor_rollout_ref.rollout.disable_log_stats)
         replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))
                     for i in range(n_replicas)}
         mq = MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(budget.max_required_samples)),
