@@ -370,8 +370,8 @@ class FullyAsyncRollouter(ReplicaHealthMixin, CheckpointedRollouter):
 
     async def _engine_windows(self) -> list[dict]:
         """Every replica's engine iteration sums since the previous call (each restarts its window). A replica
-        that cannot answer now (down, restarting) is left out."""
-        names = list(self.replicas)
+        that cannot answer now (down, restarting), or a handle without statistics, is left out."""
+        names = [n for n in self.replicas if hasattr(self.replicas[n], "iteration_stats")]
         windows = await asyncio.gather(*[self.replicas[n].iteration_stats.remote() for n in names],
                                        return_exceptions=True)
         for name, w in zip(names, windows):
