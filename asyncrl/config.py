@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -68,7 +69,41 @@ KEY_HINTS = {
 """Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
 
 
+def _leaf_types(cls: type = None, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> annotated type of every non-dataclass field of the schema (``Optional[X]`` kept)."""
+    cls = cls or ExperimentConfig
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            out.update(_leaf_types(t, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = t
+    return out
+
+
+_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def _check_bool_words(raw: Any, what: str) -> None:
+    """Refuse a YAML / dotlist value for a bool key that OmegaConf would turn into a bool by accident: any int
+    but 0 / 1 (``partial_rollout=2`` and ``=-1`` read as true) or a float. Raises :class:`ConfigError`."""
+    types = _leaf_types()
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+        elif types.get(prefix) is bool and not isinstance(node, bool) and not (
+                isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and node.lower() in _BOOL_WORDS):
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not a bool; write true or false")
+
+    walk(OmegaConf.to_container(raw, resolve=False) if OmegaConf.is_config(raw) else raw, "")
+
+
 def _merge(base, other, what: str):
+    _check_bool_words(other, what)
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
@@ -181,9 +216,44 @@ def check_choice(key: str, value: Any, choices: Any) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; valid values: {valid}" + (f" ({hint})" if hint else ""))
 
 
+def _type_ok(value: Any, t: Any) -> bool:
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Union:  # Optional[X]
+        return any(_type_ok(value, a) for a in args)
+    if t is type(None):
+        return value is None
+    if t is Any:
+        return True
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is str:
+        return isinstance(value, str)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def check_types(cfg: ExperimentConfig) -> None:
+    """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
+    Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
+    truthiness. Raises :class:`ConfigError` naming the key, the value and the type."""
+    for key, t in _leaf_types().items():
+        value = _get(cfg, key)
+        if not _type_ok(value, t):
+            want = "true or false" if t is bool else getattr(t, "__name__", None) or str(t).replace("typing.", "")
+            raise ConfigError(f"{key}={value!r} ({type(value).__name__}) is not valid: expected {want}")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
     at, ro, ac = cfg.async_training, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    check_types(cfg)
     for key, choices in CHOICES.items():
         check_choice(key, _get(cfg, key), choices)
     if at.staleness_threshold < 0:

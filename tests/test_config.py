@@ -105,3 +105,43 @@ def test_trainer_omp_wait_policy(monkeypatch):
     assert trainer_env(cfg) == {}  # OpenMP's own default
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "ACTIVE"}}}
+
+
+BOOL_KEYS = [k for k, t in __import__("asyncrl.config", fromlist=["_leaf_types"])._leaf_types().items() if t is bool]
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "0.5", "maybe"])
+def test_bool_keys_refuse_values_that_are_not_bools(value, tmp_path):
+    # OmegaConf reads any int as a bool (partial_rollout=2 and =-1 were true): every bool key refuses them,
+    # from the command line and from a YAML file alike
+    for key in BOOL_KEYS:
+        with pytest.raises(ConfigError, match=rf"{key}.*not a bool; write true or false"):
+            load_config(overrides=[f"{key}={value}"])
+    y = tmp_path / "c.yaml"
+    y.write_text(f"async_training:\n  partial_rollout: {value}\n")
+    with pytest.raises(ConfigError, match="async_training.partial_rollout.*not a bool"):
+        load_config(y)
+
+
+@pytest.mark.parametrize("value, expected", [("true", True), ("False", False), ("0", False), ("1", True), ("on", True)])
+def test_bool_keys_take_the_bool_words(value, expected):
+    assert len(BOOL_KEYS) >= 15
+    assert load_config(overrides=[f"async_training.partial_rollout={value}"]).async_training.partial_rollout is expected
+
+
+def test_values_set_from_python_are_type_checked():
+    from asyncrl.config import validate
+
+    cfg = ExperimentConfig()
+    validate(cfg)  # the defaults have their own types
+    cfg.async_training.partial_rollout = "no"  # truthy: read as True before
+    with pytest.raises(ConfigError, match=r"async_training.partial_rollout='no' \(str\) is not valid: expected true or false"):
+        validate(cfg)
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.n = 8.0
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.n=8.0 \(float\) is not valid: expected int"):
+        validate(cfg)
+    cfg = ExperimentConfig()
+    cfg.async_training.staleness_threshold = 1  # an int where a float is expected is fine
+    cfg.trainer.max_actor_ckpt_to_keep = None  # Optional
+    validate(cfg)
