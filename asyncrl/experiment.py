@@ -297,6 +297,7 @@ class Experiment:
             accounting=accounting, wall_s=time.time() - self.t_start, evals=evals,
             lag_counts=tr["lag_counts"], response_length_counts=tr.get("response_length_counts", {}),
             gradient_length_counts=tr.get("gradient_length_counts", {}),
+            stale_length_counts=tr.get("stale_length_counts", {}),
             staleness_bound=tr["staleness_bound"], stop_reason=tr.get("stop_reason", ""),
             last_checkpoint=tr.get("last_checkpoint"), resumed_from=str(self.resume_from) if self.resume_from else None,
             accuracy_after_evals=len(after_evals))

@@ -27,6 +27,10 @@ class Summary:
             ``skip_zero_advantage`` is on (and one row of a mini-batch that has none). With
             ``response_length_counts``, the share a simulation of this run trains at each length
             (``asyncrl.sim.workload.gradient_fraction``).
+        stale_length_counts: rows of the prompt groups the trainer dropped as stale (``dropped/stale_at_trainer``) by
+            response length in tokens, ``{tokens: rows}``: generated and never trained. Under partial rollout the
+            groups that outlive the staleness bound are the slow ones, so their mean beside the trained mean shows
+            how much of the long tail a run leaves untrained (:meth:`stale_line`).
         wall_s: seconds from start to the end of the final evaluation.
     """
 
@@ -41,6 +45,7 @@ class Summary:
     lag_counts: dict = field(default_factory=dict)
     response_length_counts: dict = field(default_factory=dict)
     gradient_length_counts: dict = field(default_factory=dict)
+    stale_length_counts: dict = field(default_factory=dict)
     staleness_bound: int = 0
     stop_reason: str = ""
     last_checkpoint: Optional[str] = None
@@ -59,6 +64,7 @@ class Summary:
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
                 f"  dropped by reason: {drops}\n"
+                + (f"  {self.stale_line()}\n" if self.stale_line() else "")
                 + ("  (*_at_shutdown: prompts the rollouter had taken ahead of the trainer, still queued, generating or"
                    " unconsumed when training stopped; counted, not failures)\n"
                    if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "") +
@@ -66,6 +72,30 @@ class Summary:
                 + (", ".join(f"lag {k}: {v}" for k, v in sorted(self.lag_counts.items())) or "none")
                 + f" (bound: lag <= {self.staleness_bound})"
                 + self._eval_failure_line() + self._tool_lines())
+
+    LONG_TAIL_RATIO = 1.5
+    """Dropped-stale responses this many times longer than the trained ones on average: :meth:`stale_line` says the
+    long tail trains less than its share."""
+
+    def stale_line(self) -> str:
+        """One line on the responses of the groups dropped as stale against the trained ones (``""`` when none
+        were dropped): their mean and longest length in tokens, and, when they are :attr:`LONG_TAIL_RATIO` times
+        the trained mean or more, that the bound cuts the long tail and what keeps more of it."""
+        stale, trained = _mean_max(self.stale_length_counts), _mean_max(self.response_length_counts)
+        if stale is None:
+            return ""
+        groups = (self.accounting.get("dropped") or {}).get("stale_at_trainer")
+        line = ((f"{groups} groups " if groups else "groups ") + f"dropped stale at the trainer: "
+                f"{sum(int(v) for v in self.stale_length_counts.values())} responses, mean {stale[0]:.0f} tokens "
+                f"(longest {stale[1]})")
+        if trained is None:
+            return line
+        ratio = stale[0] / max(1e-9, trained[0])
+        line += f" against {trained[0]:.0f} trained ({ratio:.1f}x)"
+        if ratio >= self.LONG_TAIL_RATIO:
+            line += (f"; the longest responses outlive the staleness bound (lag <= {self.staleness_bound}) and train "
+                     "less than their share: a larger async_training.staleness_threshold keeps more of them")
+        return line
 
     def _after_what(self) -> str:
         """What the "after" figure is: the final evaluation, or the mean of the last few (the dashboard's
@@ -102,6 +132,13 @@ class Summary:
             return k[5:] if k.endswith("_rate") or k == "eval/format" else f"{k[5:]} per sample"
         return "".join(f"\n  {name(k)}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"
                        for k in shown) + quiet
+
+
+def _mean_max(counts: dict) -> Optional[tuple[float, int]]:
+    """``(mean, max)`` of ``{length: rows}`` (keys may be strings, as JSON leaves them); None when empty."""
+    pairs = [(int(k), int(v)) for k, v in (counts or {}).items() if int(v) > 0]
+    rows = sum(v for _, v in pairs)
+    return (sum(k * v for k, v in pairs) / rows, max(k for k, _ in pairs)) if rows else None
 
 
 class TrainerError(RuntimeError):

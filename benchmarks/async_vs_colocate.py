@@ -290,6 +290,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         "response_length_mean": statistics.fmean(r["response_length/mean"] for r in history) if history else 0.0,
         "response_length_counts": status.get("response_length_counts", {}),  # the workload its simulation draws from
         "gradient_length_counts": status.get("gradient_length_counts", {}),  # ... and the rows of it that trained
+        "stale_length_counts": status.get("stale_length_counts", {}),  # ... and the rows generated, dropped stale
         "accounting_balanced": summary.accounting.get("balanced"),
         "step_split": step_split(steady),
         # the train price in this run (s per token through the model, FullyAsyncTrainer's perf/update_s_per_token)
@@ -307,6 +308,8 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     print("    funnel (mean of 1 Hz samples): " + "  ".join(f"{k} {v:.1f}" for k, v in out["funnel"].items()), flush=True)
     if out["engine"]:
         print("    engine (median of steps): " + format_engine(out["engine"]), flush=True)
+    if summary.stale_line():
+        print("    " + summary.stale_line(), flush=True)
     print("    per step (median s): " + "  ".join(f"{k} {v:.3f}" for k, v in out["step_split"].items()), flush=True)
     if cpu:
         from cpu_census import format_report

@@ -115,6 +115,27 @@ def test_run_summary_shows_what_is_not_zero_and_explains_shutdown_drops():
         assert f"after 50.0% {said}\n" in text
 
 
+def test_run_summary_sets_the_responses_dropped_stale_beside_the_trained_ones():
+    """Session 20: at staleness 1 the long-tail run dropped 17-36 groups a run as stale, each 4-7x an average group's
+    tokens: the bound cuts the long tail. The summary now says so, from the trainer's counts by length."""
+    from asyncrl.summary import Summary
+
+    acc = {"taken": 40, "trained": 32, "dropped": {"stale_at_trainer": 3}, "failed": {}, "dropped_total": 3,
+           "failed_total": 0, "balanced": True}
+    kw = dict(run_dir="r", steps=2, param_version=2, accuracy_before=None, accuracy_after=None, accounting=acc,
+              wall_s=3.0, staleness_bound=2)
+    # trained: 100 rows of 10 + 50 of 30 = mean 16.7; dropped: 4 of 300 + 20 of 20 = 1,600 / 24 = 66.7 (4.0x)
+    s = Summary(**kw, response_length_counts={"10": 100, "30": 50}, stale_length_counts={"300": 4, "20": 20})
+    assert ("  3 groups dropped stale at the trainer: 24 responses, mean 67 tokens (longest 300) against 17 trained "
+            "(4.0x); the longest responses outlive the staleness bound (lag <= 2) and train less than their share: "
+            "a larger async_training.staleness_threshold keeps more of them\n") in str(s)
+    # 1.2x: the numbers, no claim about the tail
+    s = Summary(**kw, response_length_counts={10: 10}, stale_length_counts={12: 8})
+    assert s.stale_line() == "3 groups dropped stale at the trainer: 8 responses, mean 12 tokens (longest 12) against 10 trained (1.2x)"
+    assert Summary(**kw, response_length_counts={10: 10}).stale_line() == ""  # nothing dropped: no line
+    assert "dropped stale at the trainer" not in str(Summary(**kw, response_length_counts={10: 10}))
+
+
 def test_notebook_kernels_get_no_transformers_progress_bars():
     """A bar written from an engine's loading thread lands in whatever cell runs then (04's table cell)."""
     import transformers.utils.logging as hf_logging

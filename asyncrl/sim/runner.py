@@ -57,6 +57,7 @@ class SimResult:
         lag_counts: trained tokens by version lag.
         response_length_counts: trained rows by response length, ``{tokens: rows}`` in simulated tokens
             (real tokens / ``token_scale``).
+        stale_length_counts: the same for the rows of groups the trainer dropped as stale (:class:`asyncrl.summary.Summary`).
         accounting: the rollouter's prompt accounting.
         timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
         snapshots: ``(t, status)`` every ``snapshot_every_s``, ``status`` shaped like
@@ -82,6 +83,7 @@ class SimResult:
     train_gpus: int = 0
     snapshots: list = field(default_factory=list)
     response_length_counts: dict = field(default_factory=dict)
+    stale_length_counts: dict = field(default_factory=dict)
 
     @property
     def responses_per_s(self) -> float:
@@ -332,7 +334,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         trainer_idle_ratio=history[-1]["trainer/idle_ratio"] if history else 0.0,
         rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=ro["accounting"],
         timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots,
-        response_length_counts=status.get("response_length_counts", {}))
+        response_length_counts=status.get("response_length_counts", {}),
+        stale_length_counts=status.get("stale_length_counts", {}))
 
 
 def _default_name(cfg: ExperimentConfig) -> str:

@@ -87,6 +87,7 @@ class TrainerBookkeeping:
                 "error": self.error, "stop_reason": self.stop_reason, "lag_counts": dict(self.lag_counts),
                 "response_length_counts": dict(self.response_length_counts),
                 "gradient_length_counts": dict(self.gradient_length_counts),
+                "stale_length_counts": dict(self.stale_length_counts),
                 "updates": self.updates, "updates_at_version": dict(self.updates_at_version),
                 "staleness_bound": self.budget.staleness_bound, "history": list(self.history),
                 "last_checkpoint": self.last_checkpoint, "phase": self.phase, "replica_events": list(self.replica_events),

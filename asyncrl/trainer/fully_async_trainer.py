@@ -124,6 +124,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
         self.response_length_counts: collections.Counter = collections.Counter()  # response tokens -> trained rows
         self.gradient_length_counts: collections.Counter = collections.Counter()  # the same, rows with a gradient
+        # response tokens -> rows of the groups dropped as stale here: generated, never trained (a long tail outliving
+        # the staleness bound; Summary.stale_length_counts)
+        self.stale_length_counts: collections.Counter = collections.Counter()
         self.trained_token_versions: list[tuple[int, int, int]] = []  # (trainer version, min, max) per sample
         self.trained_rows: list[tuple[int, int, int]] = []  # (step, seq, dataset row) per trained sample
         self.done = False
@@ -295,6 +298,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                     self._in_step.append(s.seq)  # fetched, not trained yet (failed if the step raises)
                     continue
                 self.dropped[reason] += 1
+                if reason == "stale":
+                    self.stale_length_counts.update(len(o.response_ids) for o in s.outputs)
                 drop = "stale_at_trainer" if reason == "stale" else reason
                 self.ledger.record(f"dropped/{drop}", s.seq)
                 await self.mq.actor.record_drop.remote(drop)
