@@ -177,7 +177,7 @@ class RegistryChoice:
 CHOICES: dict[str, Any] = {
     "data.task": RegistryChoice("asyncrl.data.dataset", "TASKS"),
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16"),
-    "actor_rollout_ref.rollout.name": RegistryChoice("asyncrl.rollout.replica", "BACKENDS"),
+    "actor_rollout_ref.rollout.name": RegistryChoice("asyncrl.rollout.backends", "BACKENDS"),
     "actor_rollout_ref.rollout.agent.default_agent_loop": RegistryChoice("asyncrl.agent_loop.base", "AGENT_LOOPS"),
     "actor_rollout_ref.rollout.agent.sandbox.agent": ("bash", "oracle", "harbor:"),
     "actor_rollout_ref.rollout.multi_turn.format": RegistryChoice("asyncrl.agent_loop.tool_parser", "TOOL_PARSERS"),

@@ -141,7 +141,7 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
     backend) and the trainer's ``build_train_engine`` (swapped in the trainer module), both for the duration
     of the simulation only (everything the trainer does with the engine and sender is its own code).
     """
-    from asyncrl.rollout.replica import BACKENDS, register_backend
+    from asyncrl.rollout.backends import BACKENDS, register_backend
     from asyncrl.sync.sender import LocalWeightSender
     from asyncrl.trainer import fully_async_trainer as fat
 
