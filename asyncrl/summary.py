@@ -94,7 +94,7 @@ class Summary:
         line += f" against {trained[0]:.0f} trained ({ratio:.1f}x)"
         if ratio >= self.LONG_TAIL_RATIO:
             line += (f"; the longest responses outlive the staleness bound (lag <= {self.staleness_bound}) and train "
-                     "less than their share: a larger async_training.staleness_threshold keeps more of them")
+                     "less than their share (README: 'The staleness bound and the long tail')")
         return line
 
     def _after_what(self) -> str:

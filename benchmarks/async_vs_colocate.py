@@ -6,7 +6,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   turn); CPU: both phases on every core (vLLM unbound, ``trainer.torch_threads`` = cores);
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
   ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead; ``d_s1_early``: d_s1 with groups past
-  the staleness bound dropped at their resubmission, ``drop_stale_in_generation=True``), ``d_t2`` (two updates per
+  the staleness bound dropped at their resubmission, ``drop_stale_in_generation=True``; ``d_s2_c32``: d_s2's bound with
+  at most 32 groups in generation), ``d_t2`` (two updates per
   sync): the replica on
   core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
@@ -99,6 +100,10 @@ MODES = {
     # two batches of look-ahead: d_s1 sits at its budget (staleness_samples 64 of 64) with the trainer idle half
     # the time; session 19 measured d_s2 with 1.5x the requests in the engine and no more samples/s (RESULTS.md)
     "d_s2": {"async_training.staleness_threshold": 2.0, "async_training.partial_rollout": True},
+    # d_s2's bound (3) with d_s1's groups in flight: session 21 measured d_s2 at 169 sequences per iteration (d_s1:
+    # 54), each response slower, 54 long-tail groups past even the wider bound (d_s1: 16)
+    "d_s2_c32": {"async_training.staleness_threshold": 2.0, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.concurrent_samples_per_replica": 32},
     # d_s1 with a long-tail group past the staleness bound ending at its resubmission (stale_in_generation) instead
     # of generating on until the trainer drops it (stale_at_trainer): no gain in session 20's A/B rounds
     "d_s1_early": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
