@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, ValidationError
 
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       RewardModelConfig, validate_algorithm, validate_sampling)
@@ -86,24 +88,34 @@ def _leaf_types(cls: type = None, prefix: str = "") -> dict[str, Any]:
 _BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
 
 
-def _check_bool_words(raw: Any, what: str) -> None:
-    """Refuse a YAML / dotlist value for a bool key that OmegaConf would turn into a bool by accident: any int
-    but 0 / 1 (``partial_rollout=2`` and ``=-1`` read as true) or a float. Raises :class:`ConfigError`."""
+def _check_raw(raw: Any, what: str) -> Any:
+    """A YAML / dotlist container checked before OmegaConf merges it. Refused: for a bool key any int but 0 / 1
+    (``partial_rollout=2`` and ``=-1`` read as true) or a float; for a fixed-length tuple key (``optim.betas``) a list
+    of another length (OmegaConf's error names no key). Taken as verl does: a single name for a list key
+    (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns the container
+    (a dict); raises :class:`ConfigError`."""
     types = _leaf_types()
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: Any, prefix: str) -> Any:
+        t = types.get(prefix)
         if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
-        elif types.get(prefix) is bool and not isinstance(node, bool) and not (
-                isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and node.lower() in _BOOL_WORDS):
+            return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
+        if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:
+            return [node]
+        if typing.get_origin(t) is tuple and isinstance(node, list) and Ellipsis not in typing.get_args(t) \
+                and len(node) != len(typing.get_args(t)):
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)}")
+        elif t is bool and not isinstance(node, bool) and not (
+                isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and (
+                node.lower() in _BOOL_WORDS or "${" in node)):  # an interpolation: resolved, then check_types
             raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not a bool; write true or false")
+        return node
 
-    walk(OmegaConf.to_container(raw, resolve=False) if OmegaConf.is_config(raw) else raw, "")
+    return walk(OmegaConf.to_container(raw, resolve=False) if OmegaConf.is_config(raw) else raw, "")
 
 
 def _merge(base, other, what: str):
-    _check_bool_words(other, what)
+    other = _check_raw(other, what)
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
@@ -111,7 +123,8 @@ def _merge(base, other, what: str):
         hint = KEY_HINTS.get(bad) or f"did you mean {_closest(bad)!r}?"
         raise ConfigError(f"unknown config key {bad!r} in {what}; {hint}") from None
     except ValidationError as exc:
-        raise ConfigError(f"invalid value for {getattr(exc, 'full_key', '?')!r} in {what}: {str(exc.msg).splitlines()[0]}") from None
+        key = getattr(exc, "full_key", None) or what  # OmegaConf names no key for a list of the wrong length
+        raise ConfigError(f"invalid value for {key!r} in {what}: {str(exc.msg).splitlines()[0]}") from None
 
 
 def load_config(
@@ -142,7 +155,11 @@ def load_config(
         if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
         cfg = _merge(cfg, OmegaConf.from_dotlist([item]), f"override {item!r}")
-    out = OmegaConf.to_object(cfg)
+    try:
+        out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
+    except (InterpolationResolutionError, ValidationError) as exc:
+        raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r}: "
+                          f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     validate(out)
     return out
 
@@ -217,6 +234,8 @@ def check_choice(key: str, value: Any, choices: Any) -> None:
 
 
 def _type_ok(value: Any, t: Any) -> bool:
+    """Whether ``value`` has the schema type ``t`` (bool / int / float / str, ``Optional``, ``list[X]``,
+    ``tuple[X, Y]`` of that length, ``dict``; ``float``: finite, an int is fine)."""
     origin, args = typing.get_origin(t), typing.get_args(t)
     if origin is typing.Union:  # Optional[X]
         return any(_type_ok(value, a) for a in args)
@@ -229,9 +248,11 @@ def _type_ok(value: Any, t: Any) -> bool:
     if t is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if t is str:
         return isinstance(value, str)
+    if origin is tuple and args and Ellipsis not in args:  # tuple[float, float]: that many, each its type
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_type_ok, value, args))
     if origin in (list, tuple):
         return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any) for v in value)
     if origin is dict:
@@ -245,9 +266,28 @@ def check_types(cfg: ExperimentConfig) -> None:
     truthiness. Raises :class:`ConfigError` naming the key, the value and the type."""
     for key, t in _leaf_types().items():
         value = _get(cfg, key)
+        if isinstance(value, os.PathLike) and str in (t, *typing.get_args(t)):  # a Path for a path key: as load_config
+            parent, _, leaf = key.rpartition(".")
+            setattr(_get(cfg, parent), leaf, value := os.fspath(value))
         if not _type_ok(value, t):
-            want = "true or false" if t is bool else getattr(t, "__name__", None) or str(t).replace("typing.", "")
-            raise ConfigError(f"{key}={value!r} ({type(value).__name__}) is not valid: expected {want}")
+            kind = type(value)
+            kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}")
+
+
+def _type_name(t: Any) -> str:
+    """``t`` as the error message says it: ``true or false``, ``int or null``, ``a finite number``,
+    ``a list of str``, ``2 numbers``."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is tuple and args and Ellipsis not in args:
+        return f"a list of {len(args)} " + ("numbers" if all(a is float for a in args) else "values")
+    if origin in (list, tuple):
+        return f"a list of {_type_name(args[0]) if args else 'values'}"
+    if origin is dict:
+        return "a mapping"
+    return {bool: "true or false", float: "a finite number", str: "str", int: "int"}.get(t, str(t))
 
 
 def validate(cfg: ExperimentConfig) -> None:
