@@ -60,3 +60,38 @@ def test_update_lag_counters_continue_across_a_checkpoint(random_model_dir):
     assert row["step"] == 3 and b.updates == 6
     # the step-3 tokens are version 0 (the fake queue's), trained 4 and 5 updates later: as without the stop
     assert (row["staleness/update_lag_mean"], row["staleness/update_lag_max"]) == (4.5, 5)
+
+
+def test_the_rows_by_length_counters_continue_across_a_checkpoint(random_model_dir):
+    """Session 21, a fresh user's pass: a run resumed from a checkpoint summarised its groups dropped as stale with
+    the lengths counted since the resume only (``stale_length_counts`` empty, the accounting's count whole). The
+    trainer's three rows-by-length counters are in the checkpoint now and continue as the lag counts do."""
+    import collections
+    import json
+
+    from asyncrl.checkpoint.trainer_state import LENGTH_COUNTERS, restore_counters, trainer_state
+    from asyncrl.staleness import sample_budget
+    from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
+
+    cfg = smoke_cpu("a")
+    cfg.actor_rollout_ref.model.path = str(random_model_dir)
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = 2
+    cfg.async_training.trigger_parameter_sync_step = 1000  # no sync (the fake rollouter has none)
+    cfg.async_training.staleness_threshold = 1.0  # the restored trainer (version 1) trains the version-0 tokens
+    n = cfg.actor_rollout_ref.rollout.n
+    rows = sample_budget(cfg).required_samples * n  # one step's
+    a = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, n)), FakeRollouter(), {})
+    assert asyncio.run(a.fit_step())
+    a.stale_length_counts.update({300: 8})  # as _fetch_batch counts a group of 8 dropped stale
+    state = json.loads(json.dumps(trainer_state(a)))  # as trainer_state.json holds it (string keys)
+    b = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, n, seed=1)), FakeRollouter(), {})
+    restore_counters(b, state)
+    assert sum(b.response_length_counts.values()) == rows and b.stale_length_counts == {300: 8}
+    assert all(isinstance(k, int) for name in LENGTH_COUNTERS for k in getattr(b, name))
+    before = collections.Counter(b.response_length_counts)
+    assert asyncio.run(b.fit_step())
+    assert sum(b.response_length_counts.values()) == sum(before.values()) + rows  # counting on from the checkpoint
+    del state["stale_length_counts"]  # a checkpoint from before session 21: the counter restarts empty
+    c = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, n, seed=2)), FakeRollouter(), {})
+    restore_counters(c, state)
+    assert c.stale_length_counts == {}

@@ -28,6 +28,9 @@ from asyncrl.checkpoint.manager import CheckpointError, read_json, write_json
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+LENGTH_COUNTERS = ("response_length_counts", "gradient_length_counts", "stale_length_counts")
+"""The trainer's rows-by-response-length counters (``{tokens: rows}``), saved so a resumed run's summary counts the
+whole run (a checkpoint written before session 21 has none: they restart empty)."""
 
 
 def trainer_state(tr: Any) -> dict:
@@ -37,7 +40,8 @@ def trainer_state(tr: Any) -> dict:
             "lag_counts": {str(k): v for k, v in tr.lag_counts.items()}, "idle_s": tr.idle_s,
             "updates": getattr(tr.engine, "updates", None), "saved_at": time.time(),
             # update-lag bookkeeping (staleness/update_lag_*): actor updates done, and baked into each version
-            "actor_updates": tr.updates, "updates_at_version": {str(v): n for v, n in tr.updates_at_version.items()}}
+            "actor_updates": tr.updates, "updates_at_version": {str(v): n for v, n in tr.updates_at_version.items()},
+            **{name: {str(k): v for k, v in getattr(tr, name).items()} for name in LENGTH_COUNTERS}}
 
 
 async def write_checkpoint(tr: Any, final: bool = False) -> Path:
@@ -87,6 +91,8 @@ def restore_counters(tr: Any, st: dict) -> None:
     tr.trained = st["trained"]
     tr.dropped = collections.Counter(st["dropped"])
     tr.lag_counts = collections.Counter({int(k): v for k, v in st["lag_counts"].items()})
+    for name in LENGTH_COUNTERS:
+        setattr(tr, name, collections.Counter({int(k): v for k, v in st.get(name, {}).items()}))
     tr.idle_s = st["idle_s"]
     restore_update_lag(tr, st)
 
