@@ -64,10 +64,10 @@ class Summary:
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
                 f"  dropped by reason: {drops}\n"
-                + (f"  {self.stale_line()}\n" if self.stale_line() else "")
                 + ("  (*_at_shutdown: prompts the rollouter had taken ahead of the trainer, still queued, generating or"
                    " unconsumed when training stopped; counted, not failures)\n"
-                   if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "") +
+                   if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "")
+                + (f"  {self.stale_line()}\n" if self.stale_line() else "") +
                 f"  trained tokens by version lag: "
                 + (", ".join(f"lag {k}: {v}" for k, v in sorted(self.lag_counts.items())) or "none")
                 + f" (bound: lag <= {self.staleness_bound})"
@@ -91,7 +91,7 @@ class Summary:
         if trained is None:
             return line
         ratio = stale[0] / max(1e-9, trained[0])
-        line += f" against {trained[0]:.0f} trained ({ratio:.1f}x)"
+        line += f" against a mean of {trained[0]:.0f} tokens trained ({ratio:.1f}x)"
         if ratio >= self.LONG_TAIL_RATIO:
             line += (f"; the longest responses outlive the staleness bound (lag <= {self.staleness_bound}) and train "
                      "less than their share (README: 'The staleness bound and the long tail')")

@@ -126,12 +126,13 @@ def test_run_summary_sets_the_responses_dropped_stale_beside_the_trained_ones():
               wall_s=3.0, staleness_bound=2)
     # trained: 100 rows of 10 + 50 of 30 = mean 16.7; dropped: 4 of 300 + 20 of 20 = 1,600 / 24 = 66.7 (4.0x)
     s = Summary(**kw, response_length_counts={"10": 100, "30": 50}, stale_length_counts={"300": 4, "20": 20})
-    assert ("  3 groups dropped stale at the trainer: 24 responses, mean 67 tokens (longest 300) against 17 trained "
-            "(4.0x); the longest responses outlive the staleness bound (lag <= 2) and train less than their share "
+    assert ("  3 groups dropped stale at the trainer: 24 responses, mean 67 tokens (longest 300) against a mean of 17 "
+            "tokens trained (4.0x); the longest responses outlive the staleness bound (lag <= 2) and train less than their share "
             "(README: 'The staleness bound and the long tail')\n") in str(s)
     # 1.2x: the numbers, no claim about the tail
     s = Summary(**kw, response_length_counts={10: 10}, stale_length_counts={12: 8})
-    assert s.stale_line() == "3 groups dropped stale at the trainer: 8 responses, mean 12 tokens (longest 12) against 10 trained (1.2x)"
+    assert s.stale_line() == ("3 groups dropped stale at the trainer: 8 responses, mean 12 tokens (longest 12) against a mean "
+                             "of 10 tokens trained (1.2x)")
     assert Summary(**kw, response_length_counts={10: 10}).stale_line() == ""  # nothing dropped: no line
     assert "dropped stale at the trainer" not in str(Summary(**kw, response_length_counts={10: 10}))
 

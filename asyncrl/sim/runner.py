@@ -58,7 +58,8 @@ class SimResult:
         response_length_counts: trained rows by response length, ``{tokens: rows}`` in simulated tokens
             (real tokens / ``token_scale``).
         stale_length_counts: the same for the rows of groups the trainer dropped as stale (:class:`asyncrl.summary.Summary`).
-        accounting: the rollouter's prompt accounting.
+        accounting: the rollouter's prompt accounting, with the trainer's drops under ``dropped`` (by reason, as a
+            real run's: ``stale_at_trainer``, ``dapo_no_signal``).
         timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
         snapshots: ``(t, status)`` every ``snapshot_every_s``, ``status`` shaped like
             ``Experiment.status_async()`` (what the widgets read).
@@ -332,10 +333,23 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         name=name or _default_name(cfg), config=cfg, cost=cost, history=history, wall_s=wall,
         trained=status["trained"], samples_per_s=status["trained"] / wall if wall else 0.0,
         trainer_idle_ratio=history[-1]["trainer/idle_ratio"] if history else 0.0,
-        rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=ro["accounting"],
+        rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=_with_trainer_drops(ro, status),
         timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots,
         response_length_counts=status.get("response_length_counts", {}),
         stale_length_counts=status.get("stale_length_counts", {}))
+
+
+def _with_trainer_drops(ro: dict, status: dict) -> dict:
+    """The rollouter's accounting with the trainer's drops added under the reasons a real run's accounting gives
+    them (``stale_at_trainer``, ``dapo_no_signal``): before session 21 a simulated run's ``accounting["dropped"]``
+    left out every group the trainer dropped."""
+    acc = dict(ro["accounting"])
+    dropped = dict(acc.get("dropped", {}))
+    for reason, name in (("stale", "stale_at_trainer"), ("dapo_no_signal", "dapo_no_signal")):
+        if status.get("dropped", {}).get(reason):
+            dropped[name] = dropped.get(name, 0) + status["dropped"][reason]
+    acc["dropped"] = dropped
+    return acc
 
 
 def _default_name(cfg: ExperimentConfig) -> str:
