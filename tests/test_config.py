@@ -145,3 +145,37 @@ def test_values_set_from_python_are_type_checked():
     cfg.async_training.staleness_threshold = 1  # an int where a float is expected is fine
     cfg.trainer.max_actor_ckpt_to_keep = None  # Optional
     validate(cfg)
+
+
+def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monkeypatch):
+    """Session 21, a fresh user's pass over the type checks: interpolations on bool keys (refused by the first
+    version), a single logger name in YAML, a Path for a path key are taken; nan / inf for a float key (nan crashed
+    the trainer) and a list of the wrong length for a tuple key are refused with the key named."""
+    from pathlib import Path
+
+    from asyncrl.config import validate
+
+    monkeypatch.setenv("ASYNCRL_TEST_PR", "false")
+    assert load_config(overrides=["async_training.partial_rollout=${oc.env:ASYNCRL_TEST_PR,true}"]).async_training.partial_rollout is False
+    assert load_config(overrides=["async_training.partial_rollout=${actor_rollout_ref.hybrid_engine}"]).async_training.partial_rollout is False
+    with pytest.raises(ConfigError, match=r"'async_training.partial_rollout': While dereferencing.*not a valid bool"):
+        load_config(overrides=["async_training.partial_rollout=${oc.env:ASYNCRL_TEST_NOPE,maybe}"])
+    for key, value in (("async_training.staleness_threshold", "nan"), ("trainer.total_time_s", "inf")):
+        with pytest.raises(ConfigError, match=rf"{key}={value} \(float\) is not valid: expected a finite number"):
+            load_config(overrides=[f"{key}={value}"])
+    with pytest.raises(ConfigError, match=r"invalid value for 'actor_rollout_ref.actor.optim.betas' .* is not a list of 2 numbers"):
+        load_config(overrides=["actor_rollout_ref.actor.optim.betas=[0.9,0.95,0.99]"])
+    y = tmp_path / "c.yaml"
+    y.write_text("trainer:\n  logger: console\n")  # verl's single name, as trainer.logger=console on the command line
+    assert load_config(y).trainer.logger == ["console"]
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.model.path = Path("/tmp/some_model")
+    validate(cfg)
+    assert cfg.actor_rollout_ref.model.path == "/tmp/some_model"  # as load_config leaves it: a str
+    cfg.ray.num_cpus = 2.0
+    with pytest.raises(ConfigError, match=r"ray.num_cpus=2.0 \(float\) is not valid: expected int or null"):
+        validate(cfg)
+    cfg = ExperimentConfig()
+    cfg.trainer.logger = [["console"]]
+    with pytest.raises(ConfigError, match="expected a list of str"):
+        validate(cfg)
