@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -134,6 +135,8 @@ def test_run_summary_sets_the_responses_dropped_stale_beside_the_trained_ones():
     assert s.stale_line() == ("3 groups dropped stale at the trainer: 8 responses, mean 12 tokens (longest 12) against a mean "
                              "of 10 tokens trained (1.2x)")
     assert Summary(**kw, response_length_counts={10: 10}).stale_line() == ""  # nothing dropped: no line
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "### The staleness bound and the long tail" in readme  # where the line sends the reader
     assert "dropped stale at the trainer" not in str(Summary(**kw, response_length_counts={10: 10}))
 
 
