@@ -313,3 +313,22 @@ def test_session_20s_async_runs_are_simulated_within_15_percent_now_that_a_resum
         measured, simulated = result["modes"][m]["engine"], out[m]["engine"]
         assert simulated["batch_mean"] < measured["batch_mean"]  # the miss that is left, in the engine's own terms
         assert measured["tokens_per_trained_token"] > 1.2 > simulated["tokens_per_trained_token"]  # drops not priced
+
+
+def test_session_21s_run_is_simulated_within_15_percent(bench, tmp_path):
+    """Session 21's run (tests/data/avc_cpu_longtail_s21.json, 23:51; the medians of two rounds: colocated 11.47,
+    d_s1 15.02, d_s2_c32 13.40 samples/s). Re-simulated from its calibration: -4 / -7 / +13%. Its modes carry the
+    lengths of the responses dropped stale (176 and 200, mean 96 and 96 tokens against 26-29 trained), which the
+    simulator's workload (the trained lengths) leaves out: the simulated engines drop 1 and 14 groups against 22
+    and 25."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s21.json").read_text())
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    out = bench.simulate_modes(result, args)
+    assert {m: abs(o["error"]) < 0.15 for m, o in out.items()} == {"colocated": True, "d_s1": True, "d_s2_c32": True}, out
+    stale = result["modes"]["d_s1"]["stale_length_counts"]
+    assert sum(stale.values()) == 8 * result["modes"]["d_s1"]["engine"]["dropped_stale"]  # whole groups of n = 8
+    assert out["d_s1"]["engine"]["dropped_stale"] < result["modes"]["d_s1"]["engine"]["dropped_stale"]  # not priced
