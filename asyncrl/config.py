@@ -91,9 +91,9 @@ _BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
 def _check_raw(raw: Any, what: str) -> Any:
     """A YAML / dotlist container checked before OmegaConf merges it. Refused: for a bool key any int but 0 / 1
     (``partial_rollout=2`` and ``=-1`` read as true) or a float; for a fixed-length tuple key (``optim.betas``) a list
-    of another length (OmegaConf's error names no key). Taken as verl does: a single name for a list key
-    (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns the container
-    (a dict); raises :class:`ConfigError`."""
+    of another length, for a mapping key a list (OmegaConf's errors name no key). Taken as verl does: a single name
+    for a list key (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns
+    the container (a dict); raises :class:`ConfigError`."""
     types = _leaf_types()
 
     def walk(node: Any, prefix: str) -> Any:
@@ -102,6 +102,9 @@ def _check_raw(raw: Any, what: str) -> Any:
             return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
         if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:
             return [node]
+        if typing.get_origin(t) is dict and isinstance(node, list):  # OmegaConf: a TypeError naming no key
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)} "
+                              f"(write {prefix}={{key: value}})")
         if typing.get_origin(t) is tuple and isinstance(node, list) and Ellipsis not in typing.get_args(t) \
                 and len(node) != len(typing.get_args(t)):
             raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)}")

@@ -165,6 +165,8 @@ def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monk
             load_config(overrides=[f"{key}={value}"])
     with pytest.raises(ConfigError, match=r"invalid value for 'actor_rollout_ref.actor.optim.betas' .* is not a list of 2 numbers"):
         load_config(overrides=["actor_rollout_ref.actor.optim.betas=[0.9,0.95,0.99]"])
+    with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.engine_kwargs' .* is not a mapping"):
+        load_config(overrides=["actor_rollout_ref.rollout.engine_kwargs=[1,2]"])  # was OmegaConf's bare TypeError
     y = tmp_path / "c.yaml"
     y.write_text("trainer:\n  logger: console\n")  # verl's single name, as trainer.logger=console on the command line
     assert load_config(y).trainer.logger == ["console"]
