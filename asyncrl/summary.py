@@ -73,29 +73,10 @@ class Summary:
                 + f" (bound: lag <= {self.staleness_bound})"
                 + self._eval_failure_line() + self._tool_lines())
 
-    LONG_TAIL_RATIO = 1.5
-    """Dropped-stale responses this many times longer than the trained ones on average: :meth:`stale_line` says the
-    long tail trains less than its share."""
-
     def stale_line(self) -> str:
-        """One line on the responses of the groups dropped as stale against the trained ones (``""`` when none
-        were dropped): their mean and longest length in tokens, and, when they are :attr:`LONG_TAIL_RATIO` times
-        the trained mean or more, that the bound cuts the long tail and what keeps more of it."""
-        stale, trained = _mean_max(self.stale_length_counts), _mean_max(self.response_length_counts)
-        if stale is None:
-            return ""
-        groups = (self.accounting.get("dropped") or {}).get("stale_at_trainer")
-        line = ((f"{groups} groups " if groups else "groups ") + f"dropped stale at the trainer: "
-                f"{sum(int(v) for v in self.stale_length_counts.values())} responses, mean {stale[0]:.0f} tokens "
-                f"(longest {stale[1]})")
-        if trained is None:
-            return line
-        ratio = stale[0] / max(1e-9, trained[0])
-        line += f" against a mean of {trained[0]:.0f} tokens trained ({ratio:.1f}x)"
-        if ratio >= self.LONG_TAIL_RATIO:
-            line += (f"; the longest responses outlive the staleness bound (lag <= {self.staleness_bound}) and train "
-                     "less than their share (README: 'The staleness bound and the long tail')")
-        return line
+        """:func:`stale_line` of this run (``""`` when nothing was dropped as stale)."""
+        return stale_line(self.stale_length_counts, self.response_length_counts,
+                          (self.accounting.get("dropped") or {}).get("stale_at_trainer"), self.staleness_bound)
 
     def _after_what(self) -> str:
         """What the "after" figure is: the final evaluation, or the mean of the last few (the dashboard's
@@ -132,6 +113,36 @@ class Summary:
             return k[5:] if k.endswith("_rate") or k == "eval/format" else f"{k[5:]} per sample"
         return "".join(f"\n  {name(k)}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"
                        for k in shown) + quiet
+
+
+LONG_TAIL_RATIO = 1.5
+"""Dropped-stale responses this many times longer than the trained ones on average: :func:`stale_line` says the long
+tail trains less than its share."""
+
+
+def stale_line(stale_counts: dict, trained_counts: dict, groups: Optional[int], bound: int) -> str:
+    """One line on the responses of the groups dropped as stale against the trained ones (``""`` when none were
+    dropped): their mean and longest length in tokens, and, when they are :data:`LONG_TAIL_RATIO` times the trained
+    mean or more, that the bound cuts the long tail (a real run's :class:`Summary`, a simulated run's
+    ``asyncrl sim``).
+
+    Args:
+        stale_counts / trained_counts: ``{response tokens: rows}`` (keys may be strings, as JSON leaves them).
+        groups: prompt groups dropped stale (``None``: not said); ``bound``: the staleness bound (max version lag).
+    """
+    stale, trained = _mean_max(stale_counts), _mean_max(trained_counts)
+    if stale is None:
+        return ""
+    line = ((f"{groups} group{'s' if groups != 1 else ''} " if groups else "groups ") + "dropped stale at the trainer: "
+            f"{sum(int(v) for v in stale_counts.values())} responses, mean {stale[0]:.0f} tokens (longest {stale[1]})")
+    if trained is None:
+        return line
+    ratio = stale[0] / max(1e-9, trained[0])
+    line += f" against a mean of {trained[0]:.0f} tokens trained ({ratio:.1f}x)"
+    if ratio >= LONG_TAIL_RATIO:
+        line += (f"; the longest responses outlive the staleness bound (lag <= {bound}) and train less than their "
+                 "share (README: 'The staleness bound and the long tail')")
+    return line
 
 
 def _mean_max(counts: dict) -> Optional[tuple[float, int]]:

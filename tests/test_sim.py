@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import re
 import time
 
 import pytest
@@ -815,3 +816,19 @@ def test_a_request_pays_its_fixed_cost_once_and_a_resume_only_its_context():
     assert resumed_s == pytest.approx(0.030 + 80 * 0.01, abs=1e-6)
     assert window["prefill_tokens"] == 10 + 30 and window["busy_s"] == pytest.approx(0.510 + 0.030 + 1.0, abs=1e-6)
     assert window["iterations"] == pytest.approx(100) and window["seqs"] == pytest.approx(100)  # prefills: no iteration
+
+
+def test_the_sim_command_says_what_it_dropped_stale_as_a_run_summary_does(capsys):
+    """Session 21, a fresh user's pass: ``asyncrl sim`` printed its table and nothing of the groups the trainer
+    dropped as stale; it now prints the real summary's line (simulated tokens). The long-tail task at staleness 1
+    drops its long groups within 12 simulated steps."""
+    from asyncrl.cli import main
+
+    assert main(["sim", "task=longtail", "async_training.staleness_threshold=1", "trainer.total_training_steps=12"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"\d+ groups? dropped stale at the trainer: \d+ responses, mean \d+ tokens \(longest \d+\) against "
+                        r"a mean of \d+ tokens trained \(\d+\.\dx\); the longest responses outlive the staleness bound "
+                        r"\(lag <= 2\) and train less than their share \(README: 'The staleness bound and the long tail'\)",
+                        out[-1]), out[-1]
+    assert main(["sim", "task=longtail", "async_training.staleness_threshold=0", "trainer.total_training_steps=3"]) == 0
+    assert "dropped stale" not in capsys.readouterr().out  # on-policy: nothing dropped, no line

@@ -101,4 +101,11 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
           f"rollout_gpus / train_gpus count {units}; the *_s columns are simulated seconds)")
     print(pd.DataFrame([row]).round(3).to_string(index=False))
+    from asyncrl.staleness import sample_budget
+    from asyncrl.summary import stale_line
+
+    line = stale_line(res.stale_length_counts, res.response_length_counts,
+                      res.accounting.get("dropped", {}).get("stale_at_trainer"), sample_budget(res.config).staleness_bound)
+    if line:  # as a real run's summary says it (simulated tokens: real tokens / --token-scale)
+        print(line)
     return 0
