@@ -1,10 +1,10 @@
 """Typed experiment configuration with verl's key names: loading, validation, and the schema's names.
 
 The schema (one ``@dataclass`` per component, every default) is :mod:`asyncrl.config_schema`, with the
-agent layer's part in :mod:`asyncrl.config_agent` and the algorithm's in :mod:`asyncrl.config_algorithm`;
-import every name from here. :func:`load_config`
-turns a YAML file plus dotlist overrides (``async_training.staleness_threshold=0.5``) into an
-:class:`ExperimentConfig`, rejecting unknown keys with the closest valid key in the message.
+agent layer's part in :mod:`asyncrl.config_agent`, the algorithm's in :mod:`asyncrl.config_algorithm` and the
+data's in :mod:`asyncrl.config_data`; import every name from here. :func:`load_config` turns a YAML file plus
+dotlist overrides (``async_training.staleness_threshold=0.5``) into an :class:`ExperimentConfig`, rejecting
+unknown keys with the closest valid key in the message.
 
 Key names follow verl's fully-async recipe (``async_training.*``, ``actor_rollout_ref.*``,
 ``data.*``, ``trainer.*``) so that a verl user can carry overrides across.

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from asyncrl.config_agent import AgentConfig, SandboxConfig
 from asyncrl.config_algorithm import AlgorithmConfig, MultiTurnConfig, RewardModelConfig
+from asyncrl.config_data import DataConfig, LengthWorkloadConfig, WordProblemsConfig  # noqa: F401 - re-exported
 
 MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny_qwen2_arith"
 
@@ -20,66 +21,6 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the closest valid key."""
 
 
-
-
-@dataclass
-class WordProblemsConfig:
-    """Difficulty of the ``word_problems`` task (see :mod:`asyncrl.data.word_problems`)."""
-
-    min_steps: int = 2
-    """Fewest operations after the starting count."""
-    max_steps: int = 3
-    """Most operations after the starting count."""
-    max_number: int = 20
-    """Largest number written in a question (intermediate counts stay below its square)."""
-
-
-@dataclass
-class LengthWorkloadConfig:
-    """Synthetic response lengths for throughput benchmarks (:mod:`asyncrl.data.length_workload`).
-
-    When ``distribution`` is not ``none``, every training request gets its own length drawn from
-    this law and generates exactly that many tokens, EOS ignored (vLLM ``ignore_eos``), whatever
-    the model (random-init ones included). Evaluation requests are unaffected."""
-
-    distribution: str = "none"
-    """``none`` | ``constant`` (= ``median``) | ``uniform`` (``min_tokens``..``max_tokens``) |
-    ``lognormal`` (``median``, ``sigma``) | ``pareto`` (scale ``min_tokens``, shape ``alpha``)."""
-    median: float = 64.0
-    """Median length in tokens (``lognormal``), or the length (``constant``)."""
-    sigma: float = 1.0
-    """Log-standard deviation of the ``lognormal`` law."""
-    alpha: float = 1.5
-    """Tail index of the ``pareto`` law (smaller = heavier tail)."""
-    min_tokens: int = 1
-    """Shortest response; also the ``pareto`` scale."""
-    max_tokens: int = 0
-    """Longest response (draws are clipped); 0 = ``actor_rollout_ref.rollout.response_length``."""
-
-
-@dataclass
-class DataConfig:
-    task: str = "arith"
-    """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool`` |
-    ``longtail``)."""
-    train_files: Optional[str] = None
-    """Parquet/JSONL file in the verl schema; ``None`` uses the built-in ``task`` generator."""
-    val_files: Optional[str] = None
-    """Held-out file in the verl schema; ``None`` uses the built-in ``task`` test split."""
-    train_size: int = 20000
-    """Number of generated training prompts (built-in tasks only)."""
-    val_size: int = 200
-    """Number of generated held-out prompts (built-in tasks only)."""
-    operators: str = "+"
-    """Arithmetic operators for the ``arith`` task, e.g. ``"+"`` or ``"+-*"``."""
-    max_prompt_length: int = 64
-    """Prompts longer than this many tokens are dropped (with a reason) by the rollouter."""
-    shuffle: bool = True
-    """Shuffle the training prompts each epoch."""
-    word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)
-    """Knobs of the ``word_problems`` task, passed to its generator as keyword arguments."""
-    length_workload: LengthWorkloadConfig = field(default_factory=LengthWorkloadConfig)
-    """Synthetic per-request response lengths (throughput benchmarks); off by default."""
 
 
 @dataclass
