@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import typing
@@ -71,8 +72,10 @@ KEY_HINTS = {
 """Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
 
 
+@functools.lru_cache(maxsize=None)
 def _leaf_types(cls: type = None, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> annotated type of every non-dataclass field of the schema (``Optional[X]`` kept)."""
+    """Dotted key -> annotated type of every non-dataclass field of the schema (``Optional[X]`` kept); computed
+    once (every override and every ``validate`` reads it). Read-only."""
     cls = cls or ExperimentConfig
     out: dict[str, Any] = {}
     hints = typing.get_type_hints(cls)
