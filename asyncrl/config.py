@@ -332,6 +332,8 @@ def validate(cfg: ExperimentConfig) -> None:
                           "by algorithm.filter_groups.enable=True could not be replaced: use one of the two")
     if at.partial_rollout_mode not in ("abort", "keep"):
         raise ConfigError(f"async_training.partial_rollout_mode={at.partial_rollout_mode!r} is not 'abort' or 'keep'")
+    if ro.scheduling_policy not in ("fcfs", "priority"):
+        raise ConfigError(f"actor_rollout_ref.rollout.scheduling_policy={ro.scheduling_policy!r} is not 'fcfs' or 'priority'")
     from asyncrl.cpu_affinity import parse_cores
 
     for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),

@@ -146,6 +146,11 @@ class RolloutConfig:
     """In-flight samples per replica; ``max_concurrent_samples`` is capped by this times num_replicas."""
     max_num_seqs: int = 256
     """Sequences decoded together: vLLM's scheduler batch size; hf: the KV-cache slots."""
+    scheduling_policy: str = "fcfs"
+    """Which waiting request gets a free seat (of ``max_num_seqs``): ``fcfs`` (arrival order) or ``priority``
+    (vLLM's ``scheduling_policy``): a trained sample's requests carry the version of its oldest token, so after a
+    sync the resumed long-tail responses, nearest the staleness bound, decode before the fresh groups. Only acts
+    when requests wait, i.e. with ``max_num_seqs`` below the sequences in flight."""
     max_model_len: int = 512
     """Prompt + response tokens per sequence (engine and trajectory proxy context limit)."""
     enable_prefix_caching: bool = False

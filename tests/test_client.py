@@ -339,3 +339,45 @@ def test_the_bound_is_the_samples_a_request_after_an_older_sibling_is_refused():
         assert (await client.generate("eval-0", [1], sp)).response_versions == [2, 2, 2]  # outside: no limit
 
     run(main())
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_a_waiting_request_of_an_older_sample_takes_the_free_seat_first_under_priority(policy):
+    """``rollout.scheduling_policy=priority``: every request of a trained sample carries the version of the sample's
+    oldest token as its ``priority`` (the engine's current version before it has any), so when requests wait for a
+    seat (``max_num_seqs``) a resumed long-tail response, nearest the staleness bound, decodes before a fresh group
+    that arrived first; ``fcfs`` seats them in arrival order. The real client and replica body over the simulator's
+    engine (one seat)."""
+    from asyncrl.rollout.client import staleness_bounded
+    from asyncrl.sim.cost_models import RolloutCostModel
+    from asyncrl.sim.engines import CostModelInferenceEngine
+    from asyncrl.trainer.hybrid_rollout import LocalReplica
+
+    async def main():
+        body = LocalReplica(CostModelInferenceEngine(
+            RolloutCostModel(step_s=1e-3, per_seq_s=0.0, per_ctx_token_s=0.0, max_num_seqs=1), prompt_tokens=4,
+            scheduling_policy=policy))
+        client = FullyAsyncLLMServerClient(FakePool({"r": body}), partial_rollout=True)
+        sp = SamplingParams(max_tokens=3, ignore_eos=True)
+        done: list[str] = []
+
+        async def request(rid: str, tokens: int = 3, after_s: float = 0.0) -> None:
+            await asyncio.sleep(after_s)
+            await client.generate(rid, [1], SamplingParams(max_tokens=tokens, ignore_eos=True))
+            done.append(rid)
+
+        with staleness_bounded(None, track=True) as old:  # a sample whose first tokens came on version 0
+            await client.generate("old-0", [1], sp)
+            late = asyncio.ensure_future(request("old-1", after_s=0.05))  # its next request, after the fresh one
+        assert old.oldest == 0 and old.max_start_version is None  # tracked, no bound
+        await body.engine.finish_weight_update(1)
+        blocker = asyncio.ensure_future(request("blocker", 200))  # holds the only seat for ~200 ms
+        await asyncio.sleep(0.02)
+        with staleness_bounded(None, track=True):  # a fresh sample: priority = the engine's version, 1
+            fresh = asyncio.ensure_future(request("fresh-0"))
+        await asyncio.gather(blocker, fresh, late)
+        return done
+
+    done = run(main())
+    assert done[0] == "blocker"
+    assert done[1:] == (["old-1", "fresh-0"] if policy == "priority" else ["fresh-0", "old-1"])

@@ -100,7 +100,8 @@ class AgentLoopWorker:
         try:
             extra = {"prompt_ids": prompt_ids} if prompt_ids is not None else {}
             sps = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * n
-            with staleness_bounded(self.staleness_bound if trained else None):  # the tasks copy the bound
+            # the tasks copy the bound; a trained group's requests carry its oldest version as their priority
+            with staleness_bounded(self.staleness_bound if trained else None, track=trained):
                 return await self._group([self._one(loop, sps[k], f"{uid}-{k}", row, extra, uid) for k in range(n)])
         finally:
             self.active_samples -= 1

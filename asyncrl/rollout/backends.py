@@ -50,6 +50,8 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
     arr = cfg.actor_rollout_ref
     kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
                               max_num_seqs=arr.rollout.max_num_seqs)
+    if arr.rollout.scheduling_policy != "fcfs":  # an engine without the switch (a user's backend) says so at its start
+        kw["scheduling_policy"] = arr.rollout.scheduling_policy
     if arr.rollout.name == "hf":
         kw.update(max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, cuda_graphs=not arr.rollout.enforce_eager)

@@ -76,6 +76,11 @@ class SamplingParams:
             token's version + the staleness bound: :func:`asyncrl.rollout.client.staleness_bounded`): a replica (:class:`asyncrl.rollout.replica.RolloutReplica`, not the bare engines) that would
             start it on a newer version, also once it resumes from the sync that aborted it, returns at once
             with ``stop_reason="stale"``: the trainer would drop the sample anyway.
+        priority: vLLM's per-request priority under ``actor_rollout_ref.rollout.scheduling_policy=priority``: when
+            more sequences wait than the engine's seats (``max_num_seqs``) the lowest value runs first, ties in
+            arrival order. Set by the client for a trained sample to the version of its oldest token (older samples
+            first, :func:`asyncrl.rollout.client.staleness_bounded`); ``None``: the engine's current version.
+            Ignored under ``fcfs``.
     """
 
     max_tokens: int = 32
@@ -93,6 +98,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     max_start_version: Optional[int] = None
+    priority: Optional[int] = None
 
 
 class PromptTooLong(ValueError):

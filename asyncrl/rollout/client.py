@@ -85,9 +85,10 @@ _COALESCE_KEY: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("a
 @dataclass
 class StalenessLimit:
     """The staleness bound of one sample (a prompt group, trained whole) and the oldest token version any of its
-    requests has returned so far: no request of it should start on a version past ``oldest + bound``."""
+    requests has returned so far: no request of it should start on a version past ``oldest + bound``
+    (``bound=None``: no limit, the oldest version is still tracked for the engine's ``priority``)."""
 
-    bound: int
+    bound: Optional[int]
     oldest: Optional[int] = None
 
     def note(self, versions: Sequence[int]) -> None:
@@ -96,20 +97,22 @@ class StalenessLimit:
 
     @property
     def max_start_version(self) -> Optional[int]:
-        return None if self.oldest is None else self.oldest + self.bound
+        return None if self.oldest is None or self.bound is None else self.oldest + self.bound
 
 
 _STALENESS: contextvars.ContextVar[Optional[StalenessLimit]] = contextvars.ContextVar("asyncrl_staleness", default=None)
 
 
 @contextlib.contextmanager
-def staleness_bounded(bound: Optional[int]) -> Iterator[Optional[StalenessLimit]]:
+def staleness_bounded(bound: Optional[int], track: bool = False) -> Iterator[Optional[StalenessLimit]]:
     """Requests made inside this block (and the tasks it starts) are for one sample, which the trainer drops once
     its oldest token is more than ``bound`` versions behind it (:func:`asyncrl.staleness.staleness_bound`): a
     request (a partial rollout's resubmission, a tool loop's next turn) that would start beyond the oldest token
     any of them has returned + ``bound`` ends with :class:`StaleGeneration` instead of generating tokens nobody
-    trains. Yields the sample's :class:`StalenessLimit`; ``None`` (evaluation, samples never trained): no limit."""
-    limit = StalenessLimit(bound) if bound is not None else None
+    trains. Every request made inside carries the sample's oldest token version as its ``priority`` (older samples
+    first under ``rollout.scheduling_policy=priority``). Yields the sample's :class:`StalenessLimit`; ``None``
+    (``bound=None`` and not ``track``: evaluation, samples never trained): no limit, no priority."""
+    limit = StalenessLimit(bound) if bound is not None or track else None
     token = _STALENESS.set(limit)
     try:
         yield limit
@@ -353,7 +356,8 @@ class FullyAsyncLLMServerClient(LLMServerClient):
             limit = _STALENESS.get()
             sp = dataclasses.replace(sampling_params, max_tokens=remaining,
                                      stop_token_ids=list(sampling_params.stop_token_ids),
-                                     max_start_version=limit.max_start_version if limit is not None else None)
+                                     max_start_version=limit.max_start_version if limit is not None else None,
+                                     priority=limit.oldest if limit is not None else None)
             out, server_id = await self._call(request_id, prompt + result.token_ids, sp, result)
             if out.stop_reason == "stale":
                 err = StaleGeneration(f"request {request_id}: its sample's oldest token (version {limit.oldest}) would "

@@ -69,6 +69,8 @@ class HFEngine(InferenceEngine):
         seed: base seed; requests without their own seed get one drawn from it.
         torch_threads: intra-op threads for this process (``None`` leaves torch's default).
         max_num_seqs: KV-cache slots, i.e. sequences decoded together (vLLM's name).
+        scheduling_policy: ``fcfs`` | ``priority`` (vLLM's): which waiting request takes a free slot; under
+            ``priority`` the lowest ``SamplingParams.priority`` (``None``: the current version), ties in arrival order.
         max_model_len: positions per slot (prompt + generated); longer prompts are refused.
             ``None``: the model's ``max_position_embeddings``, at most 4096.
         kv_cache_gb: KV-cache budget in GiB on CPU; fewer slots than ``max_num_seqs`` are made
@@ -85,7 +87,8 @@ class HFEngine(InferenceEngine):
     num_weight_workers = 1
 
     def __init__(self, model_path: str, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,
-                 torch_threads: Optional[int] = None, max_num_seqs: int = 256, max_model_len: Optional[int] = None,
+                 torch_threads: Optional[int] = None, max_num_seqs: int = 256, scheduling_policy: str = "fcfs",
+                 max_model_len: Optional[int] = None,
                  kv_cache_gb: Optional[float] = None, gpu_memory_utilization: Optional[float] = None,
                  cuda_graphs: bool = True, max_prefill_tokens: int = 16384, load_format: str = "auto",
                  iteration_stats: bool = True, **_: Any):
@@ -96,6 +99,8 @@ class HFEngine(InferenceEngine):
         self.seed = seed
         self.torch_threads = torch_threads
         self.max_num_seqs = max(1, int(max_num_seqs or 256))
+        self.scheduling_policy = scheduling_policy
+        self._priority: dict[str, int] = {}  # request id -> priority, under scheduling_policy="priority"
         self.max_model_len = max_model_len
         self.kv_cache_gb = kv_cache_gb
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -238,6 +243,8 @@ class HFEngine(InferenceEngine):
                                top_logprobs=[] if req.top_logprobs else None)
         fut = asyncio.get_running_loop().create_future()
         self._futures[request_id] = fut
+        if self.scheduling_policy == "priority":
+            self._priority[request_id] = self.param_version if sp.priority is None else int(sp.priority)
         self._waiting.append(req)
         self._wake.set()
         try:
@@ -254,6 +261,7 @@ class HFEngine(InferenceEngine):
         for f in finished:
             fut = self._futures.pop(f.request_id, None)
             self._aborted.discard(f.request_id)
+            self._priority.pop(f.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(f)
 
@@ -277,6 +285,9 @@ class HFEngine(InferenceEngine):
                     self._settle_aborts()
                     admit: list[SlotRequest] = []
                     if self._admitting and not self._frozen:
+                        if self._priority and len(self._waiting) > 1 and self.batcher.num_free:  # stable: ties FIFO
+                            self._waiting = collections.deque(sorted(self._waiting,
+                                                                     key=lambda r: self._priority.get(r.request_id, 0)))
                         while self._waiting and len(admit) < self.batcher.num_free:
                             admit.append(self._waiting.popleft())
                     stepping = not self._frozen and (self.batcher.num_active > 0 or bool(admit))
@@ -310,6 +321,7 @@ class HFEngine(InferenceEngine):
         self.batcher.abort(ids)
         for rid in ids:
             fut = self._futures.pop(rid, None)
+            self._priority.pop(rid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
 

@@ -73,6 +73,8 @@ class VLLMEngine(InferenceEngine):
         dtype: ``float32`` | ``bfloat16`` (CPU: float32 is the reliable choice).
         max_model_len: prompt + response tokens per sequence.
         max_num_seqs: scheduler batch size (``actor_rollout_ref.rollout.max_num_seqs``).
+        scheduling_policy: ``fcfs`` | ``priority`` (vLLM's; ``rollout.scheduling_policy``): under ``priority`` each
+            request's ``SamplingParams.priority`` (``None``: the current version) orders the waiting queue.
         kv_cache_gb: KV-cache size in GiB on CPU (``rollout.cpu_kvcache_space_gb``).
         gpu_memory_utilization: memory fraction on GPU (ignored on CPU).
         enforce_eager: skip compilation / graph capture (much faster start).
@@ -103,6 +105,7 @@ class VLLMEngine(InferenceEngine):
         dtype: str = "float32",
         max_model_len: int = 512,
         max_num_seqs: int = 256,
+        scheduling_policy: str = "fcfs",
         kv_cache_gb: float = 1.0,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
@@ -118,6 +121,7 @@ class VLLMEngine(InferenceEngine):
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
+        self.scheduling_policy = scheduling_policy
         self.kv_cache_gb = kv_cache_gb
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enforce_eager = enforce_eager
@@ -162,7 +166,7 @@ class VLLMEngine(InferenceEngine):
         kwargs: dict[str, Any] = dict(
             model=self.model_path, dtype=self.dtype, max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
             enforce_eager=self.enforce_eager, seed=self.seed, skip_tokenizer_init=True, disable_log_stats=True,
-            worker_extension_cls=WORKER_EXTENSION, logprobs_mode=self.logprobs_mode,
+            worker_extension_cls=WORKER_EXTENSION, logprobs_mode=self.logprobs_mode, scheduling_policy=self.scheduling_policy,
         )
         if current_platform.is_cpu():
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gb * _GiB)
@@ -173,6 +177,7 @@ class VLLMEngine(InferenceEngine):
             kwargs["enable_logging_iteration_details"] = True
             loggers.append(vllm_stat_logger(self.iteration_window))
         kwargs.update(self.engine_kwargs)
+        self.scheduling_policy = kwargs["scheduling_policy"]  # engine_kwargs may set it too
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers or None)
         if self.busy_loop_s is not None:
             await self._engine.collective_rpc("asyncrl_set_busy_loop", args=(self.busy_loop_s,))
@@ -250,8 +255,11 @@ class VLLMEngine(InferenceEngine):
         start_version = None if self._paused else self.param_version
         self._inflight.add(request_id)
         try:
+            priority = 0  # vLLM refuses any other under fcfs
+            if self.scheduling_policy == "priority":
+                priority = self.param_version if sampling_params.priority is None else int(sampling_params.priority)
             stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                     self._vllm_params(sampling_params, final_only), request_id)
+                                     self._vllm_params(sampling_params, final_only), request_id, priority=priority)
             async for out in stream:
                 comp = out.outputs[0]
                 checked = len(ids)

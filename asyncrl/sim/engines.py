@@ -49,6 +49,7 @@ class _Request:
     slot: int = 0  # KV-cache slot (lowest free first, as the hf engine hands them out)
     logprobs: bool = True
     stop: str = "length"  # stop reason when it runs to the end ("completed" = natural EOS)
+    priority: int = 0  # scheduling_policy="priority": the lowest waiting one is seated first (ties: seq)
 
 
 @dataclass
@@ -84,8 +85,9 @@ class CostModelInferenceEngine:
 
     def __init__(self, cost: RolloutCostModel, token_scale: int = 1, prompt_tokens: int = 64,
                  natural_length: Optional[Callable[[str, Sequence[int]], int]] = None, timeline: Optional[Timeline] = None,
-                 name: str = "replica", iteration_stats: bool = True, **_: Any):
+                 name: str = "replica", iteration_stats: bool = True, scheduling_policy: str = "fcfs", **_: Any):
         self.cost, self.scale, self.prompt_tokens = cost, max(1, int(token_scale)), prompt_tokens
+        self.scheduling_policy = scheduling_policy
         self.natural_length, self.timeline, self.name = natural_length, timeline, name
         self.param_version = 0
         self.running: dict[str, _Request] = {}
@@ -219,7 +221,10 @@ class CostModelInferenceEngine:
 
     def _admit_waiting(self) -> None:
         while self._admit and self.waiting and len(self.running) < self.cost.max_num_seqs:
-            self._start(self.waiting.pop(0))
+            first = 0
+            if self.scheduling_policy == "priority":  # as vLLM's: (priority, arrival)
+                first = min(range(len(self.waiting)), key=lambda i: (self.waiting[i].priority, self.waiting[i].seq))
+            self._start(self.waiting.pop(first))
 
     async def generate(self, request_id: str, prompt_ids: Sequence[int], sampling_params: SamplingParams) -> TokenOutput:
         """Generate ``max_tokens`` simulated tokens (or the request's natural length, when it stops at
@@ -234,7 +239,8 @@ class CostModelInferenceEngine:
                 want, stop = max(0, natural - done_before), "completed"
         fut = self._loop.create_future()
         req = _Request(request_id, ctx0=float(self.prompt_tokens + done_before * self.scale), need=float(want * self.scale),
-                       fut=fut, seq=next(self._seq), logprobs=sampling_params.logprobs, stop=stop)
+                       fut=fut, seq=next(self._seq), logprobs=sampling_params.logprobs, stop=stop,
+                       priority=self.param_version if sampling_params.priority is None else int(sampling_params.priority))
         self._advance()
         self.waiting.append(req)
         self._admit_waiting()
