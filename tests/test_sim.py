@@ -832,3 +832,18 @@ def test_the_sim_command_says_what_it_dropped_stale_as_a_run_summary_does(capsys
                         out[-1]), out[-1]
     assert main(["sim", "task=longtail", "async_training.staleness_threshold=0", "trainer.total_training_steps=3"]) == 0
     assert "dropped stale" not in capsys.readouterr().out  # on-policy: nothing dropped, no line
+
+
+def test_the_configs_decode_seats_cap_the_simulated_engine():
+    """``rollout.max_num_seqs`` below the cost model's seats is what a sweep asks the simulator (session 22: 48 seats
+    on the CPU long-tail run); before, the cost model's 256 replaced it silently. Fewer seats: no iteration decodes
+    more than that, and the steps take longer (each iteration's fixed cost is paid for fewer sequences)."""
+    runs = {}
+    for seats in (256, 8):
+        cfg = _config("d")
+        cfg.actor_rollout_ref.rollout.max_num_seqs = seats
+        runs[seats] = simulate(cfg, _cost())
+        assert runs[seats].config.actor_rollout_ref.rollout.max_num_seqs == seats
+    assert max(row["rollout/engine_batch_mean"] for row in runs[8].history) <= 8
+    assert max(row["rollout/engine_batch_mean"] for row in runs[256].history) > 8
+    assert runs[8].samples_per_s < runs[256].samples_per_s

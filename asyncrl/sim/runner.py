@@ -234,7 +234,10 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         cost = dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, contention=0.0),
                                    train=dataclasses.replace(cost.train, contention=0.0))
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
-    cfg.actor_rollout_ref.rollout.max_num_seqs = cost.rollout.max_num_seqs
+    # the engine's seats: the cost model's, or fewer where the config asks for fewer (rollout.max_num_seqs)
+    seats = min(cost.rollout.max_num_seqs, cfg.actor_rollout_ref.rollout.max_num_seqs)
+    cost = dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, max_num_seqs=seats))
+    cfg.actor_rollout_ref.rollout.max_num_seqs = seats
     cfg.trainer.test_freq = 0
     cfg.trainer.cpu_affinity = cfg.actor_rollout_ref.rollout.cpu_affinity = ""  # never pin this process
     validate(cfg)
@@ -295,7 +298,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
                                                                           gradient_fraction):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
                       natural_length=natural_length, timeline=timeline,
-                      iteration_stats=not cfg.actor_rollout_ref.rollout.disable_log_stats)
+                      iteration_stats=not cfg.actor_rollout_ref.rollout.disable_log_stats,
+                      scheduling_policy=cfg.actor_rollout_ref.rollout.scheduling_policy)
         replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))
                     for i in range(n_replicas)}
         mq = MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(budget.max_required_samples)),
