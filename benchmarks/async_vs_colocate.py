@@ -7,8 +7,10 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
 * ``a`` ``b`` ``c`` ``d`` (DESIGN.md section 4), ``keep`` (mode d with ``partial_rollout_mode=keep``),
   ``d_s1`` / ``d_s2`` (staleness 1 / 2: one / two whole batches of look-ahead; ``d_s1_early``: d_s1 with groups past
   the staleness bound dropped at their resubmission, ``drop_stale_in_generation=True``; ``d_s2_c32``: d_s2's bound with
-  at most 32 groups in generation), ``d_t2`` (two updates per
-  sync): the replica on
+  at most 32 groups in generation; ``d_s1_m32`` / ``d_s1_m48``: d_s1 with 32 / 48 decode seats, ``rollout.max_num_seqs``,
+  each on a replica of its own; ``d_s1_p32`` / ``d_s1_p48`` / ``d_s1_p64``: the same seated oldest sample first,
+  ``rollout.scheduling_policy=priority``; ``d_s1_keep`` / ``d_s1_keep_m48``: d_s1 / d_s1_m48 with
+  ``partial_rollout_mode=keep``), ``d_t2`` (two updates per sync): the replica on
   core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
   per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
@@ -108,6 +110,25 @@ MODES = {
     # of generating on until the trainer drops it (stale_at_trainer): no gain in session 20's A/B rounds
     "d_s1_early": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
                    "async_training.drop_stale_in_generation": True},
+    # d_s1 with fewer decode seats than sequences in flight (rollout.max_num_seqs), waiting requests seated in
+    # arrival order (fcfs) or oldest sample first (rollout.scheduling_policy=priority): after a sync the resumed
+    # long-tail responses, nearest the staleness bound, decode before the fresh groups, in smaller iterations
+    "d_s1_m32": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.max_num_seqs": 32},
+    "d_s1_m48": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.max_num_seqs": 48},
+    "d_s1_p32": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.max_num_seqs": 32, "actor_rollout_ref.rollout.scheduling_policy": "priority"},
+    "d_s1_p48": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.max_num_seqs": 48, "actor_rollout_ref.rollout.scheduling_policy": "priority"},
+    "d_s1_p64": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                 "actor_rollout_ref.rollout.max_num_seqs": 64, "actor_rollout_ref.rollout.scheduling_policy": "priority"},
+    # d_s1 with PipelineRL's in-flight weight update: a sync freezes the requests with their KV cache instead of
+    # aborting them (no re-prefill of each resumed long response; vLLM then streams every token)
+    "d_s1_keep": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                  "async_training.partial_rollout_mode": "keep"},
+    "d_s1_keep_m48": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                      "async_training.partial_rollout_mode": "keep", "actor_rollout_ref.rollout.max_num_seqs": 48},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
@@ -760,12 +781,18 @@ def host_info() -> dict:
     return {"cpu": model, "cpus": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}
 
 
+ENGINE_START_KEYS = ("actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.scheduling_policy")
+"""Mode keys an engine takes at its start: a mode that sets one runs on a replica of its own."""
+
+
 def replica_kind(mode: str, args: argparse.Namespace) -> str:
-    """The shared replica a mode runs on (``shared`` | ``split``), or ``""``: colocated with the hf backend
-    on CPU builds its engine in the trainer process (verl's hybrid engine), so it is given none."""
+    """The shared replica a mode runs on (``shared`` | ``split``, then ``+key=value`` for each of
+    :data:`ENGINE_START_KEYS` the mode sets), or ``""``: colocated with the hf backend on CPU builds its engine in
+    the trainer process (verl's hybrid engine), so it is given none."""
     if mode.startswith("colocated") and mode != "colocated_replica" and args.backend == "hf" and not args.gpu:
         return ""
-    return "shared" if mode.startswith("colocated") or mode in UNPINNED else "split"
+    base = "shared" if mode.startswith("colocated") or mode in UNPINNED else "split"
+    return base + "".join(f"+{k.rsplit('.', 1)[1]}={v}" for k, v in MODES.get(mode, {}).items() if k in ENGINE_START_KEYS)
 
 
 def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]:
@@ -778,8 +805,12 @@ def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]
         need |= {"shared", "split"}
     reps = {}
     for kind in sorted(need):
-        cfg = mode_config("colocated" if kind == "shared" else "d", args)
-        reps[kind] = RolloutReplica(cfg, server_id=f"replica_{kind}", replica_rank=0)
+        cfg = mode_config("colocated" if kind.startswith("shared") else "d", args)
+        for item in kind.split("+")[1:]:  # the engine-start keys of the modes on it (ENGINE_START_KEYS)
+            name, value = item.split("=", 1)
+            setattr(cfg.actor_rollout_ref.rollout, name, type(getattr(cfg.actor_rollout_ref.rollout, name))(value))
+        server_id = "replica_" + "".join(c if c.isalnum() else "_" for c in kind)
+        reps[kind] = RolloutReplica(cfg, server_id=server_id, replica_rank=0)
     for r in reps.values():
         r.wait_ready(timeout=1200)
     return reps
