@@ -207,6 +207,8 @@ CHOICES: dict[str, Any] = {
     "actor_rollout_ref.actor.strategy": ("cpu", "fsdp2"),
     "actor_rollout_ref.rollout.checkpoint_engine.backend": RegistryChoice("asyncrl.sync.base", "CHECKPOINT_ENGINES"),
     "actor_rollout_ref.rollout.load_format": ("auto", "dummy"),
+    "actor_rollout_ref.rollout.scheduling_policy": ("fcfs", "priority"),
+    "async_training.partial_rollout_mode": ("abort", "keep"),
     "trainer.device": ("cuda", "cpu"),
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.wandb_mode": (None, "online", "offline", "disabled"),
@@ -269,12 +271,16 @@ def _type_ok(value: Any, t: Any) -> bool:
 def check_types(cfg: ExperimentConfig) -> None:
     """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
     Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
-    truthiness. Raises :class:`ConfigError` naming the key, the value and the type."""
+    truthiness. A numpy scalar (a value from a DataFrame or an array) becomes its Python scalar first, so
+    ``np.int64(8)`` is an int and ``np.float64(8.0)`` is not. Raises :class:`ConfigError` naming the key, the value
+    and the type."""
     for key, t in _leaf_types().items():
         value = _get(cfg, key)
+        parent, _, leaf = key.rpartition(".")
         if isinstance(value, os.PathLike) and str in (t, *typing.get_args(t)):  # a Path for a path key: as load_config
-            parent, _, leaf = key.rpartition(".")
             setattr(_get(cfg, parent), leaf, value := os.fspath(value))
+        elif type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:  # np.int64(8), np.True_, ...
+            setattr(_get(cfg, parent), leaf, value := value.item())  # as the Python scalar, then checked as one
         if not _type_ok(value, t):
             kind = type(value)
             kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
@@ -330,10 +336,6 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.actor_rollout_ref.hybrid_engine and cfg.algorithm.filter_groups.enable:
         raise ConfigError("actor_rollout_ref.hybrid_engine=True generates exactly one batch per step, so groups dropped "
                           "by algorithm.filter_groups.enable=True could not be replaced: use one of the two")
-    if at.partial_rollout_mode not in ("abort", "keep"):
-        raise ConfigError(f"async_training.partial_rollout_mode={at.partial_rollout_mode!r} is not 'abort' or 'keep'")
-    if ro.scheduling_policy not in ("fcfs", "priority"):
-        raise ConfigError(f"actor_rollout_ref.rollout.scheduling_policy={ro.scheduling_policy!r} is not 'fcfs' or 'priority'")
     from asyncrl.cpu_affinity import parse_cores
 
     for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),

@@ -147,6 +147,29 @@ def test_values_set_from_python_are_type_checked():
     validate(cfg)
 
 
+def test_numpy_scalars_are_checked_as_the_python_scalars_they_hold():
+    """A value from a DataFrame or an array (a sweep's grid) is a numpy scalar: ``np.int64(8)`` was refused for an
+    int key while ``np.float64`` passed for a float key (a float subclass) and stayed numpy in the config. Each is
+    now its Python scalar, then checked as one: an int is an int, a float is not an int, a numpy bool is a bool."""
+    import numpy as np
+
+    from asyncrl.config import validate
+
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.n, cfg.async_training.staleness_threshold = np.int64(4), np.float64(0.5)
+    cfg.async_training.partial_rollout = np.bool_(False)
+    validate(cfg)
+    assert (type(cfg.actor_rollout_ref.rollout.n), type(cfg.async_training.staleness_threshold),
+            cfg.async_training.partial_rollout) == (int, float, False)
+    cfg.actor_rollout_ref.rollout.n = np.float64(8.0)
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.n=8.0 \(float\) is not valid: expected int"):
+        validate(cfg)
+    cfg = ExperimentConfig()
+    cfg.async_training.partial_rollout = np.int64(2)
+    with pytest.raises(ConfigError, match=r"async_training.partial_rollout=2 \(int\) is not valid: expected true or false"):
+        validate(cfg)
+
+
 def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monkeypatch):
     """Session 21, a fresh user's pass over the type checks: interpolations on bool keys (refused by the first
     version), a single logger name in YAML, a Path for a path key are taken; nan / inf for a float key (nan crashed

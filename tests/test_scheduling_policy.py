@@ -77,5 +77,5 @@ def test_the_config_refuses_an_unknown_policy():
     from asyncrl.config import ConfigError, load_config
     from asyncrl.recipes import arith_grpo_cpu
 
-    with pytest.raises(ConfigError, match="scheduling_policy='lifo' is not 'fcfs' or 'priority'"):
+    with pytest.raises(ConfigError, match="scheduling_policy='lifo' is not valid; valid values: fcfs, priority"):
         load_config(base=arith_grpo_cpu(), overrides=["actor_rollout_ref.rollout.scheduling_policy=lifo"])
