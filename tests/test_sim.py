@@ -676,6 +676,7 @@ def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its
         # its eight 250-token responses, generated and never trained, are what the trainer's drop counts by length
         assert r.stale_length_counts == ({} if in_generation else {250: 8})
         assert r.accounting["dropped"].get("stale_at_trainer", 0) == stale[1]  # the accounting names the trainer's too
+        assert r.summary()["dropped_stale"] == 1  # a sweep's table counts it either way (session 22)
         assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
         assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
         generated[in_generation] = sum(row["rollout/engine_generated_tokens"] for row in r.history)

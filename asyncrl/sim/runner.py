@@ -108,7 +108,9 @@ class SimResult:
         return (rows[-1]["time_s"] - rows[skip]["time_s"]) / (len(rows) - 1 - skip)
 
     def summary(self) -> dict:
-        """One row for a comparison table."""
+        """One row for a comparison table (:func:`asyncrl.sim.sweep.sweep` makes one per point): the config's async
+        keys, GPUs, samples/s, step time, idle ratios, version lag, and ``dropped_stale``: prompt groups the staleness
+        bound dropped (at the trainer or in generation)."""
         at = self.config.async_training
         lags = self.lag_counts
         total = max(1, sum(lags.values()))
@@ -132,6 +134,9 @@ class SimResult:
             "rollouter_idle_ratio": self.rollouter_idle_ratio,
             "lag_mean": sum(int(k) * v for k, v in lags.items()) / total,
             "lag_max": max((int(k) for k in lags), default=0),
+            # prompt groups the staleness bound cost: dropped at the trainer or ended in generation
+            "dropped_stale": sum(self.accounting.get("dropped", {}).get(r, 0)
+                                 for r in ("stale_at_trainer", "stale_in_generation")),
         }
 
 
