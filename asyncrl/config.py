@@ -12,12 +12,9 @@ Key names follow verl's fully-async recipe (``async_training.*``, ``actor_rollou
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
-import functools
-import math
-import os
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -32,6 +29,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     ActorConfig, SandboxConfig, AgentConfig, CheckpointEngineConfig, RolloutConfig, ActorRolloutRefConfig,
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
+from asyncrl.config_types import _check_raw, _get, _leaf_types, _plain_leaves, check_types  # noqa: F401
 
 
 # loading
@@ -72,54 +70,6 @@ KEY_HINTS = {
 """Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
 
 
-@functools.lru_cache(maxsize=None)
-def _leaf_types(cls: type = None, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> annotated type of every non-dataclass field of the schema (``Optional[X]`` kept); computed
-    once (every override and every ``validate`` reads it). Read-only."""
-    cls = cls or ExperimentConfig
-    out: dict[str, Any] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        t = hints[f.name]
-        if dataclasses.is_dataclass(t):
-            out.update(_leaf_types(t, f"{prefix}{f.name}."))
-        else:
-            out[f"{prefix}{f.name}"] = t
-    return out
-
-
-_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
-
-
-def _check_raw(raw: Any, what: str) -> Any:
-    """A YAML / dotlist container checked before OmegaConf merges it. Refused: for a bool key any int but 0 / 1
-    (``partial_rollout=2`` and ``=-1`` read as true) or a float; for a fixed-length tuple key (``optim.betas``) a list
-    of another length, for a mapping key a list (OmegaConf's errors name no key). Taken as verl does: a single name
-    for a list key (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns
-    the container (a dict); raises :class:`ConfigError`."""
-    types = _leaf_types()
-
-    def walk(node: Any, prefix: str) -> Any:
-        t = types.get(prefix)
-        if isinstance(node, dict):
-            return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
-        if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:
-            return [node]
-        if typing.get_origin(t) is dict and isinstance(node, list):  # OmegaConf: a TypeError naming no key
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)} "
-                              f"(write {prefix}={{key: value}})")
-        if typing.get_origin(t) is tuple and isinstance(node, list) and Ellipsis not in typing.get_args(t) \
-                and len(node) != len(typing.get_args(t)):
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)}")
-        elif t is bool and not isinstance(node, bool) and not (
-                isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and (
-                node.lower() in _BOOL_WORDS or "${" in node)):  # an interpolation: resolved, then check_types
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not a bool; write true or false")
-        return node
-
-    return walk(OmegaConf.to_container(raw, resolve=False) if OmegaConf.is_config(raw) else raw, "")
-
-
 def _merge(base, other, what: str):
     other = _check_raw(other, what)
     try:
@@ -151,7 +101,14 @@ def load_config(
     Raises:
         ConfigError: for an unknown key (naming the closest valid one) or a value of the wrong type.
     """
-    cfg = OmegaConf.structured(base if base is not None else ExperimentConfig())
+    if base is not None:  # numpy values (a sweep's grid) as Python ones; the caller's object stays as it is
+        base = copy.deepcopy(base)
+        _plain_leaves(base)
+    try:
+        cfg = OmegaConf.structured(base if base is not None else ExperimentConfig())
+    except ValidationError as exc:  # a value of the wrong type set on ``base`` from Python
+        raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
+                          f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     if yaml_path is not None:
         cfg = _merge(cfg, OmegaConf.load(str(yaml_path)), str(yaml_path))
     for item in overrides or []:
@@ -219,12 +176,6 @@ HINTS: dict[tuple, str] = {**ALGORITHM_HINTS,
                            ("actor_rollout_ref.actor.strategy", "megatron"): "not available; use fsdp2"}
 
 
-def _get(cfg: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def check_choice(key: str, value: Any, choices: Any) -> None:
     """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``value`` is one of ``choices``
     (a tuple, or a :class:`RegistryChoice`)."""
@@ -241,73 +192,16 @@ def check_choice(key: str, value: Any, choices: Any) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; valid values: {valid}" + (f" ({hint})" if hint else ""))
 
 
-def _type_ok(value: Any, t: Any) -> bool:
-    """Whether ``value`` has the schema type ``t`` (bool / int / float / str, ``Optional``, ``list[X]``,
-    ``tuple[X, Y]`` of that length, ``dict``; ``float``: finite, an int is fine)."""
-    origin, args = typing.get_origin(t), typing.get_args(t)
-    if origin is typing.Union:  # Optional[X]
-        return any(_type_ok(value, a) for a in args)
-    if t is type(None):
-        return value is None
-    if t is Any:
-        return True
-    if t is bool:
-        return isinstance(value, bool)
-    if t is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if t is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if t is str:
-        return isinstance(value, str)
-    if origin is tuple and args and Ellipsis not in args:  # tuple[float, float]: that many, each its type
-        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_type_ok, value, args))
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    return True
-
-
-def check_types(cfg: ExperimentConfig) -> None:
-    """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
-    Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
-    truthiness. A numpy scalar (a value from a DataFrame or an array) becomes its Python scalar first, so
-    ``np.int64(8)`` is an int and ``np.float64(8.0)`` is not. Raises :class:`ConfigError` naming the key, the value
-    and the type."""
-    for key, t in _leaf_types().items():
-        value = _get(cfg, key)
-        parent, _, leaf = key.rpartition(".")
-        if isinstance(value, os.PathLike) and str in (t, *typing.get_args(t)):  # a Path for a path key: as load_config
-            setattr(_get(cfg, parent), leaf, value := os.fspath(value))
-        elif type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:  # np.int64(8), np.True_, ...
-            setattr(_get(cfg, parent), leaf, value := value.item())  # as the Python scalar, then checked as one
-        if not _type_ok(value, t):
-            kind = type(value)
-            kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}")
-
-
-def _type_name(t: Any) -> str:
-    """``t`` as the error message says it: ``true or false``, ``int or null``, ``a finite number``,
-    ``a list of str``, ``2 numbers``."""
-    origin, args = typing.get_origin(t), typing.get_args(t)
-    if origin is typing.Union:
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
-    if origin is tuple and args and Ellipsis not in args:
-        return f"a list of {len(args)} " + ("numbers" if all(a is float for a in args) else "values")
-    if origin in (list, tuple):
-        return f"a list of {_type_name(args[0]) if args else 'values'}"
-    if origin is dict:
-        return "a mapping"
-    return {bool: "true or false", float: "a finite number", str: "str", int: "int"}.get(t, str(t))
-
-
 def validate(cfg: ExperimentConfig) -> None:
     """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
     at, ro, ac = cfg.async_training, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     check_types(cfg)
     for key, choices in CHOICES.items():
         check_choice(key, _get(cfg, key), choices)
+    vllm_kwargs = (ro.engine_kwargs or {}).get("vllm") or {}
+    if "scheduling_policy" in vllm_kwargs:  # the config key's twin, passed to vLLM as it is: checked the same way
+        check_choice("actor_rollout_ref.rollout.engine_kwargs.vllm.scheduling_policy", vllm_kwargs["scheduling_policy"],
+                     CHOICES["actor_rollout_ref.rollout.scheduling_policy"])
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
     for name, value in [

@@ -170,6 +170,32 @@ def test_numpy_scalars_are_checked_as_the_python_scalars_they_hold():
         validate(cfg)
 
 
+
+def test_numpy_values_inside_lists_and_mappings_and_on_a_base_config_are_python_ones(tmp_path):
+    """A fresh tester's pass (session 22): numpy values inside a tuple or a dict passed ``validate`` and then broke
+    ``config.yaml`` after Ray had started (``betas=(np.float64(0.9), ...)``; ``engine_kwargs`` holding an
+    ``np.int64``), ``np.float32`` betas were refused as not numbers, and ``load_config(base=cfg)`` (every sweep
+    point) raised OmegaConf's bare error for an ``np.int64``. Each is now its Python value wherever it sits."""
+    import numpy as np
+
+    from asyncrl.config import to_yaml, validate
+
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.actor.optim.betas = (np.float32(0.5), np.float64(0.99))
+    cfg.actor_rollout_ref.rollout.engine_kwargs = {"vllm": {"max_num_batched_tokens": np.int64(4096)}}
+    validate(cfg)
+    assert cfg.actor_rollout_ref.actor.optim.betas == (0.5, 0.99)
+    assert type(cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"]["max_num_batched_tokens"]) is int
+    assert "max_num_batched_tokens: 4096" in to_yaml(cfg)
+    base = ExperimentConfig()
+    base.actor_rollout_ref.rollout.max_num_seqs = np.int64(64)
+    out = load_config(base=base, overrides=["async_training.staleness_threshold=0.5"])
+    assert out.actor_rollout_ref.rollout.max_num_seqs == 64 and type(base.actor_rollout_ref.rollout.max_num_seqs) is np.int64
+    base.actor_rollout_ref.rollout.max_num_seqs = "many"  # a wrong type on the base: the key named, no OmegaConf error
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        load_config(base=base)
+
+
 def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monkeypatch):
     """Session 21, a fresh user's pass over the type checks: interpolations on bool keys (refused by the first
     version), a single logger name in YAML, a Path for a path key are taken; nan / inf for a float key (nan crashed

@@ -79,3 +79,40 @@ def test_the_config_refuses_an_unknown_policy():
 
     with pytest.raises(ConfigError, match="scheduling_policy='lifo' is not valid; valid values: fcfs, priority"):
         load_config(base=arith_grpo_cpu(), overrides=["actor_rollout_ref.rollout.scheduling_policy=lifo"])
+
+
+def test_a_priority_that_is_no_int_is_refused_before_the_engine_keeps_the_request(random_model_dir):
+    """A fresh tester's pass (session 22): ``priority=float("nan")`` raised from ``int()`` after the hf engine had
+    registered the request, so its id stayed in flight and ``shutdown()`` hung. Every engine now checks the priority
+    first (:func:`asyncrl.rollout.base.request_priority`) and the same id then runs; an unknown policy is refused at
+    construction instead of read as fcfs."""
+    from asyncrl.rollout.hf_backend import HFEngine
+    from asyncrl.sim.cost_models import RolloutCostModel
+    from asyncrl.sim.engines import CostModelInferenceEngine
+
+    async def main(engine):
+        await engine.start()
+        try:
+            for bad in (float("nan"), 1.5, "1", True):
+                with pytest.raises(ValueError, match="priority must be an int or None"):
+                    await engine.generate("r1", [5, 6, 7], SamplingParams(max_tokens=2, priority=bad))
+            out = await asyncio.wait_for(engine.generate("r1", [5, 6, 7], SamplingParams(max_tokens=2, priority=3)), 30)
+            assert len(out.token_ids) == 2
+        finally:
+            await asyncio.wait_for(engine.shutdown(), 30)
+
+    asyncio.run(main(HFEngine(str(random_model_dir), max_num_seqs=1, max_model_len=64, scheduling_policy="priority")))
+    asyncio.run(main(CostModelInferenceEngine(RolloutCostModel(step_s=1e-3, per_seq_s=0.0, per_ctx_token_s=0.0),
+                                              prompt_tokens=3, scheduling_policy="priority")))
+    for make in (lambda: HFEngine(str(random_model_dir), scheduling_policy="bogus"),
+                 lambda: CostModelInferenceEngine(RolloutCostModel(1e-3, 0.0, 0.0), scheduling_policy="bogus")):
+        with pytest.raises(ValueError, match="scheduling_policy='bogus' is not one of fcfs, priority"):
+            make()
+
+
+def test_the_vllm_engine_kwargs_twin_of_the_key_is_checked_too():
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.recipes import arith_grpo_cpu
+
+    with pytest.raises(ConfigError, match="engine_kwargs.vllm.scheduling_policy='lifo' is not valid"):
+        load_config(base=arith_grpo_cpu(), overrides=["actor_rollout_ref.rollout.engine_kwargs.vllm={scheduling_policy: lifo}"])

@@ -846,5 +846,16 @@ def test_the_configs_decode_seats_cap_the_simulated_engine():
         runs[seats] = simulate(cfg, _cost())
         assert runs[seats].config.actor_rollout_ref.rollout.max_num_seqs == seats
     assert max(row["rollout/engine_batch_mean"] for row in runs[8].history) <= 8
+    assert (runs[8].summary()["max_num_seqs"], runs[256].summary()["max_num_seqs"]) == (8, 256)
     assert max(row["rollout/engine_batch_mean"] for row in runs[256].history) > 8
     assert runs[8].samples_per_s < runs[256].samples_per_s
+
+
+def test_simulate_refuses_a_config_value_of_the_wrong_type_by_its_key():
+    """Session 22's tester: ``max_num_seqs="8"`` set from Python met ``min()`` before ``validate`` (a bare TypeError)."""
+    from asyncrl.config import ConfigError
+
+    cfg = _config("d")
+    cfg.actor_rollout_ref.rollout.max_num_seqs = "8"
+    with pytest.raises(ConfigError, match=r"max_num_seqs='8' \(str\) is not valid: expected int"):
+        simulate(cfg, _cost())

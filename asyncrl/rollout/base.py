@@ -7,6 +7,7 @@ without vLLM.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -99,6 +100,34 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     max_start_version: Optional[int] = None
     priority: Optional[int] = None
+
+
+SCHEDULING_POLICIES = ("fcfs", "priority")
+"""vLLM's ``scheduling_policy`` values (``actor_rollout_ref.rollout.scheduling_policy``)."""
+
+
+def check_scheduling_policy(policy: str) -> str:
+    """``policy`` if it is one of :data:`SCHEDULING_POLICIES`; else ``ValueError`` (an engine must not read a typo as
+    ``fcfs``)."""
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"scheduling_policy={policy!r} is not one of {', '.join(SCHEDULING_POLICIES)}")
+    return policy
+
+
+def request_priority(sampling_params: SamplingParams, current_version: int) -> int:
+    """A request's priority under ``scheduling_policy="priority"`` (lower first): ``sampling_params.priority``, or the
+    engine's ``current_version`` when it is ``None`` (a group none of whose requests has returned tokens yet).
+
+    Raises:
+        ValueError: a priority that is not an int (a float, a bool, a string): checked before the engine keeps any
+            state for the request.
+    """
+    p = sampling_params.priority
+    if p is None:
+        return int(current_version)
+    if isinstance(p, bool) or not isinstance(p, numbers.Integral):
+        raise ValueError(f"SamplingParams.priority must be an int or None, got {p!r} ({type(p).__name__})")
+    return int(p)
 
 
 class PromptTooLong(ValueError):

@@ -109,8 +109,9 @@ def staleness_bounded(bound: Optional[int], track: bool = False) -> Iterator[Opt
     its oldest token is more than ``bound`` versions behind it (:func:`asyncrl.staleness.staleness_bound`): a
     request (a partial rollout's resubmission, a tool loop's next turn) that would start beyond the oldest token
     any of them has returned + ``bound`` ends with :class:`StaleGeneration` instead of generating tokens nobody
-    trains. Every request made inside carries the sample's oldest token version as its ``priority`` (older samples
-    first under ``rollout.scheduling_policy=priority``). Yields the sample's :class:`StalenessLimit`; ``None``
+    trains. A request made inside carries the sample's oldest token version as its ``priority`` once any request of
+    the sample has returned tokens (older samples first under ``rollout.scheduling_policy=priority``; before that
+    ``None``: the engine's current version). Yields the sample's :class:`StalenessLimit`; ``None``
     (``bound=None`` and not ``track``: evaluation, samples never trained): no limit, no priority."""
     limit = StalenessLimit(bound) if bound is not None or track else None
     token = _STALENESS.set(limit)

@@ -29,7 +29,8 @@ from typing import Any, Literal, Optional, Sequence
 import torch
 
 from asyncrl.api import InferenceEngine
-from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput, UnsupportedSamplingParam
+from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, UnsupportedSamplingParam,
+                                  check_scheduling_policy, request_priority)
 from asyncrl.rollout.engine_stats import IterationWindow
 from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
 from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots
@@ -99,7 +100,7 @@ class HFEngine(InferenceEngine):
         self.seed = seed
         self.torch_threads = torch_threads
         self.max_num_seqs = max(1, int(max_num_seqs or 256))
-        self.scheduling_policy = scheduling_policy
+        self.scheduling_policy = check_scheduling_policy(scheduling_policy)
         self._priority: dict[str, int] = {}  # request id -> priority, under scheduling_policy="priority"
         self.max_model_len = max_model_len
         self.kv_cache_gb = kv_cache_gb
@@ -238,13 +239,14 @@ class HFEngine(InferenceEngine):
         sp = sampling_params
         _refuse_penalties(sp)
         req = self._slot_request(request_id, prompt_ids, sp)
+        priority = request_priority(sp, self.param_version) if self.scheduling_policy == "priority" else None
         if sp.max_tokens <= 0:
             return TokenOutput(token_ids=[], log_probs=[] if sp.logprobs else None, stop_reason="length",
                                top_logprobs=[] if req.top_logprobs else None)
         fut = asyncio.get_running_loop().create_future()
         self._futures[request_id] = fut
-        if self.scheduling_policy == "priority":
-            self._priority[request_id] = self.param_version if sp.priority is None else int(sp.priority)
+        if priority is not None:
+            self._priority[request_id] = priority
         self._waiting.append(req)
         self._wake.set()
         try:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 from asyncrl.api import InferenceEngine
-from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput
+from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, request_priority
 from asyncrl.rollout.engine_stats import IterationWindow, vllm_stat_logger
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.sync.bucket import metas_to_wire
@@ -121,7 +121,7 @@ class VLLMEngine(InferenceEngine):
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
-        self.scheduling_policy = scheduling_policy
+        self.scheduling_policy = check_scheduling_policy(scheduling_policy)
         self.kv_cache_gb = kv_cache_gb
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enforce_eager = enforce_eager
@@ -240,6 +240,8 @@ class VLLMEngine(InferenceEngine):
             raise PromptTooLong(len(prompt_ids), self.max_model_len)
         if request_id in self._inflight:
             raise ValueError(f"request_id {request_id!r} is already in flight")
+        # vLLM refuses any priority but 0 under fcfs
+        priority = request_priority(sampling_params, self.param_version) if self.scheduling_policy == "priority" else 0
         ids: list[int] = []
         lps: list[float] = []
         top: list[list[tuple[int, float]]] = []
@@ -255,9 +257,6 @@ class VLLMEngine(InferenceEngine):
         start_version = None if self._paused else self.param_version
         self._inflight.add(request_id)
         try:
-            priority = 0  # vLLM refuses any other under fcfs
-            if self.scheduling_policy == "priority":
-                priority = self.param_version if sampling_params.priority is None else int(sampling_params.priority)
             stream = engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
                                      self._vllm_params(sampling_params, final_only), request_id, priority=priority)
             async for out in stream:

@@ -30,7 +30,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from asyncrl.config import ConfigError, ExperimentConfig, validate
+from asyncrl.config import ConfigError, ExperimentConfig, check_types, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
 from asyncrl.sim.engines import Timeline
@@ -134,6 +134,8 @@ class SimResult:
             "rollouter_idle_ratio": self.rollouter_idle_ratio,
             "lag_mean": sum(int(k) * v for k, v in lags.items()) / total,
             "lag_max": max((int(k) for k in lags), default=0),
+            "max_num_seqs": self.config.actor_rollout_ref.rollout.max_num_seqs,  # seats per replica, as simulated
+            "scheduling_policy": self.config.actor_rollout_ref.rollout.scheduling_policy,
             # prompt groups the staleness bound cost: dropped at the trainer or ended in generation
             "dropped_stale": sum(self.accounting.get("dropped", {}).get(r, 0)
                                  for r in ("stale_at_trainer", "stale_in_generation")),
@@ -214,15 +216,20 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             per priced token of trained rows (``measure_train``'s ``s_per_trained_priced_token``). ``None``: every
             row is priced, with ``s_per_priced_token``.
 
+    Each replica decodes at most ``min(cost.rollout.max_num_seqs, rollout.max_num_seqs)`` sequences at once (the
+    cost model's seats, or fewer where the config asks for fewer; ``result.config`` and ``summary()["max_num_seqs"]``
+    hold the number used, and a config asking for more than the cost model has is logged).
+
     Returns:
         A :class:`SimResult`.
 
     Raises:
-        asyncrl.config.ConfigError: a GPU count below 1 or not whole replicas / trainer ranks of ``cost``, a
-            ``token_scale`` below 1, or unequal counts with ``hybrid_engine``.
+        asyncrl.config.ConfigError: a value of the wrong type in ``config``, a GPU count below 1 or not whole
+            replicas / trainer ranks of ``cost``, a ``token_scale`` below 1, or unequal counts with ``hybrid_engine``.
         asyncrl.sim.clock.SimulationStalled: the simulated system deadlocked.
     """
     cfg = copy.deepcopy(config)
+    check_types(cfg)  # the seats below compare a config value before validate() runs
     cfg.trainer.progress_bar = False
     _check_split(cost, rollout_gpus, train_gpus, token_scale)
     default_rollout = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
@@ -241,6 +248,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
     # the engine's seats: the cost model's, or fewer where the config asks for fewer (rollout.max_num_seqs)
     seats = min(cost.rollout.max_num_seqs, cfg.actor_rollout_ref.rollout.max_num_seqs)
+    if seats < cfg.actor_rollout_ref.rollout.max_num_seqs:
+        logger.info("simulate: rollout.max_num_seqs=%d is more than the cost model's %d seats per replica: %d used",
+                    cfg.actor_rollout_ref.rollout.max_num_seqs, seats, seats)
     cost = dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, max_num_seqs=seats))
     cfg.actor_rollout_ref.rollout.max_num_seqs = seats
     cfg.trainer.test_freq = 0

@@ -6,7 +6,7 @@
                               "split": [(32, 96), (64, 64), (96, 32)]})
         -> one simulate() per combination (dotted keys are verl config keys; ``split`` is
            (rollout GPUs, trainer GPUs)) -> DataFrame: the keys, samples/s, step time, idle ratios,
-           staleness (mean / max version lag)
+           staleness (mean / max version lag, groups dropped stale)
     plot_sweep(df, x=..., hue=...)          samples/s (and trainer idle) against one knob
     plot_timeline(result, ax)               who is busy when: replicas, trainer, syncs
 """
@@ -47,7 +47,8 @@ def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterab
     Returns:
         ``pandas.DataFrame``, one row per combination: the grid values, then
         :meth:`SimResult.summary` (``samples_per_s``, ``step_s``, ``trainer_idle_ratio``,
-        ``rollouter_idle_ratio``, ``lag_mean``, ``lag_max``, ...). Combinations the config rejects
+        ``rollouter_idle_ratio``, ``lag_mean``, ``lag_max``, ``dropped_stale``: prompt groups the staleness bound
+        dropped, ``max_num_seqs``: seats per replica as simulated, ...). Combinations the config rejects
         get an ``error`` and no numbers.
     """
     import pandas as pd

@@ -1,0 +1,155 @@
+"""The config's types: every key's schema type, checked on what YAML / dotlist overrides bring before OmegaConf merges
+them (:func:`_check_raw`) and on every leaf of a built config (:func:`check_types`, from ``validate``), and numpy
+values turned into the Python ones they hold (:func:`_plain_leaves`). :mod:`asyncrl.config` uses them; import
+``check_types`` from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import typing
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from asyncrl.config_schema import ConfigError, ExperimentConfig
+
+
+@functools.lru_cache(maxsize=None)
+def _leaf_types(cls: type = None, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> annotated type of every non-dataclass field of the schema (``Optional[X]`` kept); computed
+    once (every override and every ``validate`` reads it). Read-only."""
+    cls = cls or ExperimentConfig
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            out.update(_leaf_types(t, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = t
+    return out
+
+
+_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+
+
+def _check_raw(raw: Any, what: str) -> Any:
+    """A YAML / dotlist container checked before OmegaConf merges it. Refused: for a bool key any int but 0 / 1
+    (``partial_rollout=2`` and ``=-1`` read as true) or a float; for a fixed-length tuple key (``optim.betas``) a list
+    of another length, for a mapping key a list (OmegaConf's errors name no key). Taken as verl does: a single name
+    for a list key (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns
+    the container (a dict); raises :class:`ConfigError`."""
+    types = _leaf_types()
+
+    def walk(node: Any, prefix: str) -> Any:
+        t = types.get(prefix)
+        if isinstance(node, dict):
+            return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
+        if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:
+            return [node]
+        if typing.get_origin(t) is dict and isinstance(node, list):  # OmegaConf: a TypeError naming no key
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)} "
+                              f"(write {prefix}={{key: value}})")
+        if typing.get_origin(t) is tuple and isinstance(node, list) and Ellipsis not in typing.get_args(t) \
+                and len(node) != len(typing.get_args(t)):
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)}")
+        elif t is bool and not isinstance(node, bool) and not (
+                isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and (
+                node.lower() in _BOOL_WORDS or "${" in node)):  # an interpolation: resolved, then check_types
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not a bool; write true or false")
+        return node
+
+    return walk(OmegaConf.to_container(raw, resolve=False) if OmegaConf.is_config(raw) else raw, "")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _type_ok(value: Any, t: Any) -> bool:
+    """Whether ``value`` has the schema type ``t`` (bool / int / float / str, ``Optional``, ``list[X]``,
+    ``tuple[X, Y]`` of that length, ``dict``; ``float``: finite, an int is fine)."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Union:  # Optional[X]
+        return any(_type_ok(value, a) for a in args)
+    if t is type(None):
+        return value is None
+    if t is Any:
+        return True
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if t is str:
+        return isinstance(value, str)
+    if origin is tuple and args and Ellipsis not in args:  # tuple[float, float]: that many, each its type
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_type_ok, value, args))
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every numpy scalar in it (``np.int64(8)``, ``np.True_``, a 0-d array; also inside lists, tuples
+    and dicts) as the Python scalar it holds; ``value`` itself when it holds none."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    if isinstance(value, dict):
+        pairs = [(_plain(k), _plain(v)) for k, v in value.items()]
+        return value if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items())) else dict(pairs)
+    return value
+
+
+def _plain_leaves(cfg: ExperimentConfig) -> None:
+    """Every leaf of ``cfg`` in place as :func:`_plain` makes it, and a Path for a str key as its string (as
+    :func:`load_config` takes it): a value from a DataFrame or an array (a sweep's grid) is numpy, which OmegaConf
+    refuses in a container and ``config.yaml`` cannot hold."""
+    for key, t in _leaf_types().items():
+        parent, _, leaf = key.rpartition(".")
+        value = _get(cfg, key)
+        plain = os.fspath(value) if isinstance(value, os.PathLike) and str in (t, *typing.get_args(t)) else _plain(value)
+        if plain is not value:
+            setattr(_get(cfg, parent), leaf, plain)
+
+
+def check_types(cfg: ExperimentConfig) -> None:
+    """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
+    Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
+    truthiness. A numpy scalar (a value from a DataFrame or an array), also inside a list, tuple or dict, becomes its
+    Python scalar first, so ``np.int64(8)`` is an int and ``np.float64(8.0)`` is not. Raises :class:`ConfigError`
+    naming the key, the value and the type."""
+    _plain_leaves(cfg)
+    for key, t in _leaf_types().items():
+        value = _get(cfg, key)
+        if not _type_ok(value, t):
+            kind = type(value)
+            kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}")
+
+
+def _type_name(t: Any) -> str:
+    """``t`` as the error message says it: ``true or false``, ``int or null``, ``a finite number``,
+    ``a list of str``, ``2 numbers``."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin is typing.Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is tuple and args and Ellipsis not in args:
+        return f"a list of {len(args)} " + ("numbers" if all(a is float for a in args) else "values")
+    if origin in (list, tuple):
+        return f"a list of {_type_name(args[0]) if args else 'values'}"
+    if origin is dict:
+        return "a mapping"
+    return {bool: "true or false", float: "a finite number", str: "str", int: "int"}.get(t, str(t))
