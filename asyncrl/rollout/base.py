@@ -7,8 +7,11 @@ without vLLM.
 
 from __future__ import annotations
 
+import json
 import numbers
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 StopReason = Literal["completed", "length", "aborted", "stale"]
@@ -100,6 +103,23 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     max_start_version: Optional[int] = None
     priority: Optional[int] = None
+
+
+def eos_token_ids(model_path: str | os.PathLike) -> list[int]:
+    """EOS ids from ``generation_config.json`` (preferred) or ``config.json``.
+
+    vLLM is started with ``skip_tokenizer_init=True`` (ids in, ids out), in which case it knows
+    no EOS token; we pass these as ``stop_token_ids`` instead (the hf engine stops on them too).
+    """
+    ids: list[int] = []
+    for fname in ("generation_config.json", "config.json"):
+        path = Path(model_path) / fname
+        if path.exists():
+            val = json.loads(path.read_text()).get("eos_token_id")
+            if val is not None:
+                ids = list(val) if isinstance(val, list) else [int(val)]
+                break
+    return ids
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority")

@@ -2,8 +2,8 @@
 
 ::
 
-    generate(req) ─► waiting deque ─┐                       (one scheduler task on the event loop)
-    abort / pause / resume ─► flags ┴─► _run: settle aborts ─► admit into free slots ─► to_thread(
+    generate(req) ─► waiting deque ─┐       (one scheduler task on the event loop; scheduling_policy=priority:
+    abort / pause / resume ─► flags ┴─► _run: settle aborts ─► admit into free slots ─► to_thread(   lowest first)
                                            batcher.add(new) + batcher.step())  under the model lock
                                            ─► finished ─► resolve each request's future
     load_bucket ─► BucketAssembler ─► param.copy_ (in place) under the model lock, between steps
@@ -14,8 +14,8 @@ contract: token-in-token-out with per-token log-probs of the distribution sample
 ``completed`` / ``length`` / ``aborted``, ``pause(mode=abort|wait|keep)`` / ``resume``, weights copied into
 the model's own tensors (CUDA graphs keep their addresses; every transport through
 :class:`~asyncrl.sync.receiver.ModelWeightReceiver`), so the next step uses them. Queued requests at
-``pause`` are vLLM's waiting queue (``abort`` aborts them, ``wait`` / ``keep`` hold them until ``resume``).
-Stop strings, top logprobs: served; penalties: refused by name.
+``pause`` are vLLM's waiting queue (``abort`` aborts them, ``wait`` / ``keep`` hold them until ``resume``). Stop
+strings, top logprobs: served; penalties: refused by name.
 """
 
 from __future__ import annotations
@@ -29,35 +29,17 @@ from typing import Any, Literal, Optional, Sequence
 import torch
 
 from asyncrl.api import InferenceEngine
-from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, UnsupportedSamplingParam,
-                                  check_scheduling_policy, request_priority)
+from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, eos_token_ids,
+                                  request_priority)
 from asyncrl.rollout.engine_stats import IterationWindow
 from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
-from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots
+from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots, resolve_device
+from asyncrl.rollout.hf_sampler import refuse_penalties
 from asyncrl.rollout.stop import StopStrings
-from asyncrl.rollout.vllm_backend import eos_token_ids
 from asyncrl.sync.bucket import ChunkMeta
 from asyncrl.sync.receiver import ModelWeightReceiver, model_tensors
 
 logger = logging.getLogger(__name__)
-
-
-def _refuse_penalties(sp: SamplingParams) -> None:
-    for name, off in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        if getattr(sp, name) != off:
-            raise UnsupportedSamplingParam(name, f"{name} is not supported by the hf rollout backend "
-                                                 f"(use actor_rollout_ref.rollout.name=vllm)")
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda*`` without CUDA raises ``ValueError``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"rollout device {device!r} but torch sees no CUDA device; "
-                         "set actor_rollout_ref.rollout.device=cpu (or auto)")
-    return dev
 
 
 class HFEngine(InferenceEngine):
@@ -101,7 +83,6 @@ class HFEngine(InferenceEngine):
         self.torch_threads = torch_threads
         self.max_num_seqs = max(1, int(max_num_seqs or 256))
         self.scheduling_policy = check_scheduling_policy(scheduling_policy)
-        self._priority: dict[str, int] = {}  # request id -> priority, under scheduling_policy="priority"
         self.max_model_len = max_model_len
         self.kv_cache_gb = kv_cache_gb
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -120,8 +101,7 @@ class HFEngine(InferenceEngine):
         self._waiting: collections.deque[SlotRequest] = collections.deque()
         self._futures: dict[str, asyncio.Future] = {}
         self._aborted: set[str] = set()
-        self._rng = torch.Generator().manual_seed(seed)
-        self._task: Optional[asyncio.Task] = None
+        self._rng, self._task = torch.Generator().manual_seed(seed), None  # _task: the scheduler (_ensure_loop)
         self._lock: asyncio.Lock
         self._wake: asyncio.Event
         self._drained: asyncio.Condition
@@ -203,6 +183,7 @@ class HFEngine(InferenceEngine):
     # ------------------------------------------------------------------ generation
 
     def _slot_request(self, request_id: str, prompt_ids: Sequence[int], sp: SamplingParams) -> SlotRequest:
+        priority = request_priority(sp, self.param_version) if self.scheduling_policy == "priority" else 0
         n = len(prompt_ids)
         if n >= self.max_model_len:
             raise PromptTooLong(n, self.max_model_len)
@@ -214,7 +195,7 @@ class HFEngine(InferenceEngine):
         check = (lambda ids: strings.first_stop(ids, len(ids) - 1) is not None) if strings else None
         return SlotRequest(request_id, list(prompt_ids), int(sp.max_tokens), seed % 2**64, temperature=sp.temperature,
                            top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p, stop_token_ids=stops, stop_check=check,
-                           top_logprobs=sp.top_logprobs if sp.logprobs else 0)
+                           top_logprobs=sp.top_logprobs if sp.logprobs else 0, priority=priority)
 
     def _tokenizer(self) -> Any:
         """The model's tokenizer (for stop strings), loaded on first use."""
@@ -237,16 +218,13 @@ class HFEngine(InferenceEngine):
             raise ValueError(f"request_id {request_id!r} is already in flight")
         self._ensure_loop()
         sp = sampling_params
-        _refuse_penalties(sp)
+        refuse_penalties(sp)
         req = self._slot_request(request_id, prompt_ids, sp)
-        priority = request_priority(sp, self.param_version) if self.scheduling_policy == "priority" else None
         if sp.max_tokens <= 0:
             return TokenOutput(token_ids=[], log_probs=[] if sp.logprobs else None, stop_reason="length",
                                top_logprobs=[] if req.top_logprobs else None)
         fut = asyncio.get_running_loop().create_future()
         self._futures[request_id] = fut
-        if priority is not None:
-            self._priority[request_id] = priority
         self._waiting.append(req)
         self._wake.set()
         try:
@@ -263,7 +241,6 @@ class HFEngine(InferenceEngine):
         for f in finished:
             fut = self._futures.pop(f.request_id, None)
             self._aborted.discard(f.request_id)
-            self._priority.pop(f.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(f)
 
@@ -287,9 +264,8 @@ class HFEngine(InferenceEngine):
                     self._settle_aborts()
                     admit: list[SlotRequest] = []
                     if self._admitting and not self._frozen:
-                        if self._priority and len(self._waiting) > 1 and self.batcher.num_free:  # stable: ties FIFO
-                            self._waiting = collections.deque(sorted(self._waiting,
-                                                                     key=lambda r: self._priority.get(r.request_id, 0)))
+                        if self.scheduling_policy == "priority" and len(self._waiting) > 1 and self.batcher.num_free:
+                            self._waiting = collections.deque(sorted(self._waiting, key=lambda r: r.priority))  # ties FIFO
                         while self._waiting and len(admit) < self.batcher.num_free:
                             admit.append(self._waiting.popleft())
                     stepping = not self._frozen and (self.batcher.num_active > 0 or bool(admit))
@@ -323,7 +299,6 @@ class HFEngine(InferenceEngine):
         self.batcher.abort(ids)
         for rid in ids:
             fut = self._futures.pop(rid, None)
-            self._priority.pop(rid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
 

@@ -59,6 +59,8 @@ class SlotRequest:
     (stop strings; see :class:`asyncrl.rollout.stop.StopStrings`)."""
     top_logprobs: int = 0
     """Also report this many most likely ``(id, logprob)`` per token (of the distribution sampled from)."""
+    priority: int = 0
+    """Under the engine's ``scheduling_policy="priority"``: the lowest waiting one takes a free slot first."""
 
     @property
     def params(self) -> Optional[ParamSet]:

@@ -30,6 +30,17 @@ import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; ``cuda*`` without CUDA raises ``ValueError``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"rollout device {device!r} but torch sees no CUDA device; "
+                         "set actor_rollout_ref.rollout.device=cpu (or auto)")
+    return dev
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from asyncrl.rollout.base import SamplingParams, UnsupportedSamplingParam
 from asyncrl.rollout.sampling import apply_sampling_filters
 
 _M32 = np.uint64(0xFFFFFFFF)
@@ -87,3 +88,12 @@ def sample(logits: torch.Tensor, uniforms: torch.Tensor, group: torch.Tensor, pa
     drawn = torch.where(probs.gather(-1, drawn[:, None])[:, 0] == 0, best, drawn)
     tokens = torch.where(group < 0, best, drawn)
     return tokens, torch.log(probs.gather(-1, tokens[:, None])[:, 0]), probs
+
+
+def refuse_penalties(sp: SamplingParams) -> None:
+    """``UnsupportedSamplingParam`` for a penalty the hf engine cannot apply (vLLM's presence / frequency /
+    repetition penalties), named so the proxy answers 400."""
+    for name, off in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        if getattr(sp, name) != off:
+            raise UnsupportedSamplingParam(name, f"{name} is not supported by the hf rollout backend "
+                                                 f"(use actor_rollout_ref.rollout.name=vllm)")

@@ -21,14 +21,13 @@ costs ~15-20 s on a 2-core box, so :meth:`VLLMEngine.start` runs a 1-token warm-
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 from asyncrl.api import InferenceEngine
-from asyncrl.rollout.base import PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, request_priority
+from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, eos_token_ids,
+                                  request_priority)
 from asyncrl.rollout.engine_stats import IterationWindow, vllm_stat_logger
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.sync.bucket import metas_to_wire
@@ -46,23 +45,6 @@ CPU_ENV_DEFAULTS = {
 }
 # KV-cache size on CPU comes from ``kv_cache_gb`` (engine arg ``kv_cache_memory_bytes``). vLLM's
 # legacy ``VLLM_CPU_KVCACHE_SPACE`` (integer GiB), when set, overrides it inside vLLM.
-
-
-def eos_token_ids(model_path: str | os.PathLike) -> list[int]:
-    """EOS ids from ``generation_config.json`` (preferred) or ``config.json``.
-
-    vLLM is started with ``skip_tokenizer_init=True`` (ids in, ids out), in which case it knows
-    no EOS token; we pass these as ``stop_token_ids`` instead.
-    """
-    ids: list[int] = []
-    for fname in ("generation_config.json", "config.json"):
-        path = Path(model_path) / fname
-        if path.exists():
-            val = json.loads(path.read_text()).get("eos_token_id")
-            if val is not None:
-                ids = list(val) if isinstance(val, list) else [int(val)]
-                break
-    return ids
 
 
 class VLLMEngine(InferenceEngine):
@@ -98,25 +80,11 @@ class VLLMEngine(InferenceEngine):
             (:mod:`asyncrl.rollout.engine_stats`; ``not actor_rollout_ref.rollout.disable_log_stats``).
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "float32",
-        max_model_len: int = 512,
-        max_num_seqs: int = 256,
-        scheduling_policy: str = "fcfs",
-        kv_cache_gb: float = 1.0,
-        gpu_memory_utilization: float = 0.5,
-        enforce_eager: bool = True,
-        seed: int = 0,
-        logprobs_mode: str = "processed_logprobs",
-        warmup: bool = True,
-        stream_outputs: bool = False,
-        engine_kwargs: Optional[dict[str, Any]] = None,
-        busy_loop_s: Optional[float] = None,
-        iteration_stats: bool = True,
-    ):
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 512, max_num_seqs: int = 256,
+                 scheduling_policy: str = "fcfs", kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5,
+                 enforce_eager: bool = True, seed: int = 0, logprobs_mode: str = "processed_logprobs", warmup: bool = True,
+                 stream_outputs: bool = False, engine_kwargs: Optional[dict[str, Any]] = None,
+                 busy_loop_s: Optional[float] = None, iteration_stats: bool = True):
         self.model_path = str(model_path)
         self.dtype = dtype
         self.max_model_len = max_model_len
