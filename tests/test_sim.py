@@ -859,3 +859,24 @@ def test_simulate_refuses_a_config_value_of_the_wrong_type_by_its_key():
     cfg.actor_rollout_ref.rollout.max_num_seqs = "8"
     with pytest.raises(ConfigError, match=r"max_num_seqs='8' \(str\) is not valid: expected int"):
         simulate(cfg, _cost())
+
+
+def test_a_run_with_priority_scheduling_carries_old_groups_priorities_end_to_end(monkeypatch):
+    """``rollout.scheduling_policy=priority`` through the real rollouter, agent worker, client and replica body (in
+    virtual time): requests of groups resumed after a sync reach the engine with their oldest token's version as
+    ``priority`` (older than the engine's version then), and the run trains every step with its accounting balanced."""
+    seen = []
+    real = CostModelInferenceEngine.generate
+
+    async def spy(self, request_id, prompt_ids, sampling_params):
+        seen.append((sampling_params.priority, self.param_version))
+        return await real(self, request_id, prompt_ids, sampling_params)
+
+    monkeypatch.setattr(CostModelInferenceEngine, "generate", spy)
+    cfg = _config("d")
+    cfg.actor_rollout_ref.rollout.scheduling_policy, cfg.actor_rollout_ref.rollout.max_num_seqs = "priority", 16
+    r = simulate(cfg, _cost())
+    assert len(r.history) == 6 and r.summary()["scheduling_policy"] == "priority" and r.summary()["max_num_seqs"] == 16
+    assert r.trained == 6 * sample_budget(r.config).required_samples
+    carried = [(p, v) for p, v in seen if p is not None]  # resumed after a sync: the group's oldest version
+    assert carried and all(p <= v for p, v in carried), seen[:20]
