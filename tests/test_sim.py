@@ -12,6 +12,7 @@ from asyncrl.rollout.base import SamplingParams
 from asyncrl.sim import (ClusterCostModel, RolloutCostModel, SimulationStalled, SyncCostModel, TrainCostModel,
                          charge, simulate)
 from asyncrl.sim.clock import run
+from asyncrl.sim.command import stale_summary
 from asyncrl.sim.engines import CostModelInferenceEngine
 from asyncrl.staleness import sample_budget
 
@@ -677,6 +678,9 @@ def test_a_response_that_outlives_the_staleness_bound_is_dropped_counted_and_its
         assert r.stale_length_counts == ({} if in_generation else {250: 8})
         assert r.accounting["dropped"].get("stale_at_trainer", 0) == stale[1]  # the accounting names the trainer's too
         assert r.summary()["dropped_stale"] == 1  # a sweep's table counts it either way (session 22)
+        # `asyncrl sim`'s line names the drop either way (it named only the trainer's before session 23)
+        assert ("1 prompt group(s) ended in generation as stale" in stale_summary(r)) == in_generation
+        assert ("dropped stale at the trainer" in stale_summary(r)) != in_generation, stale_summary(r)
         assert r.trained == 20 * budget.required_samples  # its slot came back: the run did not stall short of a batch
         assert max(int(k) for k in r.lag_counts) <= budget.staleness_bound  # invariant 3, kept by the drop
         generated[in_generation] = sum(row["rollout/engine_generated_tokens"] for row in r.history)

@@ -101,11 +101,25 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
           f"rollout_gpus / train_gpus count {units}; the *_s columns are simulated seconds)")
     print(pd.DataFrame([row]).round(3).to_string(index=False))
+    line = stale_summary(res)
+    if line:
+        print(line)
+    return 0
+
+
+def stale_summary(res) -> str:
+    """What the staleness bound cost a simulated run, as a real run's summary says it (:func:`asyncrl.summary.stale_line`:
+    the responses of the groups the trainer dropped, in simulated tokens = real tokens / ``--token-scale``), plus the
+    groups ended in generation (``async_training.drop_stale_in_generation``), which the ``dropped_stale`` column also
+    counts; ``""`` when nothing was dropped."""
     from asyncrl.staleness import sample_budget
     from asyncrl.summary import stale_line
 
-    line = stale_line(res.stale_length_counts, res.response_length_counts,
-                      res.accounting.get("dropped", {}).get("stale_at_trainer"), sample_budget(res.config).staleness_bound)
-    if line:  # as a real run's summary says it (simulated tokens: real tokens / --token-scale)
-        print(line)
-    return 0
+    dropped = res.accounting.get("dropped", {})
+    line = stale_line(res.stale_length_counts, res.response_length_counts, dropped.get("stale_at_trainer"),
+                      sample_budget(res.config).staleness_bound)
+    in_gen = dropped.get("stale_in_generation", 0)
+    if in_gen:  # their responses never reach the trainer, so their lengths are not counted
+        line = (line + "; " if line else "") + (f"{in_gen} prompt group(s) ended in generation as stale "
+                                                "(async_training.drop_stale_in_generation)")
+    return line
