@@ -131,6 +131,10 @@ MODES = {
                       "async_training.partial_rollout_mode": "keep", "actor_rollout_ref.rollout.max_num_seqs": 48},
     "d_t2": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
              "async_training.trigger_parameter_sync_step": 2},
+    # staleness 1 with a sync every 2 steps: a version spans two steps' wall time, so a long response outlives
+    # fewer versions (the bound is in versions; session 23)
+    "d_s1_t2": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                "async_training.trigger_parameter_sync_step": 2},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
     # output per token per request; now one per request, asyncrl.rollout.vllm_backend stream_outputs)
     "d_stream": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
