@@ -21,9 +21,10 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   process), ``colocated_1t`` (one torch thread), ``colocated_spin`` (OpenMP's spinning wait policy),
   ``colocated_dyn`` (``use_dynamic_bsz``). ``MODES`` below holds each one's config keys.
 
-Then rollout-only (the replica alone generates the workload at mode d's concurrency) and train-only
-(the train engine alone updates on those responses) throughput on the async resources give the ideal
-bound ``1 / max(rollout s/sample, train s/sample)`` that overlap can at best reach. Printed per mode:
+Then rollout-only (the replica alone generates the workload at mode d's concurrency, and at every other
+async mode's ``max_concurrent_samples``: the fastest counts) and train-only (the train engine alone updates on
+those responses) throughput on the async resources give the ideal bound ``1 / max(rollout s/sample, train
+s/sample)`` that overlap can at best reach. Printed per mode:
 samples/s (prompt groups trained per second of training), x colocated, fraction of the ideal bound,
 trainer / rollouter idle ratios, median step time, version lag, and the time until the rolling mean
 reward reaches ``--target-reward``, the per-step split (fetch wait / update / sync parts) and the
@@ -65,7 +66,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -452,33 +453,70 @@ def step_split(rows: list[dict]) -> dict:
     return out
 
 
-def ideal_bound(replica: Any, args: argparse.Namespace) -> dict:
-    """Rollout-only and train-only throughput on the async resources (replica core 0, trainer core 1)."""
+def rollout_only_concurrencies(modes: Sequence[str], args: argparse.Namespace) -> dict[int, str]:
+    """``{max_concurrent_samples: the first mode with it}`` over mode d and the async ``modes`` that run on the split
+    replica (a mode with an engine start key of its own, e.g. ``d_s1_m48``, runs on another engine: left out), in
+    increasing concurrency: the rollout-only measurements of :func:`ideal_bound`."""
+    from asyncrl.staleness import sample_budget
+
+    out: dict[int, str] = {}
+    for m in ["d", *modes]:
+        if not m.startswith("colocated") and replica_kind(m, args) == "split":
+            out.setdefault(sample_budget(mode_config(m, args)).max_concurrent_samples, m)
+    return dict(sorted(out.items()))
+
+
+def ideal_bound(replica: Any, args: argparse.Namespace, modes: Sequence[str] = ()) -> dict:
+    """Rollout-only and train-only throughput on the async resources (replica core 0, trainer core 1).
+
+    The rollout-only runs at mode d's concurrency (its groups and seconds calibrate the simulator) and again at
+    every other concurrency (``max_concurrent_samples``) of the async ``modes`` on the same replica: a larger budget
+    puts more sequences in each decode iteration, and the engine's tokens/s depend on that (session 23: mode
+    ``d_t2``'s 96 groups made 1.2x the tokens/s of mode d's 48 alone). The bound takes the fastest of them, so no
+    mode is measured against a rollout-only slower than its own concurrency allows. Each measurement is kept in
+    ``rollout_only`` (``concurrency``, ``groups``, ``s_per_sample``, ``engine``)."""
     import ray
 
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.rollout.engine_stats import merge_windows, window_metrics
     from asyncrl.sim.calibrate import measure_rollout, measure_train
+    from asyncrl.staleness import sample_budget
 
     cfg = mode_config("d", args)
     rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
-    groups = args.ideal_groups
     asyncio.run(measure_rollout(replica, cfg, rows, 8))  # warm-up
-    ray.get(replica.actor.iteration_stats.remote())  # the engine's window starts with the measurement
-    gen_s, outputs = asyncio.run(measure_rollout(replica, cfg, rows, groups))
-    engine = window_metrics(merge_windows([ray.get(replica.actor.iteration_stats.remote())]), prefix="")
+
+    def rollout_only(mode_cfg: Any, groups: int) -> tuple[float, list, dict]:
+        ray.get(replica.actor.iteration_stats.remote())  # the engine's window starts with the measurement
+        gen_s, outputs = asyncio.run(measure_rollout(replica, mode_cfg, rows, groups))
+        engine = window_metrics(merge_windows([ray.get(replica.actor.iteration_stats.remote())]), prefix="")
+        return gen_s, outputs, {k: engine[k] for k in ENGINE_KEYS if k in engine}
+
+    groups = args.ideal_groups
+    gen_s, outputs, engine = rollout_only(cfg, groups)
+    conc_d = sample_budget(cfg).max_concurrent_samples
+    measured = [{"mode": "d", "concurrency": conc_d, "groups": groups, "s_per_sample": gen_s / groups, "engine": engine}]
+    for conc, m in rollout_only_concurrencies(modes, args).items():
+        if conc != conc_d:  # at least two budgets' worth of groups, so the start and the drain are not the whole run
+            g = max(groups, 2 * conc)
+            s, _, e = rollout_only(mode_config(m, args), g)
+            measured.append({"mode": m, "concurrency": conc, "groups": g, "s_per_sample": s / g, "engine": e})
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker: it pins itself
     t = ray.get(train.remote(cfg, outputs))
+    best = min(measured, key=lambda x: x["s_per_sample"])
     rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
     out = {"rollout_s_per_sample": rollout_s_per_sample, "train_s_per_sample": train_s_per_sample,
-           "ideal_samples_per_s": 1.0 / max(rollout_s_per_sample, train_s_per_sample),
+           "best_rollout_s_per_sample": best["s_per_sample"], "best_concurrency": best["concurrency"],
+           "ideal_samples_per_s": 1.0 / max(best["s_per_sample"], train_s_per_sample),
            "rollout_tokens": sum(len(o.token_ids) for _, _, outs, _ in outputs for o in outs), "rollout_s": gen_s,
            "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])],
-           "engine": {k: engine[k] for k in ENGINE_KEYS if k in engine}}
-    print(f"  rollout-only {1 / rollout_s_per_sample:.3f} samples/s, train-only {1 / train_s_per_sample:.3f} samples/s"
-          f" -> ideal {out['ideal_samples_per_s']:.3f} samples/s", flush=True)
-    if out["engine"]:
-        print("    engine in the rollout-only: " + format_engine(out["engine"]), flush=True)
+           "engine": engine, "rollout_only": measured}
+    for x in measured:
+        print(f"  rollout-only at {x['concurrency']} groups at once ({x['mode']}'s budget, {x['groups']} groups): "
+              f"{1 / x['s_per_sample']:.3f} samples/s" + (f"; engine {format_engine(x['engine'])}" if x["engine"] else ""),
+              flush=True)
+    print(f"  train-only {1 / train_s_per_sample:.3f} samples/s -> ideal {out['ideal_samples_per_s']:.3f} samples/s"
+          f" (rollout-only at {best['concurrency']} groups)", flush=True)
     return out
 
 
@@ -907,7 +945,7 @@ def main() -> None:
                     result["modes"][m] = run
                 save(result, args)  # a later phase that fails loses nothing measured
             if args.ideal and "split" in replicas:
-                ideal = ideal_bound(replicas["split"], args)
+                ideal = ideal_bound(replicas["split"], args, modes)
                 if args.repeats > 1:
                     result["rounds"][-1]["ideal"] = ideal
                 else:
@@ -1119,7 +1157,8 @@ def report(result: dict) -> None:
             f"{m} {v:.3f} samples/s" + (f" ({v / sb:.2f}x)" if sb and m != "colocated" else "") for m, v in steady.items()))
     if ideal:
         i = result["ideal"]
-        print(f"ideal bound {ideal:.3f} samples/s = 1 / max(rollout-only {i['rollout_s_per_sample']:.3f},"
+        at = f" at {i['best_concurrency']} groups at once" if "best_concurrency" in i else ""
+        print(f"ideal bound {ideal:.3f} samples/s = 1 / max(rollout-only{at} {i.get('best_rollout_s_per_sample', i['rollout_s_per_sample']):.3f},"
               f" train-only {i['train_s_per_sample']:.3f} s/sample)")
     sim = result.get("simulated") or {}
     if sim:

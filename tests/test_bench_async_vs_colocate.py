@@ -332,3 +332,16 @@ def test_session_21s_run_is_simulated_within_15_percent(bench, tmp_path):
     stale = result["modes"]["d_s1"]["stale_length_counts"]
     assert sum(stale.values()) == 8 * result["modes"]["d_s1"]["engine"]["dropped_stale"]  # whole groups of n = 8
     assert out["d_s1"]["engine"]["dropped_stale"] < result["modes"]["d_s1"]["engine"]["dropped_stale"]  # not priced
+
+
+def test_the_ideal_bound_measures_the_rollout_only_at_every_async_modes_concurrency(bench, tmp_path, monkeypatch):
+    """Session 23: the rollout-only ran at mode d's budget (48 groups) only, while ``d_t2`` (96) made 1.2x its
+    tokens/s in larger decode batches and came out at 1.09 of "ideal". Every async mode on the split replica now has
+    its budget measured; modes with an engine of their own and colocated modes are not (another engine)."""
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1})
+    args = _args(bench, tmp_path)
+    args.gpu, args.backend = False, "vllm"
+    plan = bench.rollout_only_concurrencies(["colocated", "d_s1", "d_t2", "d_s1_t2", "d_s1_m48", "d", "d_s1_early"], args)
+    # 32 groups a step: (staleness + 1) x trigger_parameter_sync_step x 32; d_s1_early shares d_s1's budget
+    assert plan == {48: "d", 64: "d_s1", 96: "d_t2", 128: "d_s1_t2"}
+    assert bench.rollout_only_concurrencies([], args) == {48: "d"}  # mode d's alone calibrates the simulator
