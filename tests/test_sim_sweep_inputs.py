@@ -1,0 +1,127 @@
+"""asyncrl.sim.sweep and ``asyncrl sim``: what they do with the inputs a user gets wrong (session 23's tester).
+
+Mistakes that hold for every point raise before the first point runs (they made one error row per point, or a
+silent wrong sweep); the table says how many GPUs each row holds; the timeline's areas are true to time; the CLI
+reads verl's GPU keys as the split and suggests the closest name.
+"""
+
+import pytest
+
+from asyncrl.config import ConfigError
+from asyncrl.sim import h20_qwen25_7b
+from asyncrl.sim.sweep import sweep
+from test_sim import _config, _cost
+
+
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Fails the test if sweep() simulates anything: the mistake must be found before the first point."""
+    import asyncrl.sim.sweep as sweep_module
+
+    def simulate(*a, **kw):
+        raise AssertionError("sweep() ran a point")
+
+    monkeypatch.setattr(sweep_module, "simulate", simulate)
+
+
+def _base(steps=1):
+    cfg = _config("d")
+    cfg.trainer.total_training_steps = steps
+    return cfg
+
+
+@pytest.mark.parametrize("value, error, says", [
+    ("0.5", TypeError, "got '0.5' (a str, which would be swept one character at a time); for one value write ['0.5']"),
+    (0.5, TypeError, "got 0.5 (float); for one value write [0.5]"),
+    (None, TypeError, "for one value write [None]"),
+    ({"a": 1}, TypeError, "must be a list of values to sweep"),
+    ([], ValueError, "is empty: give at least one value"),
+    (range(0), ValueError, "is empty"),
+])
+def test_a_grid_value_must_be_a_non_empty_list_of_values(nothing_runs, value, error, says):
+    """``"0.5"`` was swept as 0, "." and 5 (staleness 5, silently); ``0.5`` raised "'float' object is not
+    iterable"; ``[]`` returned an empty table without a word."""
+    with pytest.raises(error) as exc:
+        sweep(_base(), _cost(), {"async_training.staleness_threshold": value})
+    assert "grid['async_training.staleness_threshold']" in str(exc.value) and says in str(exc.value), exc.value
+
+
+def test_any_iterable_of_values_is_a_grid_value():
+    import numpy as np
+
+    df = sweep(_base(), _cost(), {"async_training.staleness_threshold": np.array([0.0]),
+                                  "async_training.trigger_parameter_sync_step": range(1, 2)})
+    assert len(df) == 1 and "error" not in df and df["samples_per_s"].iloc[0] > 0
+
+
+@pytest.mark.parametrize("kwargs, error, says", [
+    ({"cost": h20_qwen25_7b}, TypeError, "cost must be a ClusterCostModel"),
+    ({"cost": h20_qwen25_7b}, TypeError, "call it, e.g. h20_qwen25_7b()"),
+    ({"cost": "h20-qwen2.5-7b"}, TypeError, "got str"),
+    ({"token_scale": 0}, ConfigError, "token_scale is real tokens per simulated token, at least 1; got 0"),
+    ({"token_scale": 1.5}, TypeError, "a whole number >= 1; got 1.5"),
+    ({"snapshot_every": 5.0}, TypeError, "unexpected keyword argument 'snapshot_every'"),
+    ({"snapshot_every": 5.0}, TypeError, "did you mean 'snapshot_every_s'?"),
+    ({"name": "x"}, TypeError, "names each point from its grid values"),
+    ({"rollout_gpus": 0}, ValueError, "rollout_gpus must be a whole number >= 1"),
+    ({"cost": h20_qwen25_7b(), "train_gpus": 6}, ConfigError, "train_gpus must be a multiple of h20-qwen2.5-7b's 4"),
+])
+def test_a_mistake_that_holds_for_every_point_raises_before_the_first(nothing_runs, kwargs, error, says):
+    """A preset not called, ``token_scale=0`` or a mistyped simulate() keyword made one error row per point."""
+    cost = kwargs.pop("cost", _cost())
+    with pytest.raises(error) as exc:
+        sweep(_base(), cost, {"async_training.staleness_threshold": [0.0, 0.5]}, **kwargs)
+    assert says in str(exc.value), exc.value
+
+
+@pytest.mark.parametrize("grid, error, says", [
+    ({"split": [(1, 1, 1)]}, ValueError, "each 'split' value is a (rollout_gpus, train_gpus) pair"),
+    ({"split": [2]}, ValueError, "pair of whole numbers >= 1 (GPUs), got 2"),
+    ({"split": ["8:8"]}, ValueError, "got '8:8'"),
+    ({"split": [(1.5, 1)]}, ValueError, "rollout_gpus must be a whole number >= 1"),
+    ({"split": [(1, 0)]}, ValueError, "train_gpus must be a whole number >= 1"),
+    ({"Split": [(1, 1)]}, ConfigError, "unknown grid key 'Split'"),
+    ({"Split": [(1, 1)]}, ConfigError, "did you mean 'split'?"),
+    ({"splits": [(1, 1)]}, ConfigError, "did you mean 'split'?"),
+    ({"async_training.staleness_treshold": [0]}, ConfigError, "did you mean 'async_training.staleness_threshold'?"),
+    ({"staleness_threshold": [0]}, ConfigError, "did you mean 'async_training.staleness_threshold'?"),
+    ({"rollout_gpus": [8]}, ValueError, "'rollout_gpus' is not a grid key"),
+    ({"train_gpus": [8]}, ValueError, "use the grid key 'split': [(rollout_gpus, train_gpus), ...]"),
+    ({"token_scale": [64]}, ValueError, "pass sweep(..., token_scale=...)"),
+])
+def test_a_grid_key_or_split_that_cannot_run_is_refused_by_name(nothing_runs, grid, error, says):
+    """``split`` as ``(1, 1, 1)`` / ``2`` failed each point with "too many values to unpack" / "cannot unpack
+    non-iterable int"; ``Split`` suggested 'algorithm'; ``rollout_gpus`` suggested 'rollout'."""
+    with pytest.raises(error) as exc:
+        sweep(_base(), _cost(), grid)
+    assert says in str(exc.value), exc.value
+
+
+def test_a_split_is_checked_against_the_cost_models_units(nothing_runs):
+    from asyncrl.sim import cpu_embedded_vllm
+
+    with pytest.raises(ConfigError, match=r"split \(6, 8\): rollout_gpus must be a multiple of h20-qwen2.5-7b's 4 GPUs "
+                                          r"per rollout replica; got 6 \(try 4\)"):
+        sweep(_base(), h20_qwen25_7b(), {"split": [(8, 8), (6, 8)]})
+    with pytest.raises(ValueError, match=r"rollout_gpus must be a whole number >= 1 \(units of cores of "
+                                         r"cpu-embedded-vllm-1core\), got 1.5"):
+        sweep(_base(), cpu_embedded_vllm(1), {"split": [(1.5, 1)]})
+
+
+def test_the_table_says_how_many_gpus_each_kind_of_row_holds():
+    """``split`` (8, 8) is one pool of 8 GPUs on a colocated row and 16 GPUs on an async one; both rows showed
+    rollout_gpus 8 / train_gpus 8 and no total."""
+    df = sweep(_base(), _cost(), {"actor_rollout_ref.hybrid_engine": [True, False],
+                                  "async_training.staleness_threshold": [0], "split": [(1, 1), (2, 2)]})
+    assert "error" not in df, df.get("error")
+    got = {(h, s): g for h, s, g in zip(df["actor_rollout_ref.hybrid_engine"], df["split"], df["gpus"])}
+    assert got == {(True, (1, 1)): 1, (True, (2, 2)): 2, (False, (1, 1)): 2, (False, (2, 2)): 4}
+    cols = list(df.columns)
+    assert cols.index("gpus") == cols.index("train_gpus") + 1
+    doc = " ".join(sweep.__doc__.split())
+    assert "one pool of ``rollout_gpus`` GPUs" in doc and "The ``gpus`` column is the total" in doc
+    # a summary that has the total already (the runner's) is kept as it is, never a second column
+    from asyncrl.sim.sweep import with_total_gpus
+
+    row = {"hybrid_engine": False, "rollout_gpus": 8, "train_gpus": 8, "gpus": 16, "replicas": 2}
+    assert with_total_gpus(row) is row
