@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.config import ConfigError
 from asyncrl.sim import h20_qwen25_7b
-from asyncrl.sim.sweep import sweep
+from asyncrl.sim.sweep import plot_sweep, sweep
 from test_sim import _config, _cost
 
 
@@ -125,3 +125,23 @@ def test_the_table_says_how_many_gpus_each_kind_of_row_holds():
 
     row = {"hybrid_engine": False, "rollout_gpus": 8, "train_gpus": 8, "gpus": 16, "replicas": 2}
     assert with_total_gpus(row) is row
+
+
+def test_plot_sweep_names_a_missing_column_and_an_all_error_table():
+    import pandas as pd
+
+    failed = pd.DataFrame({"split": [(1, 1, 1), (2, 2, 2)], "error": ["ValueError: too many values", "ValueError: x"]})
+    with pytest.raises(ValueError, match=r"every point of this sweep failed \(2 row\(s\)\).*the first error: "
+                                         r"ValueError: too many values"):
+        plot_sweep(failed, x="split")
+    df = pd.DataFrame({"async_training.staleness_threshold": [0.0, 0.5], "samples_per_s": [0.2, 0.3],
+                       "trainer_idle_ratio": [0.5, 0.4], "error": [None, None]})
+    for kw, bad in (({"x": "staleness_threshold"}, "x='staleness_threshold'"), ({"y": "samples/s"}, "y='samples/s'"),
+                    ({"hue": "Split"}, "hue='Split'")):
+        kw = {"x": "async_training.staleness_threshold", **kw}
+        with pytest.raises(ValueError) as exc:
+            plot_sweep(df, **kw)
+        msg = str(exc.value)
+        assert f"plot_sweep({bad}): the table has no such column" in msg and "samples_per_s" in msg, msg
+    with pytest.raises(ValueError, match="did you mean 'async_training.staleness_threshold'"):
+        plot_sweep(df, x="async_training.staleness_treshold")

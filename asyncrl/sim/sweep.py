@@ -244,12 +244,38 @@ AXIS_LABELS = {"samples_per_s": "prompt groups trained / s", "step_s": "seconds 
 """Readable axis labels (with units) for :meth:`SimResult.summary` columns and common sweep keys."""
 
 
+def _plottable(df, **columns: Optional[str]):
+    """The rows of a sweep table that have numbers, after checking that ``columns`` (``x=...``) are its columns.
+
+    Raises:
+        ValueError: every row is an error (showing the first), or a column the table lacks (listing its columns).
+    """
+    if len(df) == 0:
+        raise ValueError("the sweep table is empty: nothing to plot")
+    if "error" in df and df["error"].notna().all():
+        raise ValueError(f"every point of this sweep failed ({len(df)} row(s)): nothing to plot; the first error: "
+                         f"{df['error'].iloc[0]}")
+    have = [str(c) for c in df.columns]
+    for arg, col in columns.items():
+        if col is not None and col not in df.columns:
+            close = difflib.get_close_matches(str(col), have, n=1, cutoff=0.5)
+            raise ValueError(f"plot_sweep({arg}={col!r}): the table has no such column"
+                             + (f"; did you mean {close[0]!r}?" if close else "") + f" (columns: {', '.join(have)})")
+    return df[df["error"].isna()] if "error" in df else df
+
+
 def plot_sweep(df, x: str, y: str = "samples_per_s", hue: Optional[str] = None, ax: Any = None,
                idle: bool = True) -> Any:
     """Line plot of ``y`` against ``x`` (one line per ``hue`` value), with the trainer's idle ratio
-    on a second axis when ``idle``. Returns the matplotlib axes."""
+    on a second axis when ``idle``; rows with an ``error`` are left out. Returns the matplotlib axes.
+
+    Raises:
+        ValueError: ``x`` / ``y`` / ``hue`` not a column of ``df`` (the message lists them), or a table whose
+            every row is an error (the message shows the first).
+    """
     import matplotlib.pyplot as plt
 
+    df = _plottable(df, x=x, y=y, hue=hue)
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     groups = [(None, df)] if hue is None else list(df.groupby(hue))
