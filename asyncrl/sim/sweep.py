@@ -304,11 +304,31 @@ LANE_COLORS = {"decode": "#4c72b0", "prefill": "#8172b2", "weight load": "#c44e5
                "switch+sync": "#dd8452"}
 
 
+def _drawn_spans(spans: list, until: float, min_w: float) -> list:
+    """``(start, width, label)`` bars of one lane up to ``until``: each span at its true width, except that a span
+    narrower than ``min_w`` grows into the idle time next to it (after it, then before it) up to ``min_w``, never
+    over another span: a lone 1 s weight load in a sync's pause stays visible, a prefill between decodes keeps its
+    width."""
+    spans = sorted((s, min(e, until), lab) for s, e, lab in spans if s < until)
+    bars, reach = [], 0.0  # reach: the latest end of the spans before
+    for i, (s, e, lab) in enumerate(spans):
+        start, end = s, e
+        if e - s < min_w and reach <= s:
+            nxt = spans[i + 1][0] if i + 1 < len(spans) else until
+            end = e + max(0.0, min(min_w - (e - s), nxt - e))
+            start = s - max(0.0, min(min_w - (end - s), s - reach))
+        bars.append((start, end - start, lab))
+        reach = max(reach, e)
+    return bars
+
+
 def plot_timeline(result: SimResult, ax: Any = None, until: Optional[float] = None, max_replicas: int = 4) -> Any:
-    """Gantt chart of a simulated run: each replica's decode / prefill / weight-load spans, the
-    trainer's updates and the weight syncs, over virtual time. A span narrower than 1/400 of the axis
-    (e.g. a 1 s weight load in a 700 s window) is drawn that wide (about 2 px on a 9-inch axis), so every
-    entry of the legend has a visible bar. Returns the matplotlib axes."""
+    """Gantt chart of a simulated run: each replica's decode / prefill / weight-load spans, the trainer's updates
+    and the weight syncs, over virtual seconds (up to ``until``, default the whole run; the first ``max_replicas``
+    replicas). Areas are true to time: every span is drawn at its width, except that a span narrower than 1/400
+    of the axis (a 1 s weight load in a 700 s window) grows into the idle time beside it, never over another span,
+    so a lone short event stays visible (a replica's many short prefills between decodes keep their true width).
+    Returns the matplotlib axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -318,10 +338,10 @@ def plot_timeline(result: SimResult, ax: Any = None, until: Optional[float] = No
                       key=lambda s: int(s.rsplit("_", 1)[-1]))[:max_replicas]
     lanes = replicas + ["trainer", "sync"]
     for y, lane in enumerate(lanes):
-        spans = [(s, e, lab) for ln, s, e, lab in result.timeline.spans if ln == lane and s < until]
-        for label in sorted({lab for *_, lab in spans}):
-            bars = [(s, max(min(e, until) - s, until / 400)) for s, e, lab in spans if lab == label]
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=LANE_COLORS.get(label, "#999999"), label=label)
+        bars = _drawn_spans([(s, e, lab) for ln, s, e, lab in result.timeline.spans if ln == lane], until, until / 400)
+        for label in sorted({lab for *_, lab in bars}):
+            ax.broken_barh([(s, w) for s, w, lab in bars if lab == label], (y - 0.4, 0.8),
+                           facecolors=LANE_COLORS.get(label, "#999999"), linewidth=0, label=label)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(lanes)
     ax.set_xlim(0, until)
