@@ -216,3 +216,46 @@ def test_a_lone_short_span_stays_visible_without_covering_another():
     for spans in by_lane.values():
         spans.sort()
         assert all(b[0] >= a[1] - 1e-9 for a, b in zip(spans, spans[1:]))
+
+
+def _cli_row(capsys):
+    legend, head, row = capsys.readouterr().out.strip().splitlines()[-3:]
+    back = {c: len(head.split()) - i for i, c in enumerate(head.split())}  # from the end: "run" has spaces
+    return legend, {c: row.split()[-b] for c, b in back.items() if c != "run"}
+
+
+def test_cli_reads_verls_gpu_keys_as_the_split(capsys):
+    """``rollout.n_gpus_per_node=8 trainer.n_gpus_per_node=8`` on h20 simulated 32 rollout GPUs (8 replicas x TP 4)
+    and 64 trainer GPUs (the trainer keys ignored), without a word."""
+    from asyncrl.cli import main
+
+    gpu_keys = ["--preset", "h20-qwen2.5-7b", "actor_rollout_ref.actor.strategy=fsdp2", "rollout.n_gpus_per_node=8",
+                "trainer.n_gpus_per_node=8", "steps=1", "--token-scale", "64"]
+    assert main(["sim", *gpu_keys]) == 0
+    legend, cols = _cli_row(capsys)
+    assert (cols["rollout_gpus"], cols["train_gpus"], cols["gpus"], cols["replicas"], cols["train_ranks"]) == (
+        "8", "8", "16", "2", "2"), cols
+    assert "from the config's rollout.nnodes x rollout.n_gpus_per_node and trainer.nnodes x" in legend
+    # the same numbers as options agree with the keys; a different one is refused
+    assert main(["sim", *gpu_keys, "--rollout-gpus", "8", "--train-gpus", "8"]) == 0
+    assert _cli_row(capsys)[1]["gpus"] == "16"
+    assert main(["sim", *gpu_keys, "--rollout-gpus", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: --rollout-gpus 16 contradicts the config's rollout.nnodes x "
+                          "rollout.n_gpus_per_node = 8 GPUs for rollout"), err
+    # colocated: the trainer's GPUs are the one pool
+    assert main(["sim", "--preset", "h20-qwen2.5-7b", "--recipe", "longtail_colocated_cpu",
+                 "actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=8", "steps=1"]) == 0
+    legend, cols = _cli_row(capsys)
+    assert (cols["hybrid_engine"], cols["rollout_gpus"], cols["train_gpus"], cols["gpus"]) == ("True", "8", "8", "8")
+
+
+def test_cli_help_says_the_default_split_and_the_token_units(capsys):
+    from asyncrl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Default: the config's rollout.nnodes x rollout.n_gpus_per_node" in out
+    assert "16 ranks x 4 = 64 GPUs" in out
+    assert "rollout.response_length and data.length_workload.median are then in simulated tokens" in out
