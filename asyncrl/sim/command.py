@@ -84,13 +84,21 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print(f"simulated speed-up {rep.ratio:.2f}x (seed: {SEED_RATIO[0]}-{SEED_RATIO[1]}x)")
         return 0
     args.preset = args.preset or "cpu-embedded-vllm"
-    if args.preset not in PRESETS:  # with the registries' message
-        from asyncrl.registry import UnknownNameError
+    if args.preset not in PRESETS:  # the registries' message, the suggestion also for another case (H20)
+        from asyncrl.cli import closest_name
 
-        return user_error(str(UnknownNameError("sim preset (--preset)", args.preset, sorted(PRESETS))))
+        close = closest_name(args.preset, PRESETS)
+        return user_error(f"unknown sim preset (--preset) {args.preset!r}; valid names: {', '.join(sorted(PRESETS))}"
+                          + (f"; did you mean {close!r}?" if close else ""))
     if args.cores is not None and args.preset != "cpu-embedded-vllm":
         return user_error(f"--cores applies to the cpu-embedded-vllm preset only; {args.preset} counts GPUs: "
                           "use --rollout-gpus / --train-gpus")
+    for item in args.overrides:  # the split and the cost model are options, not config keys
+        key, _, value = item.partition("=")
+        if key in FLAG_KEYS:
+            unit = (" (a whole number of units of --cores cores)" if args.preset == "cpu-embedded-vllm" and
+                    key.endswith("gpus") else "")
+            return user_error(f"{item} is not a config key: use --{key.replace('_', '-')} {value}{unit}")
     cfg = load(args)
     if isinstance(cfg, int):
         return cfg
@@ -127,6 +135,10 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     if line:
         print(line)
     return 0
+
+
+FLAG_KEYS = ("rollout_gpus", "train_gpus", "token_scale", "cores", "contention", "preset", "recipe")
+"""``asyncrl sim`` options a user may write as ``key=value`` (they are refused with the option to use)."""
 
 
 def gpu_split(cfg, cost, rollout_gpus, train_gpus) -> tuple:
