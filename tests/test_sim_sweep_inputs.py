@@ -259,3 +259,20 @@ def test_cli_help_says_the_default_split_and_the_token_units(capsys):
     assert "Default: the config's rollout.nnodes x rollout.n_gpus_per_node" in out
     assert "16 ranks x 4 = 64 GPUs" in out
     assert "rollout.response_length and data.length_workload.median are then in simulated tokens" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--recipe", "longtail_colocated"], "; did you mean 'longtail_colocated_cpu'?"),
+    (["--preset", "H20"], "; did you mean 'h20-qwen2.5-7b'?"),
+    (["--preset", "h200"], "; did you mean 'h200-qwen2.5-0.5b-hf'?"),
+    (["--cores", "1", "rollout_gpus=1.5"],
+     "rollout_gpus=1.5 is not a config key: use --rollout-gpus 1.5 (a whole number of units of --cores cores)"),
+    (["token_scale=64"], "token_scale=64 is not a config key: use --token-scale 64"),
+])
+def test_cli_suggests_the_closest_name(capsys, argv, says):
+    """The README promises the closest name; ``--recipe longtail_colocated`` and ``--preset H20`` gave none."""
+    from asyncrl.cli import main
+
+    assert main(["sim", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: ") and says in err and "Traceback" not in err, err

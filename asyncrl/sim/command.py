@@ -3,7 +3,7 @@
     asyncrl sim task=longtail                                   # the recipe on the CPU cost model
     asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
     asyncrl sim --preset h20-qwen2.5-7b --rollout-gpus 64 --train-gpus 64 --token-scale 64 [config.yaml] [k=v ...]
-    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~20-35 s)
+    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~15-35 s)
     asyncrl sim --preset h200-qwen2.5-0.5b-hf --rollout-gpus 1 --train-gpus 1 [k=v ...]  # hf engine + FSDP2 on H200s
     asyncrl sim task=longtail --contention 0.3                  # both sides 30% slower while they overlap
 """
