@@ -3,7 +3,7 @@
     asyncrl sim task=longtail                                   # the recipe on the CPU cost model
     asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
     asyncrl sim --preset h20-qwen2.5-7b --rollout-gpus 64 --train-gpus 64 --token-scale 64 [config.yaml] [k=v ...]
-    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~20-35 s)
+    asyncrl sim --seed-7b                                       # colocated 128 H20 vs async 64:64 (~15-35 s)
     asyncrl sim --preset h200-qwen2.5-0.5b-hf --rollout-gpus 1 --train-gpus 1 [k=v ...]  # hf engine + FSDP2 on H200s
     asyncrl sim task=longtail --contention 0.3                  # both sides 30% slower while they overlap
 """
@@ -27,9 +27,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "units): 1 (the default) prices the 2-core box split a core per side, as the async modes "
                         "run it; 2 prices both phases on both cores, as the colocated mode runs it (with an async "
                         "config, 2 means two cores for each side)")
-    p.add_argument("--rollout-gpus", type=int, default=None)
-    p.add_argument("--train-gpus", type=int, default=None)
-    p.add_argument("--token-scale", type=int, default=1, help="real tokens per simulated token (64 for 28K responses)")
+    p.add_argument("--rollout-gpus", type=int, default=None,
+                   help="GPUs of the rollout replicas, whole replicas of the preset (h20 / h100: TP 4, so a multiple "
+                        "of 4; cpu-embedded-vllm: units of --cores cores). Default: the config's rollout.nnodes x "
+                        "rollout.n_gpus_per_node (verl's fully-async keys: GPUs for rollout) when set, else "
+                        "actor_rollout_ref.rollout.num_replicas x the preset's GPUs per replica (h20 / h100: 1 x 4). "
+                        "Colocated (hybrid_engine): the one pool both phases take turns on (trainer.nnodes x "
+                        "trainer.n_gpus_per_node when set), equal to --train-gpus. A value the config's keys "
+                        "contradict is refused")
+    p.add_argument("--train-gpus", type=int, default=None,
+                   help="GPUs of the trainer, whole ranks of the preset (h20 / h100: Ulysses SP 4). Default: the "
+                        "config's trainer.nnodes x trainer.n_gpus_per_node (with actor_rollout_ref.actor.strategy="
+                        "fsdp2) when set, else the preset's trainer (h20 / h100: 16 ranks x 4 = 64 GPUs; "
+                        "cpu-embedded-vllm: 1 unit); colocated: the larger of the two defaults")
+    p.add_argument("--token-scale", type=int, default=1,
+                   help="real tokens per simulated token (64 for 28K responses); the config's rollout.response_length "
+                        "and data.length_workload.median are then in simulated tokens (real tokens / token scale), as "
+                        "asyncrl.sim.scenarios.verl_dapo_7b sets them, and the cost model prices each simulated token "
+                        "as that many real ones")
     p.add_argument("--contention", type=float, default=None,
                    help="the cost model's contention term for both sides (asyncrl.sim.cost_models, Contention): "
                         "decode and training stretched by 1 + C while they overlap, e.g. as async_vs_colocate.py "
@@ -69,13 +84,21 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print(f"simulated speed-up {rep.ratio:.2f}x (seed: {SEED_RATIO[0]}-{SEED_RATIO[1]}x)")
         return 0
     args.preset = args.preset or "cpu-embedded-vllm"
-    if args.preset not in PRESETS:  # with the registries' message
-        from asyncrl.registry import UnknownNameError
+    if args.preset not in PRESETS:  # the registries' message, the suggestion also for another case (H20)
+        from asyncrl.cli import closest_name
 
-        return user_error(str(UnknownNameError("sim preset (--preset)", args.preset, sorted(PRESETS))))
+        close = closest_name(args.preset, PRESETS)
+        return user_error(f"unknown sim preset (--preset) {args.preset!r}; valid names: {', '.join(sorted(PRESETS))}"
+                          + (f"; did you mean {close!r}?" if close else ""))
     if args.cores is not None and args.preset != "cpu-embedded-vllm":
         return user_error(f"--cores applies to the cpu-embedded-vllm preset only; {args.preset} counts GPUs: "
                           "use --rollout-gpus / --train-gpus")
+    for item in args.overrides:  # the split and the cost model are options, not config keys
+        key, _, value = item.partition("=")
+        if key in FLAG_KEYS:
+            unit = (" (a whole number of units of --cores cores)" if args.preset == "cpu-embedded-vllm" and
+                    key.endswith("gpus") else "")
+            return user_error(f"{item} is not a config key: use --{key.replace('_', '-')} {value}{unit}")
     cfg = load(args)
     if isinstance(cfg, int):
         return cfg
@@ -93,18 +116,70 @@ def run(args: argparse.Namespace, load: "callable") -> int:
 
         cost = replace(cost, rollout=replace(cost.rollout, contention=args.contention),
                        train=replace(cost.train, contention=args.contention))
-    res = simulate(cfg, cost, rollout_gpus=args.rollout_gpus, train_gpus=args.train_gpus, token_scale=args.token_scale)
-    row = res.summary()
+    try:
+        r_gpus, t_gpus, keyed = gpu_split(cfg, cost, args.rollout_gpus, args.train_gpus)
+    except ConfigError as exc:
+        return user_error(str(exc))
+    res = simulate(cfg, cost, rollout_gpus=r_gpus, train_gpus=t_gpus, token_scale=args.token_scale)
+    from asyncrl.sim.sweep import with_total_gpus
+
+    row = with_total_gpus(res.summary())
     if row["hybrid_engine"]:  # colocated: each step generates its whole batch, so partial rollouts never happen
         row["partial_rollout"] = row["partial_rollout_mode"] = "-"
     units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
-          f"rollout_gpus / train_gpus count {units}; the *_s columns are simulated seconds)")
+          f"rollout_gpus / train_gpus count {units}{keyed}, gpus in all (colocated: one pool); the *_s columns are "
+          "simulated seconds)")
     print(pd.DataFrame([row]).round(3).to_string(index=False))
     line = stale_summary(res)
     if line:
         print(line)
     return 0
+
+
+FLAG_KEYS = ("rollout_gpus", "train_gpus", "token_scale", "cores", "contention", "preset", "recipe")
+"""``asyncrl sim`` options a user may write as ``key=value`` (they are refused with the option to use)."""
+
+
+def gpu_split(cfg, cost, rollout_gpus, train_gpus) -> tuple:
+    """``(rollout_gpus, train_gpus, note)`` of ``asyncrl sim``: the options, else the config's GPU keys as verl's
+    fully-async recipe means them (``rollout.nnodes x rollout.n_gpus_per_node`` GPUs for rollout, ``trainer.nnodes
+    x trainer.n_gpus_per_node`` for training; colocated: the trainer's, one pool), else ``None`` (simulate()'s
+    defaults); ``note`` says where they came from, for the legend. A real run places one replica per rollout GPU;
+    the simulated replicas are the cost model's (TP 4 on h20): the config's GPU keys are set to the simulated
+    layout so that its checks (one replica per rollout GPU) hold.
+
+    Raises:
+        asyncrl.config.ConfigError: an option the config's GPU keys contradict.
+    """
+    from asyncrl.config import ConfigError
+    from asyncrl.placement import rollout_gpus as keyed_rollout, trainer_gpus as keyed_train
+
+    hybrid = cfg.actor_rollout_ref.hybrid_engine
+    t_keys = "trainer.nnodes x trainer.n_gpus_per_node"
+    r_keys = f"{t_keys} (colocated: one pool)" if hybrid else "rollout.nnodes x rollout.n_gpus_per_node"
+    keyed = {"rollout": keyed_rollout(cfg), "train": keyed_train(cfg)}
+    given = {"rollout": rollout_gpus, "train": train_gpus}
+    for side, keys in (("rollout", r_keys), ("train", t_keys)):
+        if given[side] is not None and keyed[side] and given[side] != keyed[side]:
+            raise ConfigError(f"--{side}-gpus {given[side]} contradicts the config's {keys} = {keyed[side]} GPUs for "
+                              f"{side if side == 'rollout' else 'training'}; give one of them, or the same number")
+    if not (keyed["rollout"] or keyed["train"]):
+        return rollout_gpus, train_gpus, ""
+    r = rollout_gpus or keyed["rollout"] or None
+    t = train_gpus or keyed["train"] or None
+    if hybrid:
+        r = t = r or t
+    if r and r % cost.rollout.gpus == 0:  # the simulated replicas, one per "rollout GPU" for the config's checks
+        replicas = r // cost.rollout.gpus
+        if hybrid:
+            cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node = 1, replicas
+        else:
+            cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node = 1, replicas
+        cfg.actor_rollout_ref.rollout.num_replicas = replicas
+    used = [t_keys + ": the colocated pool"] if hybrid else [k for k, side in ((r_keys, "rollout"), (t_keys, "train"))
+                                                              if keyed[side] and not given[side]]
+    return r, t, f" (from the config's {' and '.join(used)})" if used else ""
 
 
 def stale_summary(res) -> str:

@@ -33,7 +33,10 @@ VERL_ASYNC_STEP = {"step": 150.63, "gen": 33.14, "update_actor": 113.16}
 
 def verl_dapo_7b(colocated: bool, *, steps: int = 8, token_scale: int = 64, median: float = 450.0,
                  sigma: float = 1.5, max_response: int = 28672) -> ExperimentConfig:
-    """The config of verl's 7B experiment in asyncrl keys (``dapo_7b_math_fsdp2_64_64.sh``).
+    """The config of verl's 7B experiment in asyncrl keys (``dapo_7b_math_fsdp2_64_64.sh``): the base config of
+    GPU-scale what-ifs (with :func:`~asyncrl.sim.presets.h20_qwen25_7b` and :func:`~asyncrl.sim.sweep.sweep`, README
+    "Async vs colocated"). ``rollout.response_length`` and the length workload's ``median`` are set in simulated
+    tokens (real tokens / ``token_scale``): simulate it with the same ``token_scale``.
 
     Both: rollout.n 16, ppo_mini_batch_size 32 prompts, responses from the length workload.
     Colocated: ``hybrid_engine``, 512 prompts per step (require_batches 16: 16 updates), old
@@ -111,8 +114,9 @@ def reproduce_seed(cost: Optional[ClusterCostModel] = None, *, colocated_steps: 
                    token_scale: int = 64, **length_law: Any) -> SeedReproduction:
     """Simulate the seed's comparison: colocated on 128 GPUs vs fully async on 64 rollout + 64 trainer GPUs.
 
-    Takes 20-25 s on one core of the 2-core CPU box at full scale (16K responses per colocated step through the real
-    rollouter). Returns a :class:`SeedReproduction` (``ratio`` to compare with :data:`SEED_RATIO`).
+    Takes ~15-35 s on one core of the 2-core CPU box at full scale (16K responses per colocated step through the real
+    rollouter; 15 s and 21 s measured with the box otherwise idle). Returns a :class:`SeedReproduction` (``ratio`` to
+    compare with :data:`SEED_RATIO`).
     """
     cost = cost or h20_qwen25_7b()
     col = simulate(verl_dapo_7b(True, steps=colocated_steps, token_scale=token_scale, **length_law), cost,
