@@ -11,14 +11,63 @@ ends the test session with every thread's stack instead.
 
 import asyncio
 import dataclasses
+import logging
 import math
+import pickle
 
 import pytest
 
+from asyncrl.config import ExperimentConfig, load_config
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.sim import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
+from asyncrl.sim import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel, simulate
 from asyncrl.sim.clock import run
 from asyncrl.sim.engines import CostModelInferenceEngine
+from test_sim import _cost
+
+# ---------------------------------------------------------------------------------------------- no Ray
+
+
+class _Body:
+    def ping(self) -> int:
+        return 1
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_simulation_runs_agent_workers_in_process_and_never_starts_ray(caplog):
+    """``ExperimentConfig()`` asks for one agent-loop worker actor (``rollout.agent.num_workers=1``): the simulation
+    started it through Ray, it could not unpickle the in-process handles (RecursionError) and every group failed."""
+    import ray
+
+    cfg = load_config(base=ExperimentConfig(), overrides=["trainer.total_training_steps=2", "data.train_size=256"])
+    assert cfg.actor_rollout_ref.rollout.agent.num_workers == 1
+    ray_before = ray.is_initialized()
+    with caplog.at_level(logging.INFO, logger="asyncrl.sim.runner"):
+        res = simulate(cfg, _cost())
+    assert len(res.history) == 2 and res.trained > 0
+    assert any("num_workers=1 is ignored" in r.getMessage() for r in caplog.records)
+    assert cfg.actor_rollout_ref.rollout.agent.num_workers == 1  # the caller's config is left as it was
+    if not ray_before:  # another test of the session may have started Ray: then only the run above is checked
+        assert not ray.is_initialized()
+
+
+def test_simulated_modules_cannot_start_ray_or_pickle_an_in_process_handle():
+    """The kind behind the case above: whatever path of a simulated module reaches for Ray gets a clear error, not
+    a Ray actor that cannot work (it unpickled a LocalActorHandle into a RecursionError)."""
+    import asyncrl.agent_loop.worker as worker
+    from asyncrl.sim.handles import LocalActorHandle, object_store
+
+    handle = LocalActorHandle(_Body())
+    with pytest.raises(TypeError, match="LocalActorHandle of _Body lives in the simulation's process and cannot be pickled"):
+        pickle.dumps(handle)
+    blank = LocalActorHandle.__new__(LocalActorHandle)  # as an unpickler makes it: no _obj yet
+    assert not hasattr(blank, "__setstate__") and not hasattr(blank, "anything")
+    with object_store():
+        with pytest.raises(RuntimeError, match=r"never starts Ray.*ray.remote\(AgentLoopWorker\)"):
+            worker.ray.remote(worker.AgentLoopWorker)
+        with pytest.raises(RuntimeError, match="never starts Ray"):
+            worker.ray.init()
+    assert worker.ray.remote is not None and worker.ray.__name__ == "ray"  # the real module is back
+
 
 # ---------------------------------------------------------------------------------------------- cost models
 
@@ -58,7 +107,8 @@ def test_every_numeric_field_of_every_cost_model_is_checked(model):
     (lambda: SyncCostModel(fixed_s=-5), r"SyncCostModel\.fixed_s=-5 is not valid"),
     (lambda: SyncCostModel(bandwidth_gb_s=0), r"SyncCostModel\.bandwidth_gb_s=0 is not valid: expected GB/s > 0"),
     (lambda: dataclasses.replace(_CLUSTER, prompt_tokens=0), r"ClusterCostModel\.prompt_tokens=0 is not valid"),
-])
+], ids=["no_decode_term", "gpus", "max_num_seqs", "contention", "table_inf", "table_key", "train_negative",
+        "n_ranks", "max_token_len", "sync_negative", "bandwidth", "prompt_tokens"])
 def test_cost_models_refuse_what_would_hang_or_divide_by_zero(make, says):
     """The tester's cases: all-zero decode terms and ``contention=-1`` hung in the engine's ``_reschedule``,
     ``gpus=0`` was a bare ZeroDivisionError in ``with_split``."""
@@ -73,7 +123,7 @@ def test_cost_models_refuse_what_would_hang_or_divide_by_zero(make, says):
     (lambda: dataclasses.replace(_TRAIN, n_ranks=True), r"TrainCostModel\.n_ranks=True \(bool\)"),
     (lambda: ClusterCostModel("x", "h20", _TRAIN), r"ClusterCostModel\.rollout='h20' \(str\) is not valid: expected a "
      "RolloutCostModel"),
-])
+], ids=["str", "float_count", "bool_count", "cost_model_class"])
 def test_cost_models_refuse_values_of_the_wrong_type(make, says):
     with pytest.raises(TypeError, match=says):
         make()

@@ -118,6 +118,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     cost model's seats, or fewer where the config asks for fewer; ``result.config`` and ``summary()["max_num_seqs"]``
     hold the number used, and a config asking for more than the cost model has is logged).
 
+    Everything runs in this process and Ray is never started: agent-loop workers run in process whatever
+    ``rollout.agent.num_workers`` says (logged at INFO).
+
     Returns:
         A :class:`SimResult`.
 
@@ -130,6 +133,11 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     check_types(cfg)  # the seats below compare a config value before validate() runs
     cfg.trainer.progress_bar = False
     _check_split(cost, rollout_gpus, train_gpus, token_scale)
+    agent = cfg.actor_rollout_ref.rollout.agent
+    if agent.num_workers:  # worker actors would start Ray, and the simulated replicas live in this process
+        logger.info("simulate: rollout.agent.num_workers=%s is ignored: a simulation runs the agent loops in process "
+                    "(as num_workers=0)", agent.num_workers)
+        agent.num_workers = 0
     default_rollout = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
     if cfg.actor_rollout_ref.hybrid_engine:  # one pool of GPUs takes turns
         if rollout_gpus is not None and train_gpus is not None and rollout_gpus != train_gpus:
