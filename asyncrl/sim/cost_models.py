@@ -48,13 +48,92 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+import numbers
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional, Sequence
+
+
+class _Checked:
+    """Base of the cost models: every numeric field is checked at construction (``dataclasses.replace`` included)
+    and on every later assignment (``cost.rollout.contention = x``), so a model that would price time as negative,
+    infinite or zero (a simulation that never advances) is refused where it is made.
+
+    Subclasses name their fields by kind: ``_SECONDS`` (and other non-negative rates: finite, >= 0), ``_COUNTS``
+    (whole numbers >= 1), ``_OPTIONAL_COUNTS`` (None or >= 1), ``_OPTIONAL_SECONDS`` (None or finite >= 0);
+    :meth:`_check_more` adds what depends on several fields.
+    """
+
+    _SECONDS: tuple = ()
+    _COUNTS: tuple = ()
+    _OPTIONAL_COUNTS: tuple = ()
+    _OPTIONAL_SECONDS: tuple = ()
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        missing = object()
+        old = self.__dict__.get(name, missing)
+        object.__setattr__(self, name, value)
+        if name in self.__dataclass_fields__ and all(f.name in self.__dict__ for f in fields(self)):
+            try:  # an assignment after construction (during __init__ the last field's comes before __post_init__)
+                self._check()
+            except (TypeError, ValueError):
+                if old is missing:
+                    object.__delattr__(self, name)
+                else:
+                    object.__setattr__(self, name, old)
+                raise
+
+    def _check(self) -> None:
+        """Raises ``TypeError`` for a value that is not a number, ``ValueError`` for one out of range, both
+        naming the class, the field and the value."""
+        cls = type(self).__name__
+        for name in self._SECONDS + self._OPTIONAL_SECONDS:
+            v = getattr(self, name)
+            if v is None and name in self._OPTIONAL_SECONDS:
+                continue
+            _real(cls, name, v)
+            if not math.isfinite(v):
+                raise ValueError(f"{cls}.{name}={v!r} is not valid: not finite; times and rates must be finite and >= 0")
+            if v < 0:
+                raise ValueError(f"{cls}.{name}={v!r} is not valid: negative constants price negative time; "
+                                 "times and rates must be finite and >= 0")
+        for name in self._COUNTS + self._OPTIONAL_COUNTS:
+            v = getattr(self, name)
+            if v is None and name in self._OPTIONAL_COUNTS:
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{cls}.{name}={v!r} ({type(v).__name__}) is not valid: expected a whole number >= 1"
+                                + (" or None" if name in self._OPTIONAL_COUNTS else ""))
+            if v < 1:
+                raise ValueError(f"{cls}.{name}={v!r} is not valid: expected a whole number >= 1"
+                                 + (" or None" if name in self._OPTIONAL_COUNTS else ""))
+        self._check_more(cls)
+
+    def _check_more(self, cls: str) -> None:
+        return None
+
+
+def _real(cls: str, name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{cls}.{name}={v!r} ({type(v).__name__}) is not valid: expected a number")
 
 
 @dataclass
-class RolloutCostModel:
-    """Time model of one inference replica (seconds; token counts in real tokens)."""
+class RolloutCostModel(_Checked):
+    """Time model of one inference replica (seconds; token counts in real tokens).
+
+    Raises:
+        TypeError: a field that is not a number (a count that is not a whole number).
+        ValueError: a time that is negative or not finite, ``max_num_seqs`` or ``gpus`` below 1, a
+            ``per_iteration_s`` entry <= 0, or no decode term that takes time (``step_s``, ``per_seq_s``,
+            ``per_ctx_token_s`` all 0 and no ``per_iteration_s``): the virtual clock would never advance.
+    """
+
+    _SECONDS = ("step_s", "per_seq_s", "per_ctx_token_s", "prefill_s", "per_prefill_token_s", "weight_load_s",
+                "contention")
+    _COUNTS = ("max_num_seqs", "gpus")
 
     step_s: float
     """Decode iteration floor (weights read once per iteration + launch overhead)."""
@@ -89,17 +168,31 @@ class RolloutCostModel:
     slope beyond the largest (:meth:`iteration_s`). A straight line fitted through a probe whose cost is
     not linear in ``B`` misprices the sizes a run spends its time at (CPU vLLM: 8% short at B = 8..32)."""
 
-    def __post_init__(self) -> None:
-        """Raises ``ValueError`` on a negative constant or a probe table entry <= 0: an iteration that costs
-        no time never advances the virtual clock, and the simulation would spin at one instant forever."""
-        bad = {k: v for k, v in (("step_s", self.step_s), ("per_seq_s", self.per_seq_s),
-                                 ("per_ctx_token_s", self.per_ctx_token_s), ("prefill_s", self.prefill_s),
-                                 ("per_prefill_token_s", self.per_prefill_token_s)) if v < 0}
-        table = {b: t for b, t in (self.per_iteration_s or {}).items() if not t > 0}
-        if bad or table:
-            raise ValueError(f"RolloutCostModel: negative constants {bad} or per_iteration_s entries <= 0 {table} "
-                             "(a probe taken net of a per-request cost larger than the probe's own time per "
-                             "request? see asyncrl.sim.calibrate.per_request_cap)")
+    def _check_more(self, cls: str) -> None:
+        """A probe table entry <= 0, or no decode term at all: an iteration that costs no time never advances the
+        virtual clock, and the simulation would spin at one instant forever."""
+        table = self.per_iteration_s
+        if table is not None:
+            if not isinstance(table, dict):
+                raise TypeError(f"{cls}.per_iteration_s={table!r} ({type(table).__name__}) is not valid: expected "
+                                "None or a dict {batch size: seconds per decode iteration}")
+            for b, t in table.items():
+                try:
+                    size = float(b)
+                except (TypeError, ValueError):
+                    raise TypeError(f"{cls}.per_iteration_s key {b!r} is not a batch size (a number >= 1)") from None
+                _real(cls, f"per_iteration_s[{b!r}]", t)
+                if not size >= 1 or not math.isfinite(size):
+                    raise ValueError(f"{cls}.per_iteration_s key {b!r} is not a batch size (a number >= 1)")
+            bad = {b: t for b, t in table.items() if not (t > 0 and math.isfinite(t))}
+            if bad:
+                raise ValueError(f"{cls}: per_iteration_s entries <= 0 (or not finite) {bad} (a probe taken net of "
+                                 "a per-request cost larger than the probe's own time per request? see "
+                                 "asyncrl.sim.calibrate.per_request_cap)")
+        if not table and not (self.step_s > 0 or self.per_seq_s > 0 or self.per_ctx_token_s > 0):
+            raise ValueError(f"{cls}: step_s={self.step_s!r}, per_seq_s={self.per_seq_s!r} and per_ctx_token_s="
+                             f"{self.per_ctx_token_s!r} with no per_iteration_s table: a decode iteration would take "
+                             "no time and the simulation would never advance; give at least one of them > 0")
 
     def iteration_s(self, batch: float) -> float:
         """Seconds of one decode iteration of ``batch`` sequences, context term excluded."""
@@ -139,8 +232,19 @@ class RolloutCostModel:
 
 
 @dataclass
-class TrainCostModel:
-    """Time model of the trainer (seconds; lengths in real tokens, prompt + response)."""
+class TrainCostModel(_Checked):
+    """Time model of the trainer (seconds; lengths in real tokens, prompt + response).
+
+    Raises:
+        TypeError / ValueError: as :class:`RolloutCostModel` (times finite and >= 0, ``n_ranks`` and
+            ``gpus_per_rank`` whole numbers >= 1, ``max_token_len`` / ``micro_batch_rows`` None or >= 1).
+    """
+
+    _SECONDS = ("per_token_s", "per_row_s", "per_token_ctx_s", "per_update_s", "forward_fraction", "contention",
+                "per_micro_batch_s")
+    _OPTIONAL_SECONDS = ("per_packed_micro_batch_s",)
+    _COUNTS = ("n_ranks", "gpus_per_rank")
+    _OPTIONAL_COUNTS = ("max_token_len", "micro_batch_rows")
 
     per_token_s: float
     """Forward + backward time per token on one rank (linear part: matmuls)."""
@@ -220,8 +324,15 @@ class TrainCostModel:
 
 
 @dataclass
-class SyncCostModel:
-    """Time to move one weight version from the trainer to every replica (before ``weight_load_s``)."""
+class SyncCostModel(_Checked):
+    """Time to move one weight version from the trainer to every replica (before ``weight_load_s``).
+
+    Raises:
+        TypeError / ValueError: ``fixed_s`` or ``model_gb`` negative or not finite, ``bandwidth_gb_s`` not > 0
+            (``inf``, the default, is an instant transfer).
+    """
+
+    _SECONDS = ("fixed_s", "model_gb")
 
     fixed_s: float = 0.0
     """Per-sync overhead (group set-up, metadata, barriers)."""
@@ -230,13 +341,27 @@ class SyncCostModel:
     bandwidth_gb_s: float = float("inf")
     """Transport bandwidth (NCCL broadcast / object store), GB/s."""
 
+    def _check_more(self, cls: str) -> None:
+        _real(cls, "bandwidth_gb_s", self.bandwidth_gb_s)
+        if not self.bandwidth_gb_s > 0:
+            raise ValueError(f"{cls}.bandwidth_gb_s={self.bandwidth_gb_s!r} is not valid: expected GB/s > 0 "
+                             "(inf for an instant transfer)")
+
     def transfer_time(self) -> float:
-        return self.fixed_s + (self.model_gb / self.bandwidth_gb_s if self.bandwidth_gb_s > 0 else 0.0)
+        return self.fixed_s + self.model_gb / self.bandwidth_gb_s
 
 
 @dataclass
-class ClusterCostModel:
-    """Everything a simulation needs to price a run: replicas, trainer, sync, and the resources."""
+class ClusterCostModel(_Checked):
+    """Everything a simulation needs to price a run: replicas, trainer, sync, and the resources.
+
+    Raises:
+        TypeError: ``rollout`` / ``train`` / ``sync`` not of their cost-model classes, or a field not a number.
+        ValueError: ``prompt_tokens`` below 1, ``hybrid_switch_s`` negative or not finite.
+    """
+
+    _SECONDS = ("hybrid_switch_s",)
+    _COUNTS = ("prompt_tokens",)
 
     name: str
     rollout: RolloutCostModel
@@ -249,6 +374,12 @@ class ClusterCostModel:
     to training and back (vLLM sleep / wake, trainer parameter and optimizer on- / off-load), paid
     with the weight sync."""
     notes: str = ""
+
+    def _check_more(self, cls: str) -> None:
+        for name, kind in (("rollout", RolloutCostModel), ("train", TrainCostModel), ("sync", SyncCostModel)):
+            v = getattr(self, name)
+            if not isinstance(v, kind):
+                raise TypeError(f"{cls}.{name}={v!r} ({type(v).__name__}) is not valid: expected a {kind.__name__}")
 
     def with_split(self, rollout_gpus: int, train_gpus: int) -> tuple[int, "ClusterCostModel"]:
         """Replica count for ``rollout_gpus`` and a copy whose trainer spans ``train_gpus`` GPUs."""

@@ -149,14 +149,20 @@ class CostModelInferenceEngine:
             heapq.heappop(self._finish_heap)
         if not self._finish_heap or self._frozen:
             return
-        dg = max(0.0, self._finish_heap[0][0] - self._g)
+        target = self._finish_heap[0][0]
         now = self._loop.time()
-        at = max(now, self._busy_until) + self.cost.decode_time(dg, *self._shape())
-        self._timer = self._loop.call_at(at, self._on_timer)
+        at = max(now, self._busy_until) + self.cost.decode_time(max(0.0, target - self._g), *self._shape())
+        self._timer = self._loop.call_at(at, self._on_timer, target)
 
-    def _on_timer(self) -> None:
+    def _on_timer(self, target: float) -> None:
+        """The first running request is due: its iterations are done, whatever :meth:`_advance` computed (an
+        interval too small for the clock to move, e.g. microseconds at t = 1e6 s, advances nothing, and the
+        request would be rescheduled at the same instant forever). The timer is cancelled on every change."""
         self._timer = None
         self._advance()
+        if self._g < target:
+            self._ctx += len(self.running) * (target - self._g)
+            self._g = target
         eps = 1e-6 * max(1.0, self._g)
         while self._finish_heap and self._finish_heap[0][0] <= self._g + eps:
             _, _, rid = heapq.heappop(self._finish_heap)

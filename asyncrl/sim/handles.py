@@ -58,10 +58,18 @@ class LocalActorHandle:
         return self._obj
 
     def __getattr__(self, name: str) -> _RemoteMethod:
-        attr = getattr(self._obj, name)  # AttributeError for unknown names, as for an actor handle
+        try:  # not self._obj: on an instance without it (one being unpickled) that recursed until RecursionError
+            obj = self.__dict__["_obj"]
+        except KeyError:
+            raise AttributeError(name) from None
+        attr = getattr(obj, name)  # AttributeError for unknown names, as for an actor handle
         if not callable(attr):
             raise AttributeError(f"{type(self._obj).__name__}.{name} is not an actor method")
         return _RemoteMethod(attr)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a LocalActorHandle of {type(self._obj).__name__} lives in the simulation's process and cannot "
+                        "be pickled (sent to a Ray actor or another process)")
 
 
 def _resolved(value: Any) -> asyncio.Future:
@@ -71,7 +79,8 @@ def _resolved(value: Any) -> asyncio.Future:
 
 
 class _RayShim(types.ModuleType):
-    """``ray`` as seen by simulated modules: ``put`` returns a resolved future, the rest is Ray's."""
+    """``ray`` as seen by simulated modules: ``put`` returns a resolved future, ``remote`` and ``init`` (what would
+    start Ray and its processes) raise ``RuntimeError``, the rest is Ray's."""
 
     def __init__(self) -> None:
         super().__init__("ray")
@@ -79,6 +88,17 @@ class _RayShim(types.ModuleType):
     @staticmethod
     def put(value: Any, **_: Any) -> asyncio.Future:
         return _resolved(value)
+
+    @staticmethod
+    def remote(*args: Any, **_: Any) -> Any:
+        what = getattr(args[0], "__qualname__", repr(args[0])) if args else "?"
+        raise RuntimeError(f"a simulation runs every actor in its own process and never starts Ray, but a simulated "
+                           f"module called ray.remote({what}): that actor has no in-process stand-in (asyncrl.sim.runner)")
+
+    @staticmethod
+    def init(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a simulation runs every actor in its own process and never starts Ray, but a simulated "
+                           "module called ray.init()")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_ray, name)

@@ -12,7 +12,7 @@
         trainer:    FullyAsyncTrainer.fit()               (real: fetch, drop stale, GRPO step, sync
                     with CostModelTrainEngine,             trigger, ParameterSynchronizer)
                     CostModelCheckpointEngine
-      -> SimResult: the trainer's per-step history, idle ratios, staleness, accounting, timeline
+      -> SimResult (result.py): the trainer's per-step history, idle ratios, staleness, accounting, timeline
 
 Nothing of the control logic is re-implemented here: this module only wires the real actor bodies
 together in one process (handles instead of Ray), the way :class:`~asyncrl.experiment.Experiment`
@@ -27,119 +27,17 @@ import copy
 import dataclasses
 import logging
 import random
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from asyncrl.config import ConfigError, ExperimentConfig, check_types, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
 from asyncrl.sim.engines import Timeline
-from asyncrl.sim.train_engines import CostModelCheckpointEngine, CostModelTrainEngine
 from asyncrl.sim.handles import LocalActorHandle, object_store
+from asyncrl.sim.result import SimResult
+from asyncrl.sim.train_engines import CostModelCheckpointEngine, CostModelTrainEngine
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SimResult:
-    """What a simulated run reports (virtual seconds).
-
-    Attributes:
-        name: label of the run.
-        config: the simulated config.
-        cost: the cost model used.
-        history: the trainer's per-step rows (``timing/*``, ``trainer/idle_ratio``, ``staleness/*``...).
-        wall_s: from the trainer's start to its last step.
-        trained: prompt groups trained.
-        samples_per_s: ``trained / wall_s`` (prompt groups per second; x ``rollout.n`` for responses).
-        trainer_idle_ratio / rollouter_idle_ratio: as the real run reports them (the trainer's: waiting
-            for samples at fetch; its time in syncs is :attr:`trainer_sync_ratio`).
-        lag_counts: trained tokens by version lag.
-        response_length_counts: trained rows by response length, ``{tokens: rows}`` in simulated tokens
-            (real tokens / ``token_scale``).
-        stale_length_counts: the same for the rows of groups the trainer dropped as stale (:class:`asyncrl.summary.Summary`).
-        accounting: the rollouter's prompt accounting, with the trainer's drops under ``dropped`` (by reason, as a
-            real run's: ``stale_at_trainer``, ``dapo_no_signal``).
-        timeline: busy spans ``(lane, start, end, label)`` of replicas, trainer and syncs.
-        snapshots: ``(t, status)`` every ``snapshot_every_s``, ``status`` shaped like
-            ``Experiment.status_async()`` (what the widgets read).
-        replicas / train_ranks: the resources simulated.
-    """
-
-    name: str
-    config: ExperimentConfig
-    cost: ClusterCostModel
-    history: list
-    wall_s: float
-    trained: int
-    samples_per_s: float
-    trainer_idle_ratio: float
-    rollouter_idle_ratio: float
-    lag_counts: dict
-    accounting: dict
-    timeline: Timeline
-    replicas: int
-    train_ranks: int
-    rollout_gpus: int = 0
-    train_gpus: int = 0
-    snapshots: list = field(default_factory=list)
-    response_length_counts: dict = field(default_factory=dict)
-    stale_length_counts: dict = field(default_factory=dict)
-
-    @property
-    def responses_per_s(self) -> float:
-        return self.samples_per_s * self.config.actor_rollout_ref.rollout.n
-
-    @property
-    def trainer_sync_ratio(self) -> float:
-        """Share of ``wall_s`` the trainer spent in weight syncs (``sync/total_s`` summed over its steps).
-
-        The idle ratio counts only the wait for samples at fetch; a sync's pause (with
-        ``partial_rollout=False``: the drain of every in-flight sample) is counted here, so the trainer's
-        whole wait on the rollouter is ``trainer_idle_ratio`` plus the pause part of this.
-        """
-        return sum(r.get("sync/total_s", 0.0) for r in self.history) / self.wall_s if self.wall_s else 0.0
-
-    def step_time(self, skip: int = 1) -> float:
-        """Mean seconds per trainer step after the first ``skip`` (pipeline fill)."""
-        rows = self.history
-        if len(rows) <= skip + 1:
-            return self.wall_s / max(1, len(rows))
-        return (rows[-1]["time_s"] - rows[skip]["time_s"]) / (len(rows) - 1 - skip)
-
-    def summary(self) -> dict:
-        """One row for a comparison table (:func:`asyncrl.sim.sweep.sweep` makes one per point): the config's async
-        keys, GPUs, samples/s, step time, idle ratios, version lag, and ``dropped_stale``: prompt groups the staleness
-        bound dropped (at the trainer or in generation)."""
-        at = self.config.async_training
-        lags = self.lag_counts
-        total = max(1, sum(lags.values()))
-        return {
-            "run": self.name,
-            "hybrid_engine": self.config.actor_rollout_ref.hybrid_engine,
-            "staleness_threshold": at.staleness_threshold,
-            "trigger_parameter_sync_step": at.trigger_parameter_sync_step,
-            "partial_rollout": at.partial_rollout,
-            "partial_rollout_mode": getattr(at, "partial_rollout_mode", "abort"),
-            "rollout_gpus": self.rollout_gpus,
-            "train_gpus": self.train_gpus,
-            "replicas": self.replicas,
-            "train_ranks": self.train_ranks,
-            "steps": len(self.history),
-            "wall_s": self.wall_s,
-            "step_s": self.step_time(),
-            "samples_per_s": self.samples_per_s,
-            "trainer_idle_ratio": self.trainer_idle_ratio,
-            "trainer_sync_ratio": self.trainer_sync_ratio,
-            "rollouter_idle_ratio": self.rollouter_idle_ratio,
-            "lag_mean": sum(int(k) * v for k, v in lags.items()) / total,
-            "lag_max": max((int(k) for k in lags), default=0),
-            "max_num_seqs": self.config.actor_rollout_ref.rollout.max_num_seqs,  # seats per replica, as simulated
-            "scheduling_policy": self.config.actor_rollout_ref.rollout.scheduling_policy,
-            # prompt groups the staleness bound cost: dropped at the trainer or ended in generation
-            "dropped_stale": sum(self.accounting.get("dropped", {}).get(r, 0)
-                                 for r in ("stale_at_trainer", "stale_in_generation")),
-        }
 
 
 @contextlib.contextmanager
@@ -220,6 +118,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     cost model's seats, or fewer where the config asks for fewer; ``result.config`` and ``summary()["max_num_seqs"]``
     hold the number used, and a config asking for more than the cost model has is logged).
 
+    Everything runs in this process and Ray is never started: agent-loop workers run in process whatever
+    ``rollout.agent.num_workers`` says (logged at INFO).
+
     Returns:
         A :class:`SimResult`.
 
@@ -232,6 +133,11 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     check_types(cfg)  # the seats below compare a config value before validate() runs
     cfg.trainer.progress_bar = False
     _check_split(cost, rollout_gpus, train_gpus, token_scale)
+    agent = cfg.actor_rollout_ref.rollout.agent
+    if agent.num_workers:  # worker actors would start Ray, and the simulated replicas live in this process
+        logger.info("simulate: rollout.agent.num_workers=%s is ignored: a simulation runs the agent loops in process "
+                    "(as num_workers=0)", agent.num_workers)
+        agent.num_workers = 0
     default_rollout = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
     if cfg.actor_rollout_ref.hybrid_engine:  # one pool of GPUs takes turns
         if rollout_gpus is not None and train_gpus is not None and rollout_gpus != train_gpus:

@@ -1,0 +1,165 @@
+"""asyncrl.sim refuses what it cannot simulate, and says how a run ended (session 23's tester).
+
+Each test here failed before its fix: a simulation that started Ray actors, ran data a real run refuses,
+spun forever on a cost model that prices no time, stopped on a CPU demo's time budget without a word, or
+took a preset's name for a cost model.
+
+The timeouts guard what hung before its fix; ``method="thread"``: a simulation spins inside its event loop's
+callbacks, which swallow the exception the signal method raises (the run went on for 20 minutes), so a hang
+ends the test session with every thread's stack instead.
+"""
+
+import asyncio
+import dataclasses
+import logging
+import math
+import pickle
+
+import pytest
+
+from asyncrl.config import ExperimentConfig, load_config
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.sim import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel, simulate
+from asyncrl.sim.clock import run
+from asyncrl.sim.engines import CostModelInferenceEngine
+from test_sim import _cost
+
+# ---------------------------------------------------------------------------------------------- no Ray
+
+
+class _Body:
+    def ping(self) -> int:
+        return 1
+
+
+@pytest.mark.timeout(300, method="thread")
+def test_a_simulation_runs_agent_workers_in_process_and_never_starts_ray(caplog):
+    """``ExperimentConfig()`` asks for one agent-loop worker actor (``rollout.agent.num_workers=1``): the simulation
+    started it through Ray, it could not unpickle the in-process handles (RecursionError) and every group failed."""
+    import ray
+
+    cfg = load_config(base=ExperimentConfig(), overrides=["trainer.total_training_steps=2", "data.train_size=256"])
+    assert cfg.actor_rollout_ref.rollout.agent.num_workers == 1
+    ray_before = ray.is_initialized()
+    with caplog.at_level(logging.INFO, logger="asyncrl.sim.runner"):
+        res = simulate(cfg, _cost())
+    assert len(res.history) == 2 and res.trained > 0
+    assert any("num_workers=1 is ignored" in r.getMessage() for r in caplog.records)
+    assert cfg.actor_rollout_ref.rollout.agent.num_workers == 1  # the caller's config is left as it was
+    if not ray_before:  # another test of the session may have started Ray: then only the run above is checked
+        assert not ray.is_initialized()
+
+
+def test_simulated_modules_cannot_start_ray_or_pickle_an_in_process_handle():
+    """The kind behind the case above: whatever path of a simulated module reaches for Ray gets a clear error, not
+    a Ray actor that cannot work (it unpickled a LocalActorHandle into a RecursionError)."""
+    import asyncrl.agent_loop.worker as worker
+    from asyncrl.sim.handles import LocalActorHandle, object_store
+
+    handle = LocalActorHandle(_Body())
+    with pytest.raises(TypeError, match="LocalActorHandle of _Body lives in the simulation's process and cannot be pickled"):
+        pickle.dumps(handle)
+    blank = LocalActorHandle.__new__(LocalActorHandle)  # as an unpickler makes it: no _obj yet
+    assert not hasattr(blank, "__setstate__") and not hasattr(blank, "anything")
+    with object_store():
+        with pytest.raises(RuntimeError, match=r"never starts Ray.*ray.remote\(AgentLoopWorker\)"):
+            worker.ray.remote(worker.AgentLoopWorker)
+        with pytest.raises(RuntimeError, match="never starts Ray"):
+            worker.ray.init()
+    assert worker.ray.remote is not None and worker.ray.__name__ == "ray"  # the real module is back
+
+
+# ---------------------------------------------------------------------------------------------- cost models
+
+_ROLLOUT = RolloutCostModel(step_s=0.01, per_seq_s=1e-4, per_ctx_token_s=0.0)
+_TRAIN = TrainCostModel(per_token_s=2e-5)
+_SYNC = SyncCostModel(fixed_s=0.02)
+_CLUSTER = ClusterCostModel("unit", _ROLLOUT, _TRAIN, _SYNC)
+_BAD = {"float": (-1, -1e-3, float("nan"), float("-inf")), "int": (0, -1)}  # by the field's annotation
+_BAD.update({f"Optional[{k}]": v for k, v in _BAD.items()})
+
+
+@pytest.mark.parametrize("model", [_ROLLOUT, _TRAIN, _SYNC, _CLUSTER], ids=lambda m: type(m).__name__)
+def test_every_numeric_field_of_every_cost_model_is_checked(model):
+    """``TrainCostModel(per_token_s=-1e-3, per_update_s=-1)`` ran in negative time, ``SyncCostModel(fixed_s=-5)`` was
+    taken, ``contention=-1`` stopped the clock: every numeric field (found by its annotation, so a field added later
+    is covered too) is refused, by ``replace`` as by the constructor, naming the class, the field and the value."""
+    cls = type(model).__name__
+    fields = [(f.name, _BAD[f.type]) for f in dataclasses.fields(model) if f.type in _BAD]
+    assert len(fields) >= 2
+    for name, bads in fields:
+        for bad in bads:
+            with pytest.raises(ValueError, match=rf"^{cls}\.{name}={bad!r} is not valid"):
+                dataclasses.replace(model, **{name: bad})
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: RolloutCostModel(step_s=0, per_seq_s=0, per_ctx_token_s=0), r"RolloutCostModel: step_s=0, per_seq_s=0 and "
+     r"per_ctx_token_s=0 with no per_iteration_s table: a decode iteration would take no time"),
+    (lambda: dataclasses.replace(_ROLLOUT, gpus=0), r"RolloutCostModel\.gpus=0 is not valid: expected a whole number >= 1"),
+    (lambda: dataclasses.replace(_ROLLOUT, max_num_seqs=0), r"RolloutCostModel\.max_num_seqs=0 is not valid"),
+    (lambda: dataclasses.replace(_ROLLOUT, contention=-1.0), r"RolloutCostModel\.contention=-1\.0 is not valid"),
+    (lambda: dataclasses.replace(_ROLLOUT, per_iteration_s={8: math.inf}), r"per_iteration_s entries <= 0 \(or not finite\)"),
+    (lambda: dataclasses.replace(_ROLLOUT, per_iteration_s={0: 0.01}), r"per_iteration_s key 0 is not a batch size"),
+    (lambda: TrainCostModel(per_token_s=-1e-3, per_update_s=-1), r"TrainCostModel\.per_token_s=-0\.001 is not valid"),
+    (lambda: TrainCostModel(per_token_s=1e-3, n_ranks=0), r"TrainCostModel\.n_ranks=0 is not valid"),
+    (lambda: TrainCostModel(per_token_s=1e-3, max_token_len=0), r"TrainCostModel\.max_token_len=0 .*or None"),
+    (lambda: SyncCostModel(fixed_s=-5), r"SyncCostModel\.fixed_s=-5 is not valid"),
+    (lambda: SyncCostModel(bandwidth_gb_s=0), r"SyncCostModel\.bandwidth_gb_s=0 is not valid: expected GB/s > 0"),
+    (lambda: dataclasses.replace(_CLUSTER, prompt_tokens=0), r"ClusterCostModel\.prompt_tokens=0 is not valid"),
+], ids=["no_decode_term", "gpus", "max_num_seqs", "contention", "table_inf", "table_key", "train_negative",
+        "n_ranks", "max_token_len", "sync_negative", "bandwidth", "prompt_tokens"])
+def test_cost_models_refuse_what_would_hang_or_divide_by_zero(make, says):
+    """The tester's cases: all-zero decode terms and ``contention=-1`` hung in the engine's ``_reschedule``,
+    ``gpus=0`` was a bare ZeroDivisionError in ``with_split``."""
+    with pytest.raises(ValueError, match=says):
+        make()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: dataclasses.replace(_ROLLOUT, step_s="0.01"), r"RolloutCostModel\.step_s='0\.01' \(str\) is not valid: "
+     "expected a number"),
+    (lambda: dataclasses.replace(_ROLLOUT, max_num_seqs=2.5), r"RolloutCostModel\.max_num_seqs=2\.5 \(float\)"),
+    (lambda: dataclasses.replace(_TRAIN, n_ranks=True), r"TrainCostModel\.n_ranks=True \(bool\)"),
+    (lambda: ClusterCostModel("x", "h20", _TRAIN), r"ClusterCostModel\.rollout='h20' \(str\) is not valid: expected a "
+     "RolloutCostModel"),
+], ids=["str", "float_count", "bool_count", "cost_model_class"])
+def test_cost_models_refuse_values_of_the_wrong_type(make, says):
+    with pytest.raises(TypeError, match=says):
+        make()
+
+
+def test_an_assignment_after_construction_is_checked_and_leaves_the_model_as_it_was():
+    """``asyncrl.sim.calibrate.cpu_cost_model`` sets ``rollout.contention`` on a built model: that way in too."""
+    model = dataclasses.replace(_ROLLOUT)
+    with pytest.raises(ValueError, match=r"RolloutCostModel\.contention=-1\.0"):
+        model.contention = -1.0
+    with pytest.raises(ValueError, match="a decode iteration would take no time"):
+        model.step_s, model.per_seq_s = 0.0, 0.0
+    assert model.contention == 0.0 and model.per_seq_s == 1e-4 and model.step_s == 0.0
+    model.contention = 0.5
+    assert model.contention == 0.5
+
+
+def test_every_preset_still_constructs():
+    from asyncrl.sim.presets import PRESETS, SYNC_S, TRAINER_LAYOUTS, cpu_embedded_vllm, h200_qwen25_05b_hf
+
+    built = [make() for make in PRESETS.values()] + [cpu_embedded_vllm(2)]
+    built += [h200_qwen25_05b_hf(s, layout) for s in SYNC_S for layout in TRAINER_LAYOUTS]
+    assert all(isinstance(c, ClusterCostModel) for c in built) and len(built) >= 7
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_decode_interval_too_small_for_the_clock_still_finishes_its_requests():
+    """The same hang from valid values: 100 iterations of 1e-15 s at t = 1e6 s do not move a float clock, so the
+    engine's timer fired at the same instant, advanced nothing and rescheduled itself forever."""
+    async def main():
+        eng = CostModelInferenceEngine(RolloutCostModel(step_s=1e-15, per_seq_s=0.0, per_ctx_token_s=0.0), prompt_tokens=10)
+        await asyncio.sleep(1e6)
+        out = await eng.generate("a", [1, 2], SamplingParams(max_tokens=100, ignore_eos=True))
+        return out, asyncio.get_running_loop().time()
+
+    out, t = run(main)
+    assert len(out.token_ids) == 100 and out.stop_reason == "length" and t == pytest.approx(1e6)
+
+
