@@ -16,11 +16,9 @@ unpassable parameter) or ``models fetch``. A run whose trainer raised mid-run pr
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import os
 import sys
-from typing import Iterable, Optional
 
 ALIASES = {
     "task": "data.task",
@@ -36,20 +34,6 @@ def _expand(overrides: list[str]) -> list[str]:
         key, sep, value = item.partition("=")
         out.append(f"{ALIASES.get(key, key)}{sep}{value}")
     return out
-
-
-def closest_name(name: object, valid: Iterable[str]) -> Optional[str]:
-    """The valid name a mistyped one most likely meant, ignoring case, or ``None``: the one valid name that starts
-    with it at a word boundary (``H20`` -> ``h20-qwen2.5-7b``, ``longtail_colocated`` -> ``longtail_colocated_cpu``),
-    else the closest by :func:`difflib.get_close_matches` (cutoff 0.5, as the registries' suggestions)."""
-    lower = {v.lower(): v for v in valid}
-    key = str(name).lower()
-    starts = [v for low, v in lower.items() if len(key) >= 2 and low.startswith(key) and low != key
-              and not low[len(key)].isalnum()]
-    if len(starts) == 1:
-        return starts[0]
-    close = difflib.get_close_matches(key, list(lower), n=1, cutoff=0.5)
-    return lower[close[0]] if close else None
 
 
 class UserError(Exception):
@@ -98,6 +82,8 @@ def _load(args: argparse.Namespace):
         recipe = "arith_grpo_cpu"  # a dataset task without its own recipe
     base = RECIPES.get(recipe) if recipe else TASK_RECIPES[task]
     if base is None:
+        from asyncrl.registry import closest_name
+
         close = closest_name(recipe, RECIPES)
         raise UserError("config", f"unknown recipe {recipe!r}; known: {', '.join(sorted(RECIPES))}"
                                   + (f"; did you mean {close!r}?" if close else ""))

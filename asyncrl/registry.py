@@ -21,11 +21,25 @@ import importlib.util
 import logging
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, Optional, TypeVar, Union, overload
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar, Union, overload
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def closest_name(name: object, valid: Iterable[str]) -> Optional[str]:
+    """The valid name a mistyped one most likely meant, ignoring case, or ``None``: the one valid name that starts
+    with it at a word boundary (``H20`` -> ``h20-qwen2.5-7b``, ``longtail_colocated`` -> ``longtail_colocated_cpu``),
+    else the closest by :func:`difflib.get_close_matches` (cutoff 0.5): :class:`UnknownNameError`'s suggestion."""
+    lower = {v.lower(): v for v in valid}
+    key = str(name).lower()
+    starts = [v for low, v in lower.items() if len(key) >= 2 and low.startswith(key) and low != key
+              and not low[len(key)].isalnum()]
+    if len(starts) == 1:
+        return starts[0]
+    close = difflib.get_close_matches(key, list(lower), n=1, cutoff=0.5)
+    return lower[close[0]] if close else None
 
 
 class UnknownNameError(KeyError, ValueError):
@@ -42,8 +56,8 @@ class UnknownNameError(KeyError, ValueError):
 
     def __init__(self, kind: str, name: Any, valid: list[str]):
         self.kind, self.name, self.valid = kind, name, valid
-        close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest_name(name, valid)
+        hint = f"; did you mean {close!r}?" if close else ""
         super().__init__(f"unknown {kind} {name!r}; valid names: {', '.join(valid) or '(none)'}{hint}")
 
     def __str__(self) -> str:  # KeyError would repr() the message

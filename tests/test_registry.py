@@ -96,3 +96,16 @@ def test_lazy_entries_import_nothing_heavy():
             "print([m for m in ('vllm', 'asyncrl.agent_loop.sandbox.loop', 'asyncrl.sync.nccl_engine') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_registry_suggests_a_name_whatever_its_case_or_a_unique_prefix():
+    """Session 23: the simulator's presets (`--preset H20`) and the recipes (`longtail_colocated`) got no suggestion; the
+    registries' own lookups used a case-sensitive close match, so the same slip passed there. One function now serves
+    both (:func:`asyncrl.registry.closest_name`)."""
+    from asyncrl.registry import UnknownNameError, closest_name
+
+    names = ["h20-qwen2.5-7b", "h100-qwen2.5-7b", "longtail_colocated_cpu", "longtail_grpo_cpu"]
+    assert closest_name("H20", names) == "h20-qwen2.5-7b"  # a unique prefix at a word boundary
+    assert closest_name("longtail_colocated", names) == "longtail_colocated_cpu"
+    assert closest_name("zzz", names) is None
+    assert "did you mean 'h20-qwen2.5-7b'?" in str(UnknownNameError("sim preset", "H20-QWEN2.5-7B", sorted(names)))

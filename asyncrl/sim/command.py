@@ -85,11 +85,9 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         return 0
     args.preset = args.preset or "cpu-embedded-vllm"
     if args.preset not in PRESETS:  # the registries' message, the suggestion also for another case (H20)
-        from asyncrl.cli import closest_name
+        from asyncrl.registry import UnknownNameError
 
-        close = closest_name(args.preset, PRESETS)
-        return user_error(f"unknown sim preset (--preset) {args.preset!r}; valid names: {', '.join(sorted(PRESETS))}"
-                          + (f"; did you mean {close!r}?" if close else ""))
+        return user_error(str(UnknownNameError("sim preset (--preset)", args.preset, sorted(PRESETS))))
     if args.cores is not None and args.preset != "cpu-embedded-vllm":
         return user_error(f"--cores applies to the cpu-embedded-vllm preset only; {args.preset} counts GPUs: "
                           "use --rollout-gpus / --train-gpus")
