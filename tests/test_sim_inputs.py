@@ -17,12 +17,12 @@ import pickle
 
 import pytest
 
-from asyncrl.config import ExperimentConfig, load_config
+from asyncrl.config import ConfigError, ExperimentConfig, load_config
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.sim import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel, simulate
 from asyncrl.sim.clock import run
 from asyncrl.sim.engines import CostModelInferenceEngine
-from test_sim import _cost
+from test_sim import _config, _cost
 
 # ---------------------------------------------------------------------------------------------- no Ray
 
@@ -67,6 +67,23 @@ def test_simulated_modules_cannot_start_ray_or_pickle_an_in_process_handle():
         with pytest.raises(RuntimeError, match="never starts Ray"):
             worker.ray.init()
     assert worker.ray.remote is not None and worker.ray.__name__ == "ray"  # the real module is back
+
+
+# ---------------------------------------------------------------------------------------------- pre-flight
+
+
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize("key, value, says", [
+    ("max_prompt_length", 1, r"only 0 of \d+ prompts fit data.max_prompt_length=1 tokens"),
+    ("train_size", 10, r"the training data has 10 prompts but one trainer step needs required_samples"),
+], ids=["max_prompt_length", "train_size"])
+def test_simulate_refuses_data_that_can_never_fill_a_step_as_a_real_run_does(key, value, says):
+    """``asyncrl train`` refuses these before starting (:func:`asyncrl.watchdog.check_can_fill_batch`); ``asyncrl sim``
+    spun at 100% CPU forever (every prompt too long) or ran on 10 prompts where a step needs 32."""
+    cfg = _config("d")
+    setattr(cfg.data, key, value)
+    with pytest.raises(ConfigError, match=says):
+        simulate(cfg, _cost())
 
 
 # ---------------------------------------------------------------------------------------------- cost models
@@ -161,5 +178,34 @@ def test_a_decode_interval_too_small_for_the_clock_still_finishes_its_requests()
 
     out, t = run(main)
     assert len(out.token_ids) == 100 and out.stop_reason == "length" and t == pytest.approx(1e6)
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.timeout(60, method="thread")  # before: max_rows=0 or a natural_length that is not a function ran forever
+@pytest.mark.parametrize("kw, error, says", [
+    ({"cost": "h20-qwen2.5-7b"}, TypeError, r"simulate: cost='h20-qwen2.5-7b' \(str\) is not valid: expected an "
+     r"asyncrl.sim.ClusterCostModel .*'h20-qwen2.5-7b'"),
+    ({"config": {"trainer.total_training_steps": 2}}, TypeError, r"simulate: config=.* \(dict\) is not valid"),
+    ({"token_scale": 0}, ValueError, r"token_scale \(--token-scale\) is real tokens per simulated token, at least 1; got 0"),
+    ({"token_scale": -64}, ValueError, r"token_scale .* at least 1; got -64"),
+    ({"token_scale": 1.5}, TypeError, r"simulate: token_scale=1\.5 \(float\) is not valid: expected a whole number"),
+    ({"token_scale": "64"}, TypeError, r"simulate: token_scale='64' \(str\)"),
+    ({"rollout_gpus": 2.0}, TypeError, r"simulate: rollout_gpus=2\.0 \(float\) is not valid"),
+    ({"snapshot_every_s": -1.0}, ValueError, r"simulate: snapshot_every_s=-1\.0 is not valid"),
+    ({"max_rows": 0}, ValueError, r"simulate: max_rows=0 is not valid"),
+    ({"natural_length": 5}, TypeError, r"simulate: natural_length=5 is not valid: expected a function or None"),
+    ({"name": 3}, TypeError, r"simulate: name=3 \(int\)"),
+], ids=["cost_str", "config_dict", "token_scale_0", "token_scale_negative", "token_scale_float", "token_scale_str",
+        "rollout_gpus_float", "snapshot_negative", "max_rows_0", "natural_length", "name"])
+def test_simulate_refuses_arguments_it_does_not_take_by_name(kw, error, says):
+    """A preset's name where its cost model goes was ``AttributeError: 'str' object has no attribute 'rollout'``; a
+    float token scale ran, rounded down inside the engine."""
+    args = {"config": _config("d"), "cost": _cost()}
+    args.update(kw)
+    config, cost = args.pop("config"), args.pop("cost")
+    with pytest.raises(error, match=says):
+        simulate(config, cost, **args)
 
 
