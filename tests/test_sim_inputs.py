@@ -180,6 +180,38 @@ def test_a_decode_interval_too_small_for_the_clock_still_finishes_its_requests()
     assert len(out.token_ids) == 100 and out.stop_reason == "length" and t == pytest.approx(1e6)
 
 
+# ---------------------------------------------------------------------------------------------- how a run ended
+
+
+def test_a_run_cut_short_by_its_time_budget_says_so(caplog):
+    """``trainer.total_time_s`` counts simulated seconds: the recipes' CPU-demo budget (450-600 s) ended a 7B run at
+    step 24 of 300 with nothing in the result or the table to say why."""
+    cfg = _config("d")
+    cfg.trainer.total_time_s = 3.0
+    with caplog.at_level(logging.WARNING, logger="asyncrl.sim.runner"):
+        cut = simulate(cfg, _cost())
+    row = cut.summary()
+    assert len(cut.history) < 6 and row["steps"] == len(cut.history) and row["steps_asked"] == cut.steps_asked == 6
+    assert row["stop_reason"] == "total_time_s=3 (simulated s)"
+    assert cut.stop_reason.startswith("time budget trainer.total_time_s=3 reached at step")
+    assert any(r.levelno == logging.WARNING and "stopped by trainer.total_time_s=3 simulated seconds after "
+               f"{len(cut.history)} of 6 steps" in r.getMessage() for r in caplog.records)
+    whole = simulate(_config("d"), _cost())
+    assert whole.summary()["stop_reason"] == "steps" and whole.stop_reason == "trainer.total_training_steps=6 reached"
+
+
+def test_seats_above_the_cost_models_are_a_warning_and_the_row_shows_asked_and_used(caplog):
+    cfg = _config("d")
+    cfg.actor_rollout_ref.rollout.max_num_seqs = 1000
+    cfg.trainer.total_training_steps = 2
+    with caplog.at_level(logging.INFO, logger="asyncrl.sim.runner"):
+        res = simulate(cfg, _cost())
+    said = [r for r in caplog.records if "max_num_seqs=1000" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "unit's 256 seats per replica" in said[0].getMessage()
+    row = res.summary()
+    assert (row["max_num_seqs"], row["max_num_seqs_asked"]) == (256, 1000)
+
+
 # ---------------------------------------------------------------------------------------------- arguments
 
 
@@ -209,3 +241,20 @@ def test_simulate_refuses_arguments_it_does_not_take_by_name(kw, error, says):
         simulate(config, cost, **args)
 
 
+# ---------------------------------------------------------------------------------------------- the summary row
+
+
+def test_the_summary_row_blanks_what_does_not_apply_and_counts_the_gpus_used():
+    """``partial_rollout_mode`` read "abort" in a run without partial rollout, colocated rows read
+    ``partial_rollout=True``; ``gpus``: rollout + trainer for async runs, the one shared pool when colocated."""
+    rows = {}
+    for mode, kw in (("c", {"rollout_gpus": 3, "train_gpus": 2}), ("d", {}), ("colocated", {"rollout_gpus": 2})):
+        cfg = _config(mode)
+        cfg.trainer.total_training_steps = 2
+        rows[mode] = simulate(cfg, _cost(), **kw).summary()
+    assert (rows["c"]["partial_rollout"], rows["c"]["partial_rollout_mode"]) == (False, "-")
+    assert (rows["d"]["partial_rollout"], rows["d"]["partial_rollout_mode"]) == (True, "abort")
+    assert rows["colocated"]["partial_rollout"] == rows["colocated"]["partial_rollout_mode"] == "-"
+    assert (rows["c"]["rollout_gpus"], rows["c"]["train_gpus"], rows["c"]["gpus"]) == (3, 2, 5)
+    assert rows["d"]["gpus"] == 2
+    assert (rows["colocated"]["rollout_gpus"], rows["colocated"]["train_gpus"], rows["colocated"]["gpus"]) == (2, 2, 2)

@@ -101,7 +101,8 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         cost: the cluster cost model (:data:`asyncrl.sim.PRESETS` builds the named ones).
         rollout_gpus: GPUs for the replicas (default ``rollout.num_replicas x cost.rollout.gpus``).
         train_gpus: trainer GPUs (default ``cost.train.n_ranks x gpus_per_rank``); with ``hybrid_engine`` both
-            default to the larger of the two and must be equal when given.
+            default to the larger of the two and must be equal when given: one pool, which ``summary()["gpus"]``
+            counts once (async runs: ``rollout_gpus + train_gpus``). CPU presets count units of cores instead.
         token_scale: real tokens per simulated token, a whole number >= 1 (28K-token responses need ~64).
         name: label in tables.
         natural_length: ``fn(request_id, prompt_ids) -> real tokens`` for requests that stop at EOS;
@@ -121,9 +122,15 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     trainer step). Everything runs in this process and Ray is never started: agent-loop workers run in process
     whatever ``rollout.agent.num_workers`` says (logged at INFO).
 
+    ``trainer.total_time_s`` is honoured, in simulated seconds: the run stops where the real run on that hardware
+    would (a recipe's CPU-demo budget cuts a GPU run short; set it to 0 to run every step). ``result.stop_reason``
+    and ``summary()["stop_reason"]`` say which ended the run, and a stop on the time budget before the last step
+    is logged as a WARNING.
+
     Each replica decodes at most ``min(cost.rollout.max_num_seqs, rollout.max_num_seqs)`` sequences at once (the
     cost model's seats, or fewer where the config asks for fewer; ``result.config`` and ``summary()["max_num_seqs"]``
-    hold the number used, and a config asking for more than the cost model has is logged).
+    hold the number used, ``summary()["max_num_seqs_asked"]`` the config's, and a config asking for more than the
+    cost model has is logged as a WARNING).
 
     Returns:
         A :class:`SimResult`.
@@ -163,10 +170,11 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
                                    train=dataclasses.replace(cost.train, contention=0.0))
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
     # the engine's seats: the cost model's, or fewer where the config asks for fewer (rollout.max_num_seqs)
-    seats = min(cost.rollout.max_num_seqs, cfg.actor_rollout_ref.rollout.max_num_seqs)
-    if seats < cfg.actor_rollout_ref.rollout.max_num_seqs:
-        logger.info("simulate: rollout.max_num_seqs=%d is more than the cost model's %d seats per replica: %d used",
-                    cfg.actor_rollout_ref.rollout.max_num_seqs, seats, seats)
+    asked = cfg.actor_rollout_ref.rollout.max_num_seqs
+    seats = min(cost.rollout.max_num_seqs, asked)
+    if seats < asked:
+        logger.warning("simulate: rollout.max_num_seqs=%d is more than %s's %d seats per replica: %d used",
+                       asked, cost.name, seats, seats)
     cost = dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, max_num_seqs=seats))
     cfg.actor_rollout_ref.rollout.max_num_seqs = seats
     cfg.trainer.test_freq = 0
@@ -181,7 +189,11 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
                                        *rows))
     finally:
         torch.set_num_threads(threads)
-    result.rollout_gpus, result.train_gpus = rollout_gpus, train_gpus
+    result.rollout_gpus, result.train_gpus, result.max_num_seqs_asked = rollout_gpus, train_gpus, asked
+    if result.stopped_by.startswith("total_time_s"):
+        logger.warning("simulate %s: stopped by trainer.total_time_s=%g simulated seconds after %d of %d steps "
+                       "(set trainer.total_time_s=0 to run every step)", result.name, cfg.trainer.total_time_s,
+                       len(result.history), result.steps_asked)
     return result
 
 
@@ -321,7 +333,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=_with_trainer_drops(ro, status),
         timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots,
         response_length_counts=status.get("response_length_counts", {}),
-        stale_length_counts=status.get("stale_length_counts", {}))
+        stale_length_counts=status.get("stale_length_counts", {}), stop_reason=status.get("stop_reason", ""),
+        steps_asked=cfg.trainer.total_training_steps)
 
 
 def _with_trainer_drops(ro: dict, status: dict) -> dict:
