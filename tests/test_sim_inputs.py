@@ -17,12 +17,12 @@ import pickle
 
 import pytest
 
-from asyncrl.config import ExperimentConfig, load_config
+from asyncrl.config import ConfigError, ExperimentConfig, load_config
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.sim import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel, simulate
 from asyncrl.sim.clock import run
 from asyncrl.sim.engines import CostModelInferenceEngine
-from test_sim import _cost
+from test_sim import _config, _cost
 
 # ---------------------------------------------------------------------------------------------- no Ray
 
@@ -67,6 +67,23 @@ def test_simulated_modules_cannot_start_ray_or_pickle_an_in_process_handle():
         with pytest.raises(RuntimeError, match="never starts Ray"):
             worker.ray.init()
     assert worker.ray.remote is not None and worker.ray.__name__ == "ray"  # the real module is back
+
+
+# ---------------------------------------------------------------------------------------------- pre-flight
+
+
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize("key, value, says", [
+    ("max_prompt_length", 1, r"only 0 of \d+ prompts fit data.max_prompt_length=1 tokens"),
+    ("train_size", 10, r"the training data has 10 prompts but one trainer step needs required_samples"),
+], ids=["max_prompt_length", "train_size"])
+def test_simulate_refuses_data_that_can_never_fill_a_step_as_a_real_run_does(key, value, says):
+    """``asyncrl train`` refuses these before starting (:func:`asyncrl.watchdog.check_can_fill_batch`); ``asyncrl sim``
+    spun at 100% CPU forever (every prompt too long) or ran on 10 prompts where a step needs 32."""
+    cfg = _config("d")
+    setattr(cfg.data, key, value)
+    with pytest.raises(ConfigError, match=says):
+        simulate(cfg, _cost())
 
 
 # ---------------------------------------------------------------------------------------------- cost models
@@ -163,3 +180,81 @@ def test_a_decode_interval_too_small_for_the_clock_still_finishes_its_requests()
     assert len(out.token_ids) == 100 and out.stop_reason == "length" and t == pytest.approx(1e6)
 
 
+# ---------------------------------------------------------------------------------------------- how a run ended
+
+
+def test_a_run_cut_short_by_its_time_budget_says_so(caplog):
+    """``trainer.total_time_s`` counts simulated seconds: the recipes' CPU-demo budget (450-600 s) ended a 7B run at
+    step 24 of 300 with nothing in the result or the table to say why."""
+    cfg = _config("d")
+    cfg.trainer.total_time_s = 3.0
+    with caplog.at_level(logging.WARNING, logger="asyncrl.sim.runner"):
+        cut = simulate(cfg, _cost())
+    row = cut.summary()
+    assert len(cut.history) < 6 and row["steps"] == len(cut.history) and row["steps_asked"] == cut.steps_asked == 6
+    assert row["stop_reason"] == "total_time_s=3 (simulated s)"
+    assert cut.stop_reason.startswith("time budget trainer.total_time_s=3 reached at step")
+    assert any(r.levelno == logging.WARNING and "stopped by trainer.total_time_s=3 simulated seconds after "
+               f"{len(cut.history)} of 6 steps" in r.getMessage() for r in caplog.records)
+    whole = simulate(_config("d"), _cost())
+    assert whole.summary()["stop_reason"] == "steps" and whole.stop_reason == "trainer.total_training_steps=6 reached"
+
+
+def test_seats_above_the_cost_models_are_a_warning_and_the_row_shows_asked_and_used(caplog):
+    cfg = _config("d")
+    cfg.actor_rollout_ref.rollout.max_num_seqs = 1000
+    cfg.trainer.total_training_steps = 2
+    with caplog.at_level(logging.INFO, logger="asyncrl.sim.runner"):
+        res = simulate(cfg, _cost())
+    said = [r for r in caplog.records if "max_num_seqs=1000" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "unit's 256 seats per replica" in said[0].getMessage()
+    row = res.summary()
+    assert (row["max_num_seqs"], row["max_num_seqs_asked"]) == (256, 1000)
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.timeout(60, method="thread")  # before: max_rows=0 or a natural_length that is not a function ran forever
+@pytest.mark.parametrize("kw, error, says", [
+    ({"cost": "h20-qwen2.5-7b"}, TypeError, r"simulate: cost='h20-qwen2.5-7b' \(str\) is not valid: expected an "
+     r"asyncrl.sim.ClusterCostModel .*'h20-qwen2.5-7b'"),
+    ({"config": {"trainer.total_training_steps": 2}}, TypeError, r"simulate: config=.* \(dict\) is not valid"),
+    ({"token_scale": 0}, ValueError, r"token_scale \(--token-scale\) is real tokens per simulated token, at least 1; got 0"),
+    ({"token_scale": -64}, ValueError, r"token_scale .* at least 1; got -64"),
+    ({"token_scale": 1.5}, TypeError, r"simulate: token_scale=1\.5 \(float\) is not valid: expected a whole number"),
+    ({"token_scale": "64"}, TypeError, r"simulate: token_scale='64' \(str\)"),
+    ({"rollout_gpus": 2.0}, TypeError, r"simulate: rollout_gpus=2\.0 \(float\) is not valid"),
+    ({"snapshot_every_s": -1.0}, ValueError, r"simulate: snapshot_every_s=-1\.0 is not valid"),
+    ({"max_rows": 0}, ValueError, r"simulate: max_rows=0 is not valid"),
+    ({"natural_length": 5}, TypeError, r"simulate: natural_length=5 is not valid: expected a function or None"),
+    ({"name": 3}, TypeError, r"simulate: name=3 \(int\)"),
+], ids=["cost_str", "config_dict", "token_scale_0", "token_scale_negative", "token_scale_float", "token_scale_str",
+        "rollout_gpus_float", "snapshot_negative", "max_rows_0", "natural_length", "name"])
+def test_simulate_refuses_arguments_it_does_not_take_by_name(kw, error, says):
+    """A preset's name where its cost model goes was ``AttributeError: 'str' object has no attribute 'rollout'``; a
+    float token scale ran, rounded down inside the engine."""
+    args = {"config": _config("d"), "cost": _cost()}
+    args.update(kw)
+    config, cost = args.pop("config"), args.pop("cost")
+    with pytest.raises(error, match=says):
+        simulate(config, cost, **args)
+
+
+# ---------------------------------------------------------------------------------------------- the summary row
+
+
+def test_the_summary_row_blanks_what_does_not_apply_and_counts_the_gpus_used():
+    """``partial_rollout_mode`` read "abort" in a run without partial rollout, colocated rows read
+    ``partial_rollout=True``; ``gpus``: rollout + trainer for async runs, the one shared pool when colocated."""
+    rows = {}
+    for mode, kw in (("c", {"rollout_gpus": 3, "train_gpus": 2}), ("d", {}), ("colocated", {"rollout_gpus": 2})):
+        cfg = _config(mode)
+        cfg.trainer.total_training_steps = 2
+        rows[mode] = simulate(cfg, _cost(), **kw).summary()
+    assert (rows["c"]["partial_rollout"], rows["c"]["partial_rollout_mode"]) == (False, "-")
+    assert (rows["d"]["partial_rollout"], rows["d"]["partial_rollout_mode"]) == (True, "abort")
+    assert rows["colocated"]["partial_rollout"] == rows["colocated"]["partial_rollout_mode"] == "-"
+    assert (rows["c"]["rollout_gpus"], rows["c"]["train_gpus"], rows["c"]["gpus"]) == (3, 2, 5)
+    assert rows["d"]["gpus"] == 2
+    assert (rows["colocated"]["rollout_gpus"], rows["colocated"]["train_gpus"], rows["colocated"]["gpus"]) == (2, 2, 2)

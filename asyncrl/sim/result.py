@@ -33,6 +33,14 @@ class SimResult:
         snapshots: ``(t, status)`` every ``snapshot_every_s``, ``status`` shaped like
             ``Experiment.status_async()`` (what the widgets read).
         replicas / train_ranks: the resources simulated.
+        rollout_gpus / train_gpus: GPUs (CPU units for a CPU preset) of each side; colocated (``hybrid_engine``):
+            both are the one shared pool (:attr:`gpus`: the run's total).
+        stop_reason: why the trainer stopped, its own words as in a real run's summary (e.g.
+            ``"trainer.total_training_steps=6 reached"``, ``"time budget trainer.total_time_s=600 reached at step
+            24/300"``: ``total_time_s`` counts simulated seconds).
+        steps_asked: ``trainer.total_training_steps`` (``len(history)`` is the steps run).
+        max_num_seqs_asked: the config's ``rollout.max_num_seqs`` (``config`` holds the seats used, at most
+            the cost model's).
     """
 
     name: str
@@ -54,6 +62,26 @@ class SimResult:
     snapshots: list = field(default_factory=list)
     response_length_counts: dict = field(default_factory=dict)
     stale_length_counts: dict = field(default_factory=dict)
+    stop_reason: str = ""
+    steps_asked: int = 0
+    max_num_seqs_asked: int = 0
+
+    @property
+    def gpus(self) -> int:
+        """GPUs (CPU units) the run occupies: the shared pool when colocated, else rollout + trainer."""
+        if self.config.actor_rollout_ref.hybrid_engine:
+            return max(self.rollout_gpus, self.train_gpus)
+        return self.rollout_gpus + self.train_gpus
+
+    @property
+    def stopped_by(self) -> str:
+        """``"steps"`` (every step asked ran), ``"total_time_s=<s> (simulated s)"`` (the time budget ended the run
+        first), else the trainer's :attr:`stop_reason`."""
+        if len(self.history) >= self.steps_asked:
+            return "steps"
+        if "total_time_s" in self.stop_reason:
+            return f"total_time_s={self.config.trainer.total_time_s:g} (simulated s)"
+        return self.stop_reason or "-"
 
     @property
     def responses_per_s(self) -> float:
@@ -78,23 +106,32 @@ class SimResult:
 
     def summary(self) -> dict:
         """One row for a comparison table (:func:`asyncrl.sim.sweep.sweep` makes one per point): the config's async
-        keys, GPUs, samples/s, step time, idle ratios, version lag, and ``dropped_stale``: prompt groups the staleness
-        bound dropped (at the trainer or in generation)."""
+        keys, GPUs (``gpus``: the total, :attr:`gpus`), steps run and asked and ``stop_reason`` (:attr:`stopped_by`),
+        samples/s, step time, idle ratios, version lag, decode seats (``max_num_seqs`` used, ``max_num_seqs_asked``),
+        and ``dropped_stale``: prompt groups the staleness bound dropped (at the trainer or in generation).
+
+        ``partial_rollout`` and ``partial_rollout_mode`` read ``"-"`` where they do not apply: colocated rows
+        (each step generates its whole batch: nothing is in flight at a sync) and the mode without partial rollout.
+        """
         at = self.config.async_training
+        hybrid = self.config.actor_rollout_ref.hybrid_engine
         lags = self.lag_counts
         total = max(1, sum(lags.values()))
         return {
             "run": self.name,
-            "hybrid_engine": self.config.actor_rollout_ref.hybrid_engine,
+            "hybrid_engine": hybrid,
             "staleness_threshold": at.staleness_threshold,
             "trigger_parameter_sync_step": at.trigger_parameter_sync_step,
-            "partial_rollout": at.partial_rollout,
-            "partial_rollout_mode": getattr(at, "partial_rollout_mode", "abort"),
+            "partial_rollout": "-" if hybrid else at.partial_rollout,
+            "partial_rollout_mode": "-" if hybrid or not at.partial_rollout else at.partial_rollout_mode,
             "rollout_gpus": self.rollout_gpus,
             "train_gpus": self.train_gpus,
+            "gpus": self.gpus,
             "replicas": self.replicas,
             "train_ranks": self.train_ranks,
             "steps": len(self.history),
+            "steps_asked": self.steps_asked,
+            "stop_reason": self.stopped_by,
             "wall_s": self.wall_s,
             "step_s": self.step_time(),
             "samples_per_s": self.samples_per_s,
@@ -104,6 +141,7 @@ class SimResult:
             "lag_mean": sum(int(k) * v for k, v in lags.items()) / total,
             "lag_max": max((int(k) for k in lags), default=0),
             "max_num_seqs": self.config.actor_rollout_ref.rollout.max_num_seqs,  # seats per replica, as simulated
+            "max_num_seqs_asked": self.max_num_seqs_asked or self.config.actor_rollout_ref.rollout.max_num_seqs,
             "scheduling_policy": self.config.actor_rollout_ref.rollout.scheduling_policy,
             # prompt groups the staleness bound cost: dropped at the trainer or ended in generation
             "dropped_stale": sum(self.accounting.get("dropped", {}).get(r, 0)

@@ -26,6 +26,8 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import math
+import numbers
 import random
 from typing import Any, Callable, Iterator, Optional
 
@@ -96,16 +98,17 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     Args:
         config: an experiment config (any task; use ``data.length_workload`` for the response lengths).
             With ``actor_rollout_ref.hybrid_engine`` the replicas and the trainer share all GPUs.
-        cost: the cluster cost model.
+        cost: the cluster cost model (:data:`asyncrl.sim.PRESETS` builds the named ones).
         rollout_gpus: GPUs for the replicas (default ``rollout.num_replicas x cost.rollout.gpus``).
         train_gpus: trainer GPUs (default ``cost.train.n_ranks x gpus_per_rank``); with ``hybrid_engine`` both
-            default to the larger of the two and must be equal when given.
-        token_scale: real tokens per simulated token (28K-token responses need ~64).
+            default to the larger of the two and must be equal when given: one pool, which ``summary()["gpus"]``
+            counts once (async runs: ``rollout_gpus + train_gpus``). CPU presets count units of cores instead.
+        token_scale: real tokens per simulated token, a whole number >= 1 (28K-token responses need ~64).
         name: label in tables.
         natural_length: ``fn(request_id, prompt_ids) -> real tokens`` for requests that stop at EOS;
             default: the rows' correct-answer lengths when they carry them (``longtail``), else
             ``max_tokens``.
-        snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds.
+        snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds (0: never).
         max_rows: at most this many dataset rows are built (epochs repeat them).
         gradient_fraction: ``fraction(real response tokens)``: the chance a trained row of that length has a
             non-zero advantage (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). When the
@@ -114,21 +117,35 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             per priced token of trained rows (``measure_train``'s ``s_per_trained_priced_token``). ``None``: every
             row is priced, with ``s_per_priced_token``.
 
+    The run is checked as :meth:`asyncrl.experiment.Experiment.start` checks a real one before anything starts
+    (:func:`asyncrl.watchdog.check_can_fill_batch`: enough prompts, within ``data.max_prompt_length``, for one
+    trainer step). Everything runs in this process and Ray is never started: agent-loop workers run in process
+    whatever ``rollout.agent.num_workers`` says (logged at INFO).
+
+    ``trainer.total_time_s`` is honoured, in simulated seconds: the run stops where the real run on that hardware
+    would (a recipe's CPU-demo budget cuts a GPU run short; set it to 0 to run every step). ``result.stop_reason``
+    and ``summary()["stop_reason"]`` say which ended the run, and a stop on the time budget before the last step
+    is logged as a WARNING.
+
     Each replica decodes at most ``min(cost.rollout.max_num_seqs, rollout.max_num_seqs)`` sequences at once (the
     cost model's seats, or fewer where the config asks for fewer; ``result.config`` and ``summary()["max_num_seqs"]``
-    hold the number used, and a config asking for more than the cost model has is logged).
-
-    Everything runs in this process and Ray is never started: agent-loop workers run in process whatever
-    ``rollout.agent.num_workers`` says (logged at INFO).
+    hold the number used, ``summary()["max_num_seqs_asked"]`` the config's, and a config asking for more than the
+    cost model has is logged as a WARNING).
 
     Returns:
         A :class:`SimResult`.
 
     Raises:
+        TypeError: ``config`` not an :class:`ExperimentConfig`, ``cost`` not a :class:`ClusterCostModel`, or an
+            argument of the wrong type (``token_scale`` / GPU counts not whole numbers, ...).
+        ValueError: ``snapshot_every_s`` negative or ``max_rows`` below 1.
         asyncrl.config.ConfigError: a value of the wrong type in ``config``, a GPU count below 1 or not whole
-            replicas / trainer ranks of ``cost``, a ``token_scale`` below 1, or unequal counts with ``hybrid_engine``.
+            replicas / trainer ranks of ``cost``, a ``token_scale`` below 1, unequal counts with ``hybrid_engine``,
+            or data that can never fill one trainer step.
         asyncrl.sim.clock.SimulationStalled: the simulated system deadlocked.
     """
+    _check_arguments(config, cost, name=name, snapshot_every_s=snapshot_every_s, max_rows=max_rows,
+                     natural_length=natural_length, gradient_fraction=gradient_fraction)
     cfg = copy.deepcopy(config)
     check_types(cfg)  # the seats below compare a config value before validate() runs
     cfg.trainer.progress_bar = False
@@ -153,33 +170,78 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
                                    train=dataclasses.replace(cost.train, contention=0.0))
     cfg.actor_rollout_ref.rollout.num_replicas = replicas
     # the engine's seats: the cost model's, or fewer where the config asks for fewer (rollout.max_num_seqs)
-    seats = min(cost.rollout.max_num_seqs, cfg.actor_rollout_ref.rollout.max_num_seqs)
-    if seats < cfg.actor_rollout_ref.rollout.max_num_seqs:
-        logger.info("simulate: rollout.max_num_seqs=%d is more than the cost model's %d seats per replica: %d used",
-                    cfg.actor_rollout_ref.rollout.max_num_seqs, seats, seats)
+    asked = cfg.actor_rollout_ref.rollout.max_num_seqs
+    seats = min(cost.rollout.max_num_seqs, asked)
+    if seats < asked:
+        logger.warning("simulate: rollout.max_num_seqs=%d is more than %s's %d seats per replica: %d used",
+                       asked, cost.name, seats, seats)
     cost = dataclasses.replace(cost, rollout=dataclasses.replace(cost.rollout, max_num_seqs=seats))
     cfg.actor_rollout_ref.rollout.max_num_seqs = seats
     cfg.trainer.test_freq = 0
     cfg.trainer.cpu_affinity = cfg.actor_rollout_ref.rollout.cpu_affinity = ""  # never pin this process
     validate(cfg)
+    rows = _rows(cfg, max_rows, natural_length)  # a run that can never complete a step stops here, as a real one
     import torch
 
     threads = torch.get_num_threads()  # the trainer sets torch's thread count; give it back afterwards
     try:
-        result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, natural_length, snapshot_every_s, max_rows,
-                                       gradient_fraction))
+        result = run(lambda: _simulate(cfg, cost, replicas, token_scale, name, snapshot_every_s, gradient_fraction,
+                                       *rows))
     finally:
         torch.set_num_threads(threads)
-    result.rollout_gpus, result.train_gpus = rollout_gpus, train_gpus
+    result.rollout_gpus, result.train_gpus, result.max_num_seqs_asked = rollout_gpus, train_gpus, asked
+    if result.stopped_by.startswith("total_time_s"):
+        logger.warning("simulate %s: stopped by trainer.total_time_s=%g simulated seconds after %d of %d steps "
+                       "(set trainer.total_time_s=0 to run every step)", result.name, cfg.trainer.total_time_s,
+                       len(result.history), result.steps_asked)
     return result
 
 
+def _whole(name: str, value: Any, what: str, optional: bool = False) -> None:
+    """``TypeError`` unless ``value`` is a whole number (or None when ``optional``); ``what`` it counts."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"simulate: {name}={value!r} ({type(value).__name__}) is not valid: expected a whole number "
+                        f">= 1 of {what}" + (", or None" if optional else ""))
+
+
+def _check_arguments(config: Any, cost: Any, **kw: Any) -> None:
+    """``TypeError`` / ``ValueError`` for an argument of :func:`simulate` that is not what it takes."""
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"simulate: config={config!r:.80} ({type(config).__name__}) is not valid: expected an "
+                        "asyncrl.config.ExperimentConfig (asyncrl.recipes, asyncrl.config.load_config)")
+    if not isinstance(cost, ClusterCostModel):
+        from asyncrl.sim.presets import PRESETS
+
+        raise TypeError(f"simulate: cost={cost!r:.80} ({type(cost).__name__}) is not valid: expected an "
+                        f"asyncrl.sim.ClusterCostModel (a preset by name: asyncrl.sim.PRESETS[name]() for a name in "
+                        f"{sorted(PRESETS)})")
+    if not isinstance(kw["name"], str):
+        raise TypeError(f"simulate: name={kw['name']!r} ({type(kw['name']).__name__}) is not valid: expected a str")
+    for arg in ("natural_length", "gradient_fraction"):
+        if kw[arg] is not None and not callable(kw[arg]):
+            raise TypeError(f"simulate: {arg}={kw[arg]!r:.80} is not valid: expected a function or None")
+    every = kw["snapshot_every_s"]
+    if isinstance(every, bool) or not isinstance(every, numbers.Real):
+        raise TypeError(f"simulate: snapshot_every_s={every!r} ({type(every).__name__}) is not valid: expected a number")
+    if not (math.isfinite(every) and every >= 0):
+        raise ValueError(f"simulate: snapshot_every_s={every!r} is not valid: expected finite virtual seconds >= 0 "
+                         "(0: no snapshots)")
+    _whole("max_rows", kw["max_rows"], "dataset rows")
+    if kw["max_rows"] < 1:
+        raise ValueError(f"simulate: max_rows={kw['max_rows']} is not valid: expected at least 1 dataset row")
+
+
 def _check_split(cost: ClusterCostModel, rollout_gpus: Optional[int], train_gpus: Optional[int], token_scale: int) -> None:
-    """:class:`ConfigError` for a split :meth:`ClusterCostModel.with_split` would round silently."""
+    """:class:`ConfigError` for a split :meth:`ClusterCostModel.with_split` would round silently (``TypeError`` for a
+    count that is not a whole number)."""
+    _whole("token_scale", token_scale, "real tokens per simulated token")
     if token_scale < 1:
         raise ConfigError(f"token_scale (--token-scale) is real tokens per simulated token, at least 1; got {token_scale}")
     for name, n, unit, what in (("rollout_gpus", rollout_gpus, cost.rollout.gpus, "GPUs per rollout replica (tensor parallel)"),
                                 ("train_gpus", train_gpus, cost.train.gpus_per_rank, "GPUs per trainer rank")):
+        _whole(name, n, "GPUs", optional=True)
         if n is None:
             continue
         if n < 1:
@@ -189,10 +251,30 @@ def _check_split(cost: ClusterCostModel, rollout_gpus: Optional[int], train_gpus
                               f"got {n} (try {max(unit, n // unit * unit)})")
 
 
-async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
-                    natural_length: Optional[Callable[..., int]], snapshot_every_s: float, max_rows: int,
-                    gradient_fraction: Optional[Callable[[float], float]] = None) -> SimResult:
+def _rows(cfg: ExperimentConfig, max_rows: int, natural_length: Optional[Callable[..., int]]) -> tuple:
+    """``(train rows, val rows, natural_length)``, after the checks a real run makes of its data before it starts
+    (:func:`asyncrl.watchdog.check_can_fill_batch`, as :meth:`asyncrl.experiment.Experiment.start`); the default
+    ``natural_length`` of rows that carry their answers' lengths."""
     from asyncrl.data.dataset import get_task_rows, task_options
+    from asyncrl.models import load_tokenizer
+    from asyncrl.watchdog import check_can_fill_batch
+
+    d = cfg.data
+    opts = task_options(d)
+    train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators, **opts)
+    val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators, **opts)
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    check_can_fill_batch(train, cfg, tok)
+    if natural_length is None and d.length_workload.distribution == "none":
+        from asyncrl.sim.workload import lengths_from_rows
+
+        natural_length = lengths_from_rows(train, tok)  # e.g. longtail: answers at their correct length
+    return train, val, natural_length
+
+
+async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: int, token_scale: int, name: str,
+                    snapshot_every_s: float, gradient_fraction: Optional[Callable[[float], float]], train: list,
+                    val: list, natural_length: Optional[Callable[..., int]]) -> SimResult:
     from asyncrl.message_queue import MessageQueue, _MessageQueueActor
     from asyncrl.rollout.load_balancer import LocalRequestLoadBalancer
     from asyncrl.rollout.replica import _ReplicaActor
@@ -202,17 +284,7 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
 
     loop = asyncio.get_running_loop()
     timeline = Timeline()
-    d = cfg.data
-    opts = task_options(d)
-    train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators, **opts)
-    val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators, **opts)
     budget = sample_budget(cfg)
-    if natural_length is None and cfg.data.length_workload.distribution == "none":
-        from asyncrl.models import load_tokenizer
-        from asyncrl.sim.workload import lengths_from_rows
-
-        tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
-        natural_length = lengths_from_rows(train, tok)  # e.g. longtail: answers at their correct length
     import asyncrl.watchdog  # noqa: F401 - imported lazily by the trainer: load it now so its clock is virtual too
     with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline,
                                                                           cfg.actor_rollout_ref.hybrid_engine,
@@ -261,7 +333,8 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         rollouter_idle_ratio=ro["idle_ratio"], lag_counts=status["lag_counts"], accounting=_with_trainer_drops(ro, status),
         timeline=timeline, replicas=n_replicas, train_ranks=cost.train.n_ranks, snapshots=snapshots,
         response_length_counts=status.get("response_length_counts", {}),
-        stale_length_counts=status.get("stale_length_counts", {}))
+        stale_length_counts=status.get("stale_length_counts", {}), stop_reason=status.get("stop_reason", ""),
+        steps_asked=cfg.trainer.total_training_steps)
 
 
 def _with_trainer_drops(ro: dict, status: dict) -> dict:
