@@ -119,11 +119,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     except ConfigError as exc:
         return user_error(str(exc))
     res = simulate(cfg, cost, rollout_gpus=r_gpus, train_gpus=t_gpus, token_scale=args.token_scale)
-    from asyncrl.sim.sweep import with_total_gpus
-
-    row = with_total_gpus(res.summary())
-    if row["hybrid_engine"]:  # colocated: each step generates its whole batch, so partial rollouts never happen
-        row["partial_rollout"] = row["partial_rollout_mode"] = "-"
+    row = res.summary()  # its partial_rollout columns read "-" where they do not apply (colocated, off)
     units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
           f"rollout_gpus / train_gpus count {units}{keyed}, gpus in all (colocated: one pool); the *_s columns are "

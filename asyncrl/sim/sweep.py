@@ -154,22 +154,6 @@ def _check_arguments(base: Any, cost: Any, token_scale: Any, rollout_gpus: Any, 
                             f"{', '.join(passed)}" + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
-def with_total_gpus(row: dict) -> dict:
-    """``row`` (a :meth:`SimResult.summary`) with ``gpus``, the GPUs the run holds in all, after ``train_gpus``:
-    ``rollout_gpus + train_gpus`` when async, the one pool ``rollout_gpus`` (== ``train_gpus``) when colocated
-    (``hybrid_engine``). A row that has ``gpus`` already is returned as it is."""
-    if "gpus" in row or "rollout_gpus" not in row:
-        return row
-    total = row["rollout_gpus"] if row.get("hybrid_engine") else row["rollout_gpus"] + row["train_gpus"]
-    out = {}
-    for k, v in row.items():
-        out[k] = v
-        if k == "train_gpus":
-            out["gpus"] = total
-    out.setdefault("gpus", total)
-    return out
-
-
 def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterable[Any]], *,
           token_scale: int = 1, rollout_gpus: Optional[int] = None, train_gpus: Optional[int] = None,
           keep_results: bool = False, **simulate_kw: Any):
@@ -230,7 +214,7 @@ def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterab
             row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
             continue
-        row.update({k: v for k, v in with_total_gpus(res.summary()).items() if k not in row})
+        row.update({k: v for k, v in res.summary().items() if k not in row})
         if keep_results:
             row["result"] = res
         rows.append(row)
