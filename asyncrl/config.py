@@ -176,6 +176,34 @@ HINTS: dict[tuple, str] = {**ALGORITHM_HINTS,
                            ("actor_rollout_ref.actor.strategy", "megatron"): "not available; use fsdp2"}
 
 
+# size and token-length keys that no value below a minimum can serve: dotted key -> (minimum, what a smaller value would do)
+# (a null of an Optional key is its "off" and is not checked)
+MINIMUMS: dict[str, tuple[int, str]] = {
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (
+        1, "the token budget of one micro-batch with actor_rollout_ref.actor.use_dynamic_bsz=true: 0 would quietly "
+           "fall back to ppo_micro_batch_size rows, a negative budget would train one row at a time"),
+    "actor_rollout_ref.actor.ppo_epochs": (1, "passes over each batch: 0 would fetch every batch and train on none"),
+    "critic.ppo_epochs": (1, "critic passes over each mini-batch: 0 would never train the value model"),
+    "data.max_prompt_length": (1, "longer prompts are dropped: below 1 every prompt would be"),
+    "actor_rollout_ref.rollout.max_model_len": (2, "prompt + response tokens per sequence: room for one prompt token "
+                                                   "and one generated token at least"),
+    "actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn": (
+        1, "the completion budget of one model call, or null for the rollout's response_length: 0 would quietly mean "
+           "null, a negative value would be sent to the engine as max_tokens"),
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": (
+        0, "characters of a tool message kept: a negative value would cut characters off the end instead"),
+}
+
+
+def check_minimums(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` naming the key, its value and the least value accepted for a key of
+    :data:`MINIMUMS` below its minimum."""
+    for key, (least, why) in MINIMUMS.items():
+        value = _get(cfg, key)
+        if value is not None and value < least:
+            raise ConfigError(f"{key}={value} is not valid: use >= {least} ({why})")
+
+
 def check_choice(key: str, value: Any, choices: Any) -> None:
     """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``value`` is one of ``choices``
     (a tuple, or a :class:`RegistryChoice`)."""
@@ -204,6 +232,7 @@ def validate(cfg: ExperimentConfig) -> None:
                      CHOICES["actor_rollout_ref.rollout.scheduling_policy"])
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
+    check_minimums(cfg)
     for name, value in [
         ("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step),
         ("async_training.require_batches", at.require_batches),

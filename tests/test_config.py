@@ -230,3 +230,39 @@ def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monk
     cfg.trainer.logger = [["console"]]
     with pytest.raises(ConfigError, match="expected a list of str"):
         validate(cfg)
+
+
+@pytest.mark.parametrize("dynamic", ["true", "false"])
+@pytest.mark.parametrize("budget", [0, -1])
+def test_a_token_budget_below_one_is_refused_with_or_without_dynamic_bsz(dynamic, budget):
+    """``ppo_max_token_len_per_gpu=0`` with ``use_dynamic_bsz=true`` quietly trained fixed ``ppo_micro_batch_size``
+    micro-batches (``chunk_rows`` reads a falsy budget as "no budget"), ``-1`` trained one row per micro-batch; both
+    passed validation, from the command line and from Python, whether or not ``use_dynamic_bsz`` was on."""
+    from asyncrl.config import validate
+
+    key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    says = rf"{key}={budget} is not valid: use >= 1 \(the token budget of one micro-batch with .*use_dynamic_bsz=true"
+    with pytest.raises(ConfigError, match=says):
+        load_config(overrides=[f"actor_rollout_ref.actor.use_dynamic_bsz={dynamic}", f"{key}={budget}"])
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.actor.use_dynamic_bsz = dynamic == "true"
+    cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = budget
+    with pytest.raises(ConfigError, match=says):
+        validate(cfg)
+    assert load_config(overrides=[f"actor_rollout_ref.actor.use_dynamic_bsz={dynamic}", f"{key}=1"])
+
+
+def test_every_size_and_token_length_key_refuses_a_value_below_its_minimum():
+    """The siblings of ``ppo_max_token_len_per_gpu`` (``ppo_epochs=0`` trained nothing, ``data.max_prompt_length=0``
+    dropped every prompt, ``max_tokens_per_turn=-1`` went to the engine ...): each key of ``MINIMUMS`` is refused one
+    below its minimum, naming the key, the value and the minimum, and taken at it; an Optional key takes null."""
+    from asyncrl.config import MINIMUMS
+
+    assert {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
+            "critic.ppo_epochs", "data.max_prompt_length"} <= set(MINIMUMS)
+    for key, (least, _) in MINIMUMS.items():
+        with pytest.raises(ConfigError, match=rf"^{key}={least - 1} is not valid: use >= {least} \("):
+            load_config(overrides=[f"{key}={least - 1}"])
+        load_config(overrides=[f"{key}={least}"])
+    assert load_config(overrides=["actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn=null"]) \
+        .actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn is None
