@@ -122,7 +122,7 @@ class Experiment:
                 can never fill one trainer step (fewer prompts than ``required_samples``, or too few
                 within ``data.max_prompt_length``).
         """
-        from asyncrl.data.dataset import get_task_rows, load_rows, task_options
+        from asyncrl.data.dataset import run_rows
         from asyncrl.message_queue import MessageQueue
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
         from asyncrl.rollout.replica import RolloutReplica
@@ -132,10 +132,8 @@ class Experiment:
 
         cfg = self.config
         self.t_start = time.time()
-        d = cfg.data  # data first: a bad task name or file fails before any process starts
-        opts = task_options(d)
-        train = load_rows(d.train_files) if d.train_files else get_task_rows(d.task, "train", d.train_size, cfg.trainer.seed, d.operators, **opts)
-        val = load_rows(d.val_files) if d.val_files else get_task_rows(d.task, "test", d.val_size, cfg.trainer.seed, d.operators, **opts)
+        # data first: a bad task name or file fails before any process starts
+        train, val = run_rows(cfg.data, "train", cfg.trainer.seed), run_rows(cfg.data, "test", cfg.trainer.seed)
         self._check_data(train)  # a run that can never complete a step stops here, with the reason
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)

@@ -127,3 +127,20 @@ def test_get_task_rows_and_registry():
         assert len(get_task_rows("const", "train", 4, 0)) == 4
     finally:
         TASKS.pop("const", None)
+
+
+def test_run_rows_are_the_files_when_set_else_the_tasks(tmp_path):
+    """One definition of a run's rows, shared by ``Experiment.start`` and ``asyncrl.sim.simulate`` (which built the
+    task's rows whatever ``data.train_files`` said)."""
+    from asyncrl.config import DataConfig
+    from asyncrl.data.dataset import run_rows
+
+    rows = [{"data_source": "arith", "prompt": f"q{i}", "reward_model": {"ground_truth": str(i)}} for i in range(5)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = DataConfig(train_size=7, val_size=3)
+    assert run_rows(d, "train", 0) == get_task_rows("arith", "train", 7, 0)
+    assert run_rows(d, "test", 0, limit=2) == get_task_rows("arith", "test", 2, 0)
+    d.train_files = str(tmp_path / "train.jsonl")
+    assert [r["prompt"][0]["content"] for r in run_rows(d, "train", 0)] == [f"q{i}" for i in range(5)]
+    assert [r["prompt"][0]["content"] for r in run_rows(d, "train", 0, limit=2)] == ["q0", "q1"]
+    assert run_rows(d, "test", 0) == get_task_rows("arith", "test", 3, 0)  # no val_files: the task's test split

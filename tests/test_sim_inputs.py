@@ -86,6 +86,35 @@ def test_simulate_refuses_data_that_can_never_fill_a_step_as_a_real_run_does(key
         simulate(cfg, _cost())
 
 
+def _jsonl(path, prompts, **extra_info):
+    import json
+
+    path.write_text("".join(json.dumps({"data_source": "arith", "prompt": p, "reward_model": {"ground_truth": "2"},
+                                        "extra_info": dict(extra_info)}) + "\n" for p in prompts))
+    return str(path)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_simulate_takes_the_configs_own_data_files_as_a_real_run_does(tmp_path):
+    """``simulate`` built the task's rows whatever ``data.train_files`` said: a file whose prompts a real run refuses
+    (all longer than ``data.max_prompt_length``) was simulated on ``arith`` without a word, and rows carrying their
+    answers' lengths (``extra_info.response_tokens``) were answered at ``response_length`` (256) instead."""
+    cfg = _config("d")
+    cfg.trainer.total_training_steps = 2
+    cfg.data.train_files = _jsonl(tmp_path / "long.jsonl", ["what is " + " + ".join(["1"] * 60) + "?"] * 64)
+    with pytest.raises(ConfigError, match=r"only 0 of 64 prompts fit data.max_prompt_length=64 tokens"):
+        simulate(cfg, _cost())
+    cfg.data.train_files = _jsonl(tmp_path / "short.jsonl", [f"what is {i} + 1?" for i in range(64)], response_tokens=7)
+    cfg.data.length_workload.distribution = "none"  # the rows' own lengths
+    result = simulate(cfg, _cost())
+    assert set(result.response_length_counts) == {7} and len(result.history) == 2, result.response_length_counts
+    cfg.data.train_files = str(tmp_path / "missing.jsonl")
+    from asyncrl.data.dataset import DatasetNotFoundError
+
+    with pytest.raises(DatasetNotFoundError, match="missing.jsonl"):
+        simulate(cfg, _cost())
+
+
 # ---------------------------------------------------------------------------------------------- cost models
 
 _ROLLOUT = RolloutCostModel(step_s=0.01, per_seq_s=1e-4, per_ctx_token_s=0.0)

@@ -89,6 +89,29 @@ def task_options(data_cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
 
 
+def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> list[dict[str, Any]]:
+    """The rows a run trains on (``split="train"``) or evaluates on (``"test"``), as every entry point takes them:
+    ``data.train_files`` / ``data.val_files`` when set, else ``data.task``'s generator (``data.train_size`` /
+    ``data.val_size`` rows, with :func:`task_options`).
+
+    Args:
+        data_cfg: the config's ``data`` section.
+        split: ``"train"`` or ``"test"``.
+        seed: ``trainer.seed`` (the generator's seed).
+        limit: at most this many rows (the first of a file; a generator builds only these); ``None``: all.
+
+    Raises:
+        DatasetError / DatasetNotFoundError: a file that cannot be read (see :func:`load_rows`);
+        UnknownNameError: an unregistered ``data.task``.
+    """
+    path = data_cfg.train_files if split == "train" else data_cfg.val_files
+    if path:
+        return load_rows(path)[:limit]
+    size = data_cfg.train_size if split == "train" else data_cfg.val_size
+    return get_task_rows(data_cfg.task, split, size if limit is None else min(size, limit), seed, data_cfg.operators,
+                         **task_options(data_cfg))
+
+
 def _to_python(x: Any) -> Any:
     """Recursively turn numpy arrays/scalars (as pandas returns them) into plain lists/dicts/scalars."""
     if isinstance(x, dict):

@@ -96,7 +96,10 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     """Simulate ``config`` on ``cost``'s hardware in virtual time.
 
     Args:
-        config: an experiment config (any task; use ``data.length_workload`` for the response lengths).
+        config: an experiment config (any task, or ``data.train_files`` / ``data.val_files``, read as a real run
+            reads them; use ``data.length_workload`` for the response lengths). The prompts decide what a real run's
+            data decides (enough of them within ``data.max_prompt_length``, epochs, their answers' lengths when the
+            rows carry ``extra_info.response_tokens``); a prompt's prefill is priced at ``cost.prompt_tokens``.
             With ``actor_rollout_ref.hybrid_engine`` the replicas and the trainer share all GPUs.
         cost: the cluster cost model (:data:`asyncrl.sim.PRESETS` builds the named ones).
         rollout_gpus: GPUs for the replicas (default ``rollout.num_replicas x cost.rollout.gpus``).
@@ -109,7 +112,8 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             default: the rows' correct-answer lengths when they carry them (``longtail``), else
             ``max_tokens``.
         snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds (0: never).
-        max_rows: at most this many dataset rows are built (epochs repeat them).
+        max_rows: at most this many dataset rows are built, or taken from the start of ``data.train_files``
+            (epochs repeat them).
         gradient_fraction: ``fraction(real response tokens)``: the chance a trained row of that length has a
             non-zero advantage (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). When the
             config's trainer skips the other rows (the CPU engine's ``skip_zero_advantage``: not ``fsdp2``, no KL
@@ -142,6 +146,7 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         asyncrl.config.ConfigError: a value of the wrong type in ``config``, a GPU count below 1 or not whole
             replicas / trainer ranks of ``cost``, a ``token_scale`` below 1, unequal counts with ``hybrid_engine``,
             or data that can never fill one trainer step.
+        asyncrl.data.dataset.DatasetError: ``data.train_files`` / ``data.val_files`` missing or unreadable.
         asyncrl.sim.clock.SimulationStalled: the simulated system deadlocked.
     """
     _check_arguments(config, cost, name=name, snapshot_every_s=snapshot_every_s, max_rows=max_rows,
@@ -252,17 +257,17 @@ def _check_split(cost: ClusterCostModel, rollout_gpus: Optional[int], train_gpus
 
 
 def _rows(cfg: ExperimentConfig, max_rows: int, natural_length: Optional[Callable[..., int]]) -> tuple:
-    """``(train rows, val rows, natural_length)``, after the checks a real run makes of its data before it starts
+    """``(train rows, val rows, natural_length)``: the rows a real run takes (``data.train_files`` when set, else the
+    task's), after the checks a real run makes of its data before it starts
     (:func:`asyncrl.watchdog.check_can_fill_batch`, as :meth:`asyncrl.experiment.Experiment.start`); the default
     ``natural_length`` of rows that carry their answers' lengths."""
-    from asyncrl.data.dataset import get_task_rows, task_options
+    from asyncrl.data.dataset import run_rows
     from asyncrl.models import load_tokenizer
     from asyncrl.watchdog import check_can_fill_batch
 
     d = cfg.data
-    opts = task_options(d)
-    train = get_task_rows(d.task, "train", min(d.train_size, max_rows), cfg.trainer.seed, d.operators, **opts)
-    val = get_task_rows(d.task, "test", min(d.val_size, 16), cfg.trainer.seed, d.operators, **opts)
+    train = run_rows(d, "train", cfg.trainer.seed, limit=max_rows)  # data.train_files when set, as a real run
+    val = run_rows(d, "test", cfg.trainer.seed, limit=16)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
     check_can_fill_batch(train, cfg, tok)
     if natural_length is None and d.length_workload.distribution == "none":
