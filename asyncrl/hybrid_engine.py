@@ -31,7 +31,10 @@ async def generate_batch(rollouter: Any, k: int, max_attempts_factor: int = 4) -
 
     Runs inside the :class:`~asyncrl.rollouter.FullyAsyncRollouter` actor (its ``generate_batch``).
     A group that fails or is dropped is accounted by ``_process_sample`` as usual and replaced by a
-    new one, so the trainer's fetch always finds ``k`` groups.
+    new one, so the trainer's fetch always finds ``k`` groups. A prompt longer than ``data.max_prompt_length``
+    costs no generation and is not an attempt (a dataset of 10% short prompts, which the pre-flight check
+    takes, failed here); when no prompt fits at all the rollouter halts and this returns, so the trainer's
+    fetch stops the run with the rollouter's reason.
 
     Returns:
         ``{"timing/gen_s": seconds from the first admission to the last enqueue}``.
@@ -43,10 +46,12 @@ async def generate_batch(rollouter: Any, k: int, max_attempts_factor: int = 4) -
     t0 = time.time()
     target = rollouter.counts["enqueued"] + k
     running: set[asyncio.Task] = set()
-    started = 0
-    while rollouter.counts["enqueued"] < target and not rollouter.stopping:
+    started, too_long = 0, rollouter.dropped["prompt_too_long"]
+    while rollouter.counts["enqueued"] < target and not rollouter.stopping and not rollouter.halted:
         for _ in range(target - rollouter.counts["enqueued"] - len(running)):
-            if started >= max_attempts_factor * k:
+            if rollouter.halted:  # e.g. a failure storm: start nothing more
+                break
+            if started - (rollouter.dropped["prompt_too_long"] - too_long) >= max_attempts_factor * k:
                 raise RuntimeError(f"hybrid engine: {started} prompt groups started for a batch of {k}; "
                                    f"failed: {dict(rollouter.failed)}, dropped: {dict(rollouter.dropped)}")
             held = await rollouter.pending_queue.get()  # (seq, index, taken_at)

@@ -90,7 +90,8 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
         self.staleness_samples = 0
         self.paused = False
         self.stopping = False
-        self.halted = ""  # why rollout stopped early (a failure storm), else ""
+        self.halted = ""  # why rollout stopped early (a failure storm, no prompt that fits), else ""
+        self.too_long: set[int] = set()  # rows dropped as prompt_too_long (a row renders the same every epoch)
         self.admission_closed = False  # the trainer holds its last step's batch: start no new prompt group
         self.cond = asyncio.Condition()
         self.counts = collections.Counter()  # taken, enqueued
@@ -169,10 +170,28 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
         """``rollout.max_consecutive_failures`` groups failed in a row: start no more, and shut the queue down
         with the reason (the trainer stops the run with it) instead of failing new prompts forever."""
         reason = self.failures.storm_message(self.cfg.actor_rollout_ref.rollout.max_consecutive_failures)
-        if reason is not None and not self.halted:
+        if reason is not None:
+            await self._halt(reason)
+
+    async def _halt(self, reason: str) -> None:
+        """Start no more prompt groups and shut the queue down with ``reason``: the trainer stops the run with it
+        (:class:`asyncrl.failures.RolloutStopped`) instead of waiting for samples that will never come."""
+        if not self.halted:
             self.halted = reason
             logger.error("rollout stopped: %s", reason)
             await self.mq.shutdown_async(f"rollout stopped: {reason}")
+
+    async def _drop_too_long(self, seq: int, index: int) -> None:
+        """Drop a prompt longer than ``data.max_prompt_length``; once every row of the dataset has been, none can
+        ever start (the pre-flight :func:`asyncrl.watchdog.check_can_fill_batch` refuses such data, but a rollouter
+        started without it took and dropped the same rows epoch after epoch, forever): halt with the reason."""
+        self._drop("prompt_too_long", seq)
+        await self.release_budget()
+        self.too_long.add(index)
+        if len(self.too_long) == len(self.train_rows):
+            await self._halt(f"all {len(self.train_rows)} training prompts are longer than data.max_prompt_length="
+                             f"{self.cfg.data.max_prompt_length} tokens, so no prompt group can start; raise "
+                             "data.max_prompt_length or shorten the prompts")
 
     def _can_start(self) -> bool:
         return (not self.paused and not self.halted and not self.admission_closed and len(self.active_tasks) < self.budget.max_concurrent_samples
@@ -239,8 +258,7 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
             from asyncrl.agent_loop.single_turn import render_prompt_ids
             prompt_ids = render_prompt_ids(self.tokenizer, list(row["prompt"]), row.get("tools"))
             if len(prompt_ids) > self.cfg.data.max_prompt_length:
-                self._drop("prompt_too_long", seq)
-                await self.release_budget()
+                await self._drop_too_long(seq, index)
                 return
             n = self.cfg.actor_rollout_ref.rollout.n
             sp = self.length_workload.sampling_params(self.sp, index, n) if self.length_workload.enabled else self.sp

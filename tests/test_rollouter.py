@@ -308,3 +308,31 @@ def test_a_failure_storm_halts_rollout_and_shuts_the_queue_with_the_reason(ray_s
         assert len(tracebacks) == 1, [r.getMessage() for r in tracebacks]
     with caplog.at_level("INFO", logger="asyncrl"):
         asyncio.run(main())
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_dataset_with_no_prompt_that_fits_halts_rollout_with_the_reason():
+    """Every row longer than ``data.max_prompt_length`` (data the pre-flight check would refuse, here a rollouter
+    started without it): the rollouter took and dropped the same 20 rows epoch after epoch (~1,250 in 3 s) and the
+    trainer waited forever. Now, once every row has been dropped as too long, it starts nothing more and shuts the
+    queue down with the reason (the trainer stops the run with it); every taken prompt is accounted."""
+    async def main():
+        cfg = smoke_cpu("d")
+        cfg.actor_rollout_ref.rollout.agent.num_workers = 0
+        cfg.trainer.test_freq = 0
+        cfg.data.max_prompt_length = 1
+        rows = get_task_rows("arith", "train", 20, 0)
+        replica, q = FakeGatedReplica(), FakeClosableQueue()
+        ro = FullyAsyncRollouter(cfg, rows, rows[:4], {"r0": replica}, FakePool(replica), q)
+        await ro.start()
+        await _settle(ro, lambda: bool(q.shutdown_reasons))
+        taken = ro.counts["taken"]
+        await asyncio.sleep(0.3)
+        reason, = q.shutdown_reasons
+        assert reason == ("rollout stopped: all 20 training prompts are longer than data.max_prompt_length=1 tokens, "
+                          "so no prompt group can start; raise data.max_prompt_length or shorten the prompts")
+        assert ro.halted and ro.counts["taken"] - taken <= sample_budget(cfg).max_required_samples + 1
+        assert 20 <= ro.dropped["prompt_too_long"] <= 40  # each row once, at most a second epoch's worth in flight
+        acc = await ro.stop()
+        assert acc["taken"] == acc["enqueued"] + acc["pending"] + sum(acc["dropped"].values()) + sum(acc["failed"].values())
+    asyncio.run(main())

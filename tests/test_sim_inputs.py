@@ -115,6 +115,38 @@ def test_simulate_takes_the_configs_own_data_files_as_a_real_run_does(tmp_path):
         simulate(cfg, _cost())
 
 
+@pytest.mark.timeout(120, method="thread")
+def test_colocated_rollout_skips_prompts_too_long_without_counting_them_as_attempts(tmp_path):
+    """64 of 640 prompts fit ``data.max_prompt_length``: the pre-flight check takes the data (a step needs 32) and an
+    async run trains on it, but the colocated ``generate_batch`` counted each dropped prompt as one of its 4 x 32
+    attempts and failed the run at its first step ("128 prompt groups started for a batch of 32")."""
+    long = "what is " + " + ".join(["1"] * 60) + "?"
+    cfg = _config("colocated")
+    cfg.trainer.total_training_steps = 2
+    cfg.data.train_files = _jsonl(tmp_path / "mixed.jsonl", [f"what is {i} + 1?" if i % 10 == 0 else long
+                                                              for i in range(640)])
+    result = simulate(cfg, _cost())
+    assert len(result.history) == 2 and result.accounting["dropped"]["prompt_too_long"] > 128
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("mode", ["d", "colocated"])
+def test_a_run_whose_prompts_all_exceed_max_prompt_length_stops_with_the_reason(mode, monkeypatch):
+    """With the pre-flight check out of the way (a rollouter not started by ``Experiment`` or ``simulate``), every
+    prompt too long: the async rollouter took and dropped the rows forever and the trainer waited (this test hung);
+    the colocated one failed with "128 prompt groups started" and nothing about prompt lengths. Both now stop the run
+    with the rollouter's reason."""
+    from asyncrl.failures import RolloutStopped
+
+    monkeypatch.setattr("asyncrl.watchdog.check_can_fill_batch", lambda *args: 0)
+    cfg = _config(mode)
+    cfg.trainer.total_training_steps = 2
+    cfg.data.max_prompt_length = 1
+    with pytest.raises(RolloutStopped, match=r"all 512 training prompts are longer than data.max_prompt_length=1 "
+                                             r"tokens, so no prompt group can start"):
+        simulate(cfg, _cost())
+
+
 # ---------------------------------------------------------------------------------------------- cost models
 
 _ROLLOUT = RolloutCostModel(step_s=0.01, per_seq_s=1e-4, per_ctx_token_s=0.0)
