@@ -29,6 +29,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     ActorConfig, SandboxConfig, AgentConfig, CheckpointEngineConfig, RolloutConfig, ActorRolloutRefConfig,
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
+from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges  # noqa: F401
 from asyncrl.config_types import _check_raw, _get, _leaf_types, _plain_leaves, check_types  # noqa: F401
 
 
@@ -176,34 +177,6 @@ HINTS: dict[tuple, str] = {**ALGORITHM_HINTS,
                            ("actor_rollout_ref.actor.strategy", "megatron"): "not available; use fsdp2"}
 
 
-# size and token-length keys that no value below a minimum can serve: dotted key -> (minimum, what a smaller value would do)
-# (a null of an Optional key is its "off" and is not checked)
-MINIMUMS: dict[str, tuple[int, str]] = {
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (
-        1, "the token budget of one micro-batch with actor_rollout_ref.actor.use_dynamic_bsz=true: 0 would quietly "
-           "fall back to ppo_micro_batch_size rows, a negative budget would train one row at a time"),
-    "actor_rollout_ref.actor.ppo_epochs": (1, "passes over each batch: 0 would fetch every batch and train on none"),
-    "critic.ppo_epochs": (1, "critic passes over each mini-batch: 0 would never train the value model"),
-    "data.max_prompt_length": (1, "longer prompts are dropped: below 1 every prompt would be"),
-    "actor_rollout_ref.rollout.max_model_len": (2, "prompt + response tokens per sequence: room for one prompt token "
-                                                   "and one generated token at least"),
-    "actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn": (
-        1, "the completion budget of one model call, or null for the rollout's response_length: 0 would quietly mean "
-           "null, a negative value would be sent to the engine as max_tokens"),
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": (
-        0, "characters of a tool message kept: a negative value would cut characters off the end instead"),
-}
-
-
-def check_minimums(cfg: ExperimentConfig) -> None:
-    """Raise :class:`ConfigError` naming the key, its value and the least value accepted for a key of
-    :data:`MINIMUMS` below its minimum."""
-    for key, (least, why) in MINIMUMS.items():
-        value = _get(cfg, key)
-        if value is not None and value < least:
-            raise ConfigError(f"{key}={value} is not valid: use >= {least} ({why})")
-
-
 def check_choice(key: str, value: Any, choices: Any) -> None:
     """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``value`` is one of ``choices``
     (a tuple, or a :class:`RegistryChoice`)."""
@@ -222,7 +195,7 @@ def check_choice(key: str, value: Any, choices: Any) -> None:
 
 def validate(cfg: ExperimentConfig) -> None:
     """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
-    at, ro, ac = cfg.async_training, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
     check_types(cfg)
     for key, choices in CHOICES.items():
         check_choice(key, _get(cfg, key), choices)
@@ -232,19 +205,8 @@ def validate(cfg: ExperimentConfig) -> None:
                      CHOICES["actor_rollout_ref.rollout.scheduling_policy"])
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
-    check_minimums(cfg)
-    for name, value in [
-        ("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step),
-        ("async_training.require_batches", at.require_batches),
-        ("actor_rollout_ref.rollout.n", ro.n),
-        ("actor_rollout_ref.actor.ppo_mini_batch_size", ac.ppo_mini_batch_size),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size", ac.ppo_micro_batch_size),
-        ("actor_rollout_ref.rollout.response_length", ro.response_length),
-        ("actor_rollout_ref.rollout.num_replicas", ro.num_replicas),
-        ("critic.ppo_micro_batch_size", cfg.critic.ppo_micro_batch_size),
-    ]:
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+    check_ranges(cfg)
+    check_lengths(cfg)
     try:
         validate_sampling(ro)
         validate_algorithm(cfg)
@@ -276,14 +238,6 @@ def validate(cfg: ExperimentConfig) -> None:
                                       or (lw.max_tokens and lw.max_tokens < lw.min_tokens)):
         raise ConfigError("data.length_workload needs min_tokens >= 1, median > 0, sigma >= 0, alpha > 0 and "
                           "max_tokens = 0 or >= min_tokens")
-    for name, value in [
-        ("actor_rollout_ref.rollout.concurrent_samples_per_replica", ro.concurrent_samples_per_replica),
-        ("actor_rollout_ref.rollout.max_num_seqs", ro.max_num_seqs),
-        ("actor_rollout_ref.rollout.agent.sandbox.max_concurrent_sandboxes", ro.agent.sandbox.max_concurrent_sandboxes),
-    ]:
-        if value < 1:
-            raise ConfigError(f"{name}={value} can never start a sample, so no trainer step would ever complete; "
-                              "set it to >= 1")
     _validate_trainer(cfg)
 
 
@@ -292,8 +246,6 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
     if tr.total_training_steps < 1:  # the fit loop would end before its first step and report zeros
         raise ConfigError(f"trainer.total_training_steps={tr.total_training_steps} would train nothing; use >= 1 "
                           "(trainer.total_time_s can end the run sooner)")
-    if tr.total_time_s < 0:
-        raise ConfigError(f"trainer.total_time_s={tr.total_time_s}; use seconds > 0, or 0 for no time budget")
     from asyncrl.tracking import LOGGERS  # one list of valid names
 
     bad = [x for x in tr.logger if x not in LOGGERS]
@@ -303,10 +255,6 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<run dir>/checkpoints/global_step_N")
     if tr.save_freq == 0 or tr.save_freq < -1:
         raise ConfigError(f"trainer.save_freq={tr.save_freq}; use a step count >= 1, or -1 for no checkpoints")
-    if tr.max_actor_ckpt_to_keep is not None and tr.max_actor_ckpt_to_keep < 1:
-        raise ConfigError(f"trainer.max_actor_ckpt_to_keep={tr.max_actor_ckpt_to_keep}; use >= 1, or null to keep all")
-    if cfg.actor_rollout_ref.rollout.max_restarts < 0:
-        raise ConfigError("actor_rollout_ref.rollout.max_restarts must be >= 0")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

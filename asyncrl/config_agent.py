@@ -16,7 +16,7 @@ class SandboxConfig:
     agent: str = "bash"
     """``bash`` (built-in), ``oracle`` (runs solution/solve.sh), or ``harbor:<name>`` (Harbor agent)."""
     max_turns: int = 8
-    """Model calls per trial for the bash agent."""
+    """Model calls per trial for the bash agent (>= 1)."""
     command_timeout_sec: float = 60.0
     """Wall-clock limit of one bash command, seconds."""
     compact_prompt: bool = False
@@ -26,15 +26,15 @@ class SandboxConfig:
     max_concurrent_sandboxes: int = 4
     """Sandboxes alive at once in this process (extra trials wait; see :func:`sandbox_stats`)."""
     max_retries: int = 2
-    """Retries after the first attempt for retryable errors."""
+    """Retries after the first attempt for retryable errors (0 = one attempt)."""
     retry_actions: dict[str, str] = field(default_factory=dict)
     """Overrides of the retry table by error kind, e.g. ``{"agent_timeout": "retry"}``."""
     agent_timeout_sec: Optional[float] = None
-    """Overrides ``[agent].timeout_sec`` of every task."""
+    """Overrides ``[agent].timeout_sec`` of every task (seconds > 0); ``None`` = each task's own."""
     verifier_timeout_sec: Optional[float] = None
-    """Overrides ``[verifier].timeout_sec`` of every task."""
+    """Overrides ``[verifier].timeout_sec`` of every task (seconds > 0); ``None`` = each task's own."""
     cpu_time_sec: int = 600
-    """RLIMIT_CPU per sandboxed command, CPU seconds."""
+    """RLIMIT_CPU per sandboxed command, CPU seconds (0 = no limit)."""
     trials_dir: Optional[str] = None
     """Where per-attempt trajectory dirs go (proxy dumps, agent/verifier logs); default a temp dir."""
     keep_sandboxes: bool = False

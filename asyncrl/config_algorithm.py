@@ -48,7 +48,7 @@ class MultiTurnConfig:
     max_tool_response_length: int = 256
     """Characters of a tool message kept (the rest is replaced by ``...``)."""
     tool_timeout_s: float = 10.0
-    """Seconds one tool call may take before it is answered with a timeout error."""
+    """Seconds one tool call may take before it is answered with a timeout error (> 0)."""
     format: str = "hermes"
     """Tool-call parser name (``hermes`` | ``qwen3_coder``)."""
     stop_on_tool_call: bool = True
@@ -64,7 +64,7 @@ class KLControlConfig:
     type: str = "fixed"
     """``fixed`` | ``adaptive`` (Ziegler et al. 2019: move the coefficient toward ``target_kl``)."""
     kl_coef: float = 0.001
-    """(Initial) coefficient."""
+    """(Initial) coefficient (>= 0)."""
     target_kl: float = 0.1
     """Target KL per token for the adaptive controller."""
     horizon: int = 10000
@@ -80,7 +80,8 @@ class FilterGroupsConfig:
     metric: str = "acc"
     """``acc`` (the rule reward before shaping) | ``score`` / ``seq_reward`` (after overlong shaping)."""
     max_num_gen_batches: int = 0
-    """Fail a step after dropping this many batches' worth of groups (0 = keep fetching)."""
+    """Fail a step after dropping this many batches' worth of groups (0 = keep fetching, as verl: then a warning
+    naming this key is logged after each batch's worth dropped in one step)."""
 
 
 @dataclass
@@ -131,7 +132,7 @@ class OverlongBufferConfig:
     len: int = 4
     """Buffer length in tokens before ``actor_rollout_ref.rollout.response_length``."""
     penalty_factor: float = 1.0
-    """Penalty at the cap."""
+    """Penalty at the cap (>= 0)."""
 
 
 @dataclass
@@ -189,5 +190,3 @@ def validate_algorithm(cfg: Any) -> None:
     if mt.enable and ro.agent.default_agent_loop == "single_turn_agent":
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true runs rows without agent_name through "
                           "tool_agent: set actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent too")
-    if mt.max_assistant_turns < 1 or mt.max_parallel_calls < 1:
-        raise ValueError("actor_rollout_ref.rollout.multi_turn.max_assistant_turns and max_parallel_calls must be >= 1")

@@ -54,13 +54,14 @@ class DataConfig:
     val_files: Optional[str] = None
     """Held-out file in the verl schema; ``None`` uses the built-in ``task`` test split."""
     train_size: int = 20000
-    """Number of generated training prompts (built-in tasks only)."""
+    """Number of generated training prompts (built-in tasks only; >= 1)."""
     val_size: int = 200
-    """Number of generated held-out prompts (built-in tasks only)."""
+    """Number of generated held-out prompts (built-in tasks only; >= 1)."""
     operators: str = "+"
     """Arithmetic operators for the ``arith`` task, e.g. ``"+"`` or ``"+-*"``."""
     max_prompt_length: int = 64
-    """Prompts longer than this many tokens are dropped (with a reason) by the rollouter."""
+    """Prompts longer than this many tokens are dropped (with a reason) by the rollouter; with
+    ``actor_rollout_ref.rollout.response_length`` it must fit ``rollout.max_model_len`` (verl's rule)."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch."""
     word_problems: WordProblemsConfig = field(default_factory=WordProblemsConfig)

@@ -37,17 +37,17 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     lr: float = 3e-4
-    """Peak AdamW learning rate (4e-4 and above collapses the embedded model)."""
+    """Peak AdamW learning rate, >= 0 (0 = no update; 4e-4 and above collapses the embedded model)."""
     lr_warmup_steps: int = 30
-    """Linear warm-up, in optimizer updates."""
+    """Linear warm-up, in optimizer updates (0 = none)."""
     total_updates: int = 0
     """Updates for the linear decay to 0 after warm-up; 0 = derived from trainer.total_training_steps."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay (>= 0)."""
     betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
+    """AdamW betas, each in [0, 1)."""
     clip_grad: float = 1.0
-    """Gradient-norm clip."""
+    """Largest gradient norm kept (> 0: verl's ``grad_clip`` has no off value; 0 would zero every gradient)."""
 
 
 @dataclass
@@ -83,9 +83,9 @@ class ActorConfig:
     ppo_epochs: int = 1
     """Passes over each fetched batch."""
     clip_ratio_low: float = 0.2
-    """PPO clip epsilon below 1."""
+    """PPO clip epsilon below 1, in [0, 1)."""
     clip_ratio_high: float = 0.28
-    """PPO clip epsilon above 1 (DAPO clip-higher)."""
+    """PPO clip epsilon above 1 (DAPO clip-higher), >= 0."""
     clip_ratio_c: Optional[float] = 3.0
     """Dual-clip bound (> 1): for negative advantages the loss is capped at ``-A * clip_ratio_c``; null = off."""
     loss_agg_mode: str = "token-mean"
@@ -94,11 +94,12 @@ class ActorConfig:
     loss_scale_factor: Optional[float] = None
     """The constant length of ``seq-mean-token-sum-norm`` (Dr.GRPO); null = ``rollout.response_length``."""
     entropy_coeff: float = 0.0
-    """Entropy bonus: ``loss -= entropy_coeff * entropy`` (of the filtered sampling distribution)."""
+    """Entropy bonus: ``loss -= entropy_coeff * entropy`` (of the filtered sampling distribution); 0 = off, a negative
+    value is an entropy penalty (entropy minimisation) and is taken as such."""
     use_kl_loss: bool = False
     """Add ``kl_loss_coef * KL(policy || reference)`` to the loss (a frozen copy of the start model)."""
     kl_loss_coef: float = 0.001
-    """Weight of the KL loss when ``use_kl_loss``."""
+    """Weight of the KL loss when ``use_kl_loss`` (>= 0)."""
     kl_loss_type: str = "low_var_kl"
     """KL estimator of the KL loss: ``k1``/``kl``, ``k2``/``mse``, ``k3``/``low_var_kl``, ``abs``."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -152,7 +153,8 @@ class RolloutConfig:
     sync the resumed long-tail responses, nearest the staleness bound, decode before the fresh groups. Only acts
     when requests wait, i.e. with ``max_num_seqs`` below the sequences in flight."""
     max_model_len: int = 512
-    """Prompt + response tokens per sequence (engine and trajectory proxy context limit)."""
+    """Prompt + response tokens per sequence (engine and trajectory proxy context limit); at least
+    ``data.max_prompt_length + response_length`` (verl's rule, checked by ``validate``)."""
     enable_prefix_caching: bool = False
     """vLLM prefix caching. Off by default: a cache entry computed before a weight sync that survives
     it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which
@@ -163,9 +165,9 @@ class RolloutConfig:
     field is vLLM's ``TypeError`` at the replica's start. The hf backend has none (its keys are above). vLLM-CPU
     overrides some (``distributed_executor_backend: uni`` runs as ``mp`` there)."""
     gpu_memory_utilization: float = 0.5
-    """GPU memory fraction of a replica (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
+    """GPU memory fraction of a replica, in (0, 1] (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
     cpu_kvcache_space_gb: float = 1.0
-    """CPU KV-cache size in GiB (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; hf: caps the slots)."""
+    """CPU KV-cache size in GiB, > 0 (vLLM's ``VLLM_CPU_KVCACHE_SPACE``; hf: caps the slots)."""
     enforce_eager: bool = True
     """Skip graph capture / compilation (faster start on CPU); hf on CUDA: no CUDA-graph decode."""
     engine_busy_loop_s: Optional[float] = 0.1
@@ -238,7 +240,7 @@ class AsyncTrainingConfig:
     groups outlive the bound: ``benchmarks/RESULTS.md``, session 20); at the seed's 7B scale nothing outlives the
     bound. For workloads whose stale groups would generate long after their last resumption."""
     sync_bucket_size_mb: float = 64.0
-    """ParameterSynchronizer bucket size in MiB."""
+    """ParameterSynchronizer bucket size in MiB (> 0)."""
 
 
 @dataclass
@@ -258,7 +260,7 @@ class CriticConfig:
     ppo_epochs: int = 1
     """Critic passes over each mini-batch."""
     cliprange_value: float = 0.5
-    """Clip of the value prediction around the old value in the value loss."""
+    """Clip of the value prediction around the old value in the value loss (>= 0)."""
     loss_agg_mode: str = "token-mean"
     """Aggregation of the value loss (same modes as the actor)."""
 
@@ -271,21 +273,21 @@ class TrainerConfig:
     """Wall-clock budget for training in seconds; 0 = unlimited. The step whose batch is fetched after the budget is the
     last (it trains; the rollouter starts nothing after that fetch, as after the step count's last fetch)."""
     test_freq: int = 10
-    """Held-out greedy evaluation every this many param versions (0 = only before/after)."""
+    """Held-out greedy evaluation every this many param versions (0 or -1, verl's default = only before/after)."""
     eval_average_last: int = 3
-    """The summary's "after" accuracy is the mean of this many last evaluations."""
+    """The summary's "after" accuracy is the mean of this many last evaluations (>= 1)."""
     project_name: str = "asyncrl"
     """Run-group name used in artifact paths."""
     critic_warmup: int = 0
-    """Trainer steps that update only the critic before the actor starts (``gae``)."""
+    """Trainer steps that update only the critic before the actor starts (``gae``; 0 = none)."""
     experiment_name: str = "arith_grpo_cpu"
     """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``."""
     default_local_dir: str = "runs"
     """Directory under which run artifacts are written."""
     seed: int = 0
-    """Global seed (data order, sampling, init)."""
+    """Global seed (data order, sampling, init), >= 0."""
     torch_threads: int = 1
-    """torch intra-op threads in the trainer actor."""
+    """torch intra-op threads in the trainer actor (>= 1)."""
     omp_wait_policy: str = "passive"
     """``OMP_WAIT_POLICY`` of the trainer actor's process (``passive`` | ``active``; ``""`` = OpenMP's default,
     which spins): idle OpenMP threads sleep instead of spinning. On a shared CPU box the spinning threads
@@ -335,7 +337,7 @@ class RayConfig:
     address: Optional[str] = None
     """``ray.init(address=...)``; ``None`` starts a local Ray."""
     num_cpus: Optional[int] = None
-    """CPUs for a local Ray (ignored when attaching)."""
+    """CPUs for a local Ray, >= 0 (every asyncrl actor asks for 0); ``None`` = all cores; ignored when attaching."""
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Typed config: YAML + dotlist with verl key names; unknown keys name the closest valid key."""
 
+import re
+
 import pytest
 
 from asyncrl.config import ConfigError, ExperimentConfig, load_config, to_yaml, valid_keys
@@ -26,7 +28,7 @@ def test_unknown_key_names_closest():
 def test_bad_values():
     with pytest.raises(ConfigError, match="rollout.n"):
         load_config(overrides=["actor_rollout_ref.rollout.n=abc"])
-    with pytest.raises(ConfigError, match="must be >= 1"):
+    with pytest.raises(ConfigError, match=r"async_training.require_batches=0 is not valid: use >= 1"):
         load_config(overrides=["async_training.require_batches=0"])
     with pytest.raises(ConfigError, match="key=value"):
         load_config(overrides=["nonsense"])
@@ -252,17 +254,131 @@ def test_a_token_budget_below_one_is_refused_with_or_without_dynamic_bsz(dynamic
     assert load_config(overrides=[f"actor_rollout_ref.actor.use_dynamic_bsz={dynamic}", f"{key}=1"])
 
 
-def test_every_size_and_token_length_key_refuses_a_value_below_its_minimum():
-    """The siblings of ``ppo_max_token_len_per_gpu`` (``ppo_epochs=0`` trained nothing, ``data.max_prompt_length=0``
-    dropped every prompt, ``max_tokens_per_turn=-1`` went to the engine ...): each key of ``MINIMUMS`` is refused one
-    below its minimum, naming the key, the value and the minimum, and taken at it; an Optional key takes null."""
-    from asyncrl.config import MINIMUMS
+def _outside_and_inside(rng, integer):
+    """For each finite bound of ``rng``: a value just outside it and one at it (or just inside an open bound)."""
+    step = 1 if integer else 0.5
+    pairs = []
+    if rng.low is not None:
+        pairs.append((rng.low if rng.low_open else rng.low - step, rng.low + step if rng.low_open else rng.low))
+    if rng.high is not None:
+        pairs.append((rng.high if rng.high_open else rng.high + step, rng.high - step if rng.high_open else rng.high))
+    return pairs
+
+
+def test_every_numeric_key_is_in_ranges_or_checked_by_its_sections_validator():
+    """Every int / float key of the schema has its range in ``RANGES`` unless its check depends on another key (the
+    sections' own validators) or every value works (listed here, with why), so a new numeric key needs a decision."""
+    import typing
+
+    from asyncrl.config import RANGES, _leaf_types
+
+    numeric = {k for k, t in _leaf_types().items()
+               if {int, float} & {t, *typing.get_args(t)} and t is not bool}
+    elsewhere = {  # checked in validate_sampling / validate_algorithm / placement / validate() with other keys
+        "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
+        "actor_rollout_ref.rollout.min_p", "actor_rollout_ref.actor.clip_ratio_c", "actor_rollout_ref.actor.loss_scale_factor",
+        "algorithm.gamma", "algorithm.lam", "algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon",
+        "algorithm.rollout_correction.rollout_is_threshold", "algorithm.rollout_correction.rollout_rs_threshold",
+        "algorithm.rollout_correction.rollout_rs_threshold_lower", "reward_model.overlong_buffer.len",
+        "async_training.staleness_threshold", "trainer.total_training_steps", "trainer.save_freq",
+        "trainer.nnodes", "trainer.n_gpus_per_node", "rollout.nnodes", "rollout.n_gpus_per_node",
+        "data.word_problems.max_steps", "data.length_workload.median", "data.length_workload.sigma",
+        "data.length_workload.alpha", "data.length_workload.min_tokens", "data.length_workload.max_tokens",
+    }
+    any_value = {"actor_rollout_ref.actor.entropy_coeff"}  # negative: an entropy penalty, as the formula says
+    assert not set(RANGES) & (elsewhere | any_value)
+    assert numeric - set(RANGES) - elsewhere - any_value == set()
+
+
+def test_every_key_of_ranges_refuses_a_value_outside_naming_it_and_takes_the_bound():
+    """``clip_grad=0`` zeroed every gradient, ``eval_average_last=0`` averaged every evaluation, ``tool_timeout_s=0``
+    timed every tool call out, ``torch_threads=0`` / ``seed=-1`` failed inside the trainer actor after the start, and
+    the siblings of ``ppo_max_token_len_per_gpu`` (``ppo_epochs=0`` trained nothing ...): each key of ``RANGES`` is
+    refused just outside each bound, naming the key, the value and the range, and taken at the bound."""
+    import copy
+    import typing
+
+    from asyncrl.config import RANGES, _leaf_types, check_ranges, validate
 
     assert {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
-            "critic.ppo_epochs", "data.max_prompt_length"} <= set(MINIMUMS)
-    for key, (least, _) in MINIMUMS.items():
-        with pytest.raises(ConfigError, match=rf"^{key}={least - 1} is not valid: use >= {least} \("):
-            load_config(overrides=[f"{key}={least - 1}"])
-        load_config(overrides=[f"{key}={least}"])
+            "critic.ppo_epochs", "data.max_prompt_length", "actor_rollout_ref.actor.optim.clip_grad",
+            "trainer.eval_average_last", "trainer.torch_threads", "trainer.seed",
+            "actor_rollout_ref.rollout.multi_turn.tool_timeout_s", "data.val_size"} <= set(RANGES)
+    base = ExperimentConfig()
+    for key, (rng, _) in RANGES.items():
+        t = _leaf_types()[key]
+        integer = int in (t, *typing.get_args(t))
+        parent, _, leaf = key.rpartition(".")
+        for bad, good in _outside_and_inside(rng, integer):
+            for value, ok in ((bad, False), (good, True)):
+                cfg = copy.deepcopy(base)
+                v = (0.5, value) if typing.get_origin(t) is tuple else (int(value) if integer else float(value))
+                obj = cfg
+                for part in parent.split("."):
+                    obj = getattr(obj, part)
+                setattr(obj, leaf, v)
+                if ok:
+                    check_ranges(cfg)
+                    continue
+                shown = list(v) if isinstance(v, tuple) else v
+                with pytest.raises(ConfigError, match=rf"^{key}={re.escape(str(shown))} is not valid: use .*"
+                                                      rf"{re.escape(str(rng))}.* \("):
+                    validate(cfg)
     assert load_config(overrides=["actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn=null"]) \
         .actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn is None
+
+
+def test_range_messages_say_the_range_and_null():
+    from asyncrl.config import Range
+
+    assert [str(r) for r in (Range(1), Range(0, low_open=True), Range(0, 1, high_open=True),
+                             Range(0, 1, low_open=True), Range(-1))] == [">= 1", "> 0", "in [0, 1)", "in (0, 1]", ">= -1"]
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.rollout.agent.sandbox.agent_timeout_sec=0.0 is not valid: "
+                                          r"use > 0 or null \(null = each task's own: 0 would quietly mean null too\)$"):
+        load_config(overrides=["actor_rollout_ref.rollout.agent.sandbox.agent_timeout_sec=0"])
+    with pytest.raises(ConfigError, match=r"^actor_rollout_ref.actor.optim.betas=\[0.9, 1.0\] is not valid: use each item "
+                                          r"in \[0, 1\)"):
+        load_config(overrides=["actor_rollout_ref.actor.optim.betas=[0.9,1.0]"])
+    for ok in (["trainer.test_freq=-1"], ["trainer.test_freq=0"], ["actor_rollout_ref.actor.optim.lr=0"],
+               ["trainer.watchdog_timeout_s=0"], ["actor_rollout_ref.rollout.agent.sandbox.cpu_time_sec=0"],
+               ["ray.num_cpus=0"], ["actor_rollout_ref.actor.entropy_coeff=-0.01"]):
+        load_config(overrides=ok)
+
+
+@pytest.mark.parametrize("prompt, response, says", [
+    (600, 24, r"data.max_prompt_length=600 \+ actor_rollout_ref.rollout.response_length=24 = 624 tokens do not fit "
+              r"actor_rollout_ref.rollout.max_model_len=512 \(verl's rule\): a prompt the rollouter lets through would "
+              r"fail in the engine \(PromptTooLong\); raise max_model_len to >= 624"),
+    (500, 24, r"= 524 tokens do not fit .*max_model_len=512 .*cut short of response_length by the context"),
+])
+def test_prompt_and_response_length_must_fit_max_model_len(prompt, response, says):
+    """Prompts between ``max_model_len`` and ``data.max_prompt_length`` passed the rollouter's filter and failed in the
+    engine with PromptTooLong; verl requires ``prompt_length + response_length <= max_model_len``."""
+    with pytest.raises(ConfigError, match=says):
+        load_config(overrides=[f"data.max_prompt_length={prompt}", f"actor_rollout_ref.rollout.response_length={response}"])
+    cfg = load_config(overrides=[f"data.max_prompt_length={prompt}", f"actor_rollout_ref.rollout.response_length={response}",
+                                 f"actor_rollout_ref.rollout.max_model_len={prompt + response}"])  # exactly full: taken
+    assert cfg.actor_rollout_ref.rollout.max_model_len == prompt + response
+
+
+def test_word_problems_max_steps_below_min_steps_is_refused():
+    with pytest.raises(ConfigError, match=r"data.word_problems.max_steps=1 is below data.word_problems.min_steps=2"):
+        load_config(overrides=["data.word_problems.max_steps=1"])
+
+
+def test_every_recipe_and_example_validates():
+    """The ranges and the length rule refuse no recipe (each as ``asyncrl train --recipe`` loads it), no algorithm
+    family in any mode, and not ``examples/*.yaml`` on the defaults."""
+    from pathlib import Path
+
+    from asyncrl.recipes import RECIPES, smoke_cpu
+
+    for name, recipe in RECIPES.items():
+        load_config(base=recipe())
+    for mode in "abcd":
+        for family in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "ppo_gae", "dapo"):
+            load_config(base=smoke_cpu(mode, family))
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        load_config(path)

@@ -1,0 +1,200 @@
+"""The numeric keys' ranges: each int / float key of the schema with the values that can work, checked by
+:func:`asyncrl.config.validate` (:func:`check_ranges`), and the token lengths checked against each other
+(:func:`check_lengths`).
+
+A value outside its range used to pass validation and misbehave quietly later (``clip_grad=0`` zeroed every
+gradient, ``eval_average_last=0`` averaged every evaluation, ``tool_timeout_s=0`` timed every tool call out) or
+fail long after the start, inside a Ray actor (``torch_threads=0``, ``seed=-1``, a negative ``lr``). Where 0 or a
+negative value has a documented meaning (``0 = off``, verl's ``test_freq=-1``) the range keeps it and the key's
+docstring says so. Keys whose check depends on another key (``data.length_workload.*`` when a distribution is set,
+``algorithm.kl_ctrl.horizon`` for the adaptive controller, the sampling filters, the GPU counts) stay with the
+validators of their sections. Import the names from :mod:`asyncrl.config`.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Optional
+
+from asyncrl.config_schema import ConfigError, ExperimentConfig
+from asyncrl.config_types import _get, _leaf_types
+
+
+@dataclass(frozen=True)
+class Range:
+    """Values a numeric key accepts: ``low`` <= value <= ``high`` (``None``: unbounded on that side), a bound
+    excluded when its ``*_open`` is set. ``str(Range)`` is how an error message says it (``>= 1``, ``> 0``,
+    ``in (0, 1]``)."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+def at_least(low: float) -> Range:
+    return Range(low)
+
+
+def above(low: float) -> Range:
+    return Range(low, low_open=True)
+
+
+_OPTIM = {  # actor_rollout_ref.actor.optim and critic.optim: AdamW (torch refuses the first three when the trainer starts)
+    "lr": (at_least(0), "AdamW's learning rate: torch refuses a negative one when the trainer starts; 0 = no update"),
+    "weight_decay": (at_least(0), "AdamW refuses a negative weight decay when the trainer starts"),
+    "betas": (Range(0, 1, high_open=True), "each of AdamW's two betas: torch refuses one outside [0, 1) when the "
+                                            "trainer starts"),
+    "lr_warmup_steps": (at_least(0), "updates of linear warm-up: a negative count would start below the peak rate "
+                                     "and decay from there"),
+    "total_updates": (at_least(0), "updates of the linear decay, 0 = derived from trainer.total_training_steps: a "
+                                   "negative count would decay the rate to 0 right after warm-up"),
+    "clip_grad": (above(0), "the largest gradient norm kept: 0 would zero every gradient (no update) and a negative "
+                            "value would flip the gradients' sign"),
+}
+_NO_STEP = "can never start a sample, so no trainer step would ever complete"
+
+RANGES: dict[str, tuple[Range, str]] = {
+    # data
+    "data.train_size": (at_least(1), "generated training prompts (built-in tasks): 0 leaves nothing to train on"),
+    "data.val_size": (at_least(1), "generated held-out prompts (built-in tasks): 0 would report an accuracy of 0.0 "
+                                   "evaluated on no prompt"),
+    "data.max_prompt_length": (at_least(1), "longer prompts are dropped: below 1 every prompt would be"),
+    "data.word_problems.min_steps": (at_least(1), "the word_problems generator refuses fewer when the run starts"),
+    "data.word_problems.max_number": (at_least(5), "the word_problems generator refuses less when the run starts"),
+    # actor
+    "actor_rollout_ref.actor.ppo_mini_batch_size": (at_least(1), "prompt groups per optimizer update"),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": (at_least(1), "sequences per forward/backward chunk"),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (
+        at_least(1), "the token budget of one micro-batch with actor_rollout_ref.actor.use_dynamic_bsz=true: 0 would "
+                     "quietly fall back to ppo_micro_batch_size rows, a negative budget would train one row at a time"),
+    "actor_rollout_ref.actor.ppo_epochs": (at_least(1), "passes over each batch: 0 would fetch every batch and train "
+                                                        "on none"),
+    "actor_rollout_ref.actor.clip_ratio_low": (Range(0, 1, high_open=True), "PPO clips the ratio below 1 - "
+                                               "clip_ratio_low: a negative value would clip above 1, 1 or more never"),
+    "actor_rollout_ref.actor.clip_ratio_high": (at_least(0), "PPO clips the ratio above 1 + clip_ratio_high: a "
+                                                             "negative value would clip below 1"),
+    "actor_rollout_ref.actor.kl_loss_coef": (at_least(0), "weight of KL(policy || reference) in the loss: a negative "
+                                                          "weight would push the policy away from the reference"),
+    **{f"actor_rollout_ref.actor.optim.{k}": v for k, v in _OPTIM.items()},
+    # rollout
+    "actor_rollout_ref.rollout.n": (at_least(1), "responses per prompt"),
+    "actor_rollout_ref.rollout.response_length": (at_least(1), "generated tokens per response"),
+    "actor_rollout_ref.rollout.num_replicas": (at_least(1), "rollout replicas: with none nothing is generated"),
+    "actor_rollout_ref.rollout.concurrent_samples_per_replica": (at_least(1), _NO_STEP),
+    "actor_rollout_ref.rollout.max_num_seqs": (at_least(1), _NO_STEP),
+    "actor_rollout_ref.rollout.max_model_len": (at_least(2), "prompt + response tokens per sequence: room for one "
+                                                             "prompt token and one generated token at least"),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": (Range(0, 1, low_open=True), "a fraction of the GPU's memory"),
+    "actor_rollout_ref.rollout.cpu_kvcache_space_gb": (above(0), "GiB of KV cache: with none the engine fails at "
+                                                                 "its start"),
+    "actor_rollout_ref.rollout.engine_busy_loop_s": (at_least(0), "seconds of busy polling after a step, null keeps "
+                                                                  "vLLM's 1 s: a negative time means nothing"),
+    "actor_rollout_ref.rollout.max_restarts": (at_least(0), "restarts of a dead replica, 0 = it stays out"),
+    "actor_rollout_ref.rollout.max_consecutive_failures": (at_least(0), "0 = never stop: a negative value would "
+                                                                        "quietly mean 0 too"),
+    "actor_rollout_ref.rollout.agent.num_workers": (at_least(0), "agent-loop worker processes, 0 = in the rollouter: "
+                                                                 "a negative count would quietly mean 0"),
+    "actor_rollout_ref.rollout.agent.sandbox.max_turns": (at_least(1), "model calls per trial: 0 would end every "
+                                                                       "trial before its first call, with reward 0"),
+    "actor_rollout_ref.rollout.agent.sandbox.command_timeout_sec": (above(0), "seconds one bash command may run"),
+    "actor_rollout_ref.rollout.agent.sandbox.max_tokens_per_turn": (
+        at_least(1), "the completion budget of one model call, or null for the rollout's response_length: 0 would "
+                     "quietly mean null, a negative value would be sent to the engine as max_tokens"),
+    "actor_rollout_ref.rollout.agent.sandbox.max_concurrent_sandboxes": (at_least(1), _NO_STEP),
+    "actor_rollout_ref.rollout.agent.sandbox.max_retries": (at_least(0), "retries after the first attempt: the sandbox "
+                                                                         "loop refuses a negative count at its start"),
+    "actor_rollout_ref.rollout.agent.sandbox.agent_timeout_sec": (above(0), "null = each task's own: 0 would quietly "
+                                                                            "mean null too"),
+    "actor_rollout_ref.rollout.agent.sandbox.verifier_timeout_sec": (above(0), "null = each task's own: 0 would "
+                                                                               "quietly mean null too"),
+    "actor_rollout_ref.rollout.agent.sandbox.cpu_time_sec": (at_least(0), "CPU seconds per sandboxed command, 0 = no "
+                                                                          "limit"),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": (at_least(1), "model turns per trajectory"),
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": (at_least(1), "tool calls executed per turn"),
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": (
+        at_least(0), "characters of a tool message kept: a negative value would cut characters off the end instead"),
+    "actor_rollout_ref.rollout.multi_turn.tool_timeout_s": (above(0), "seconds one tool call may take: 0 would time "
+                                                                      "every call out at once"),
+    # async training
+    "async_training.trigger_parameter_sync_step": (at_least(1), "trainer steps between weight syncs"),
+    "async_training.require_batches": (at_least(1), "mini-batches per trainer step"),
+    "async_training.sync_bucket_size_mb": (above(0), "MiB per weight-sync bucket: the first sync would fail"),
+    # algorithm, critic, reward
+    "algorithm.kl_ctrl.kl_coef": (at_least(0), "weight of the KL penalty in the reward: a negative weight would "
+                                               "reward moving away from the reference"),
+    "algorithm.filter_groups.max_num_gen_batches": (at_least(0), "0 = keep fetching (verl): a negative value would "
+                                                                 "quietly mean 0 too"),
+    "critic.ppo_micro_batch_size": (at_least(1), "sequences per critic forward/backward chunk"),
+    "critic.ppo_epochs": (at_least(1), "critic passes over each mini-batch: 0 would never train the value model"),
+    "critic.cliprange_value": (at_least(0), "clip of the value around the old value: a negative clip would put the "
+                                            "lower bound above the upper"),
+    **{f"critic.optim.{k}": v for k, v in _OPTIM.items()},
+    "reward_model.overlong_buffer.penalty_factor": (at_least(0), "the penalty at the cap: a negative factor would "
+                                                                 "reward overlong responses"),
+    # trainer, ray
+    "trainer.total_time_s": (at_least(0), "seconds of training, 0 = no time budget"),
+    "trainer.test_freq": (at_least(-1), "evaluate every this many versions; 0 or -1 (verl's off) = only before and "
+                                        "after training"),
+    "trainer.eval_average_last": (at_least(1), "evaluations averaged into the summary's accuracy: 0 would average all "
+                                               "of them and -k all but the first k"),
+    "trainer.critic_warmup": (at_least(0), "critic-only steps before the actor trains"),
+    "trainer.seed": (at_least(0), "numpy (the data order) refuses a negative seed when the run starts"),
+    "trainer.torch_threads": (at_least(1), "torch refuses fewer threads when the trainer starts"),
+    "trainer.max_actor_ckpt_to_keep": (at_least(1), "checkpoints kept, null = all"),
+    "trainer.watchdog_timeout_s": (at_least(0), "seconds without a step before the watchdog reports, 0 = off"),
+    "ray.num_cpus": (at_least(0), "CPUs of a local Ray, null = all (every asyncrl actor asks for 0)"),
+}
+"""Dotted key -> (the values accepted, what the key is and what a value outside would do). A null of an
+Optional key (its "off" or "derived") is not checked; a tuple key (``optim.betas``) has each item checked."""
+
+
+def check_ranges(cfg: ExperimentConfig) -> None:
+    """Raise :class:`ConfigError` for the first key of :data:`RANGES` outside its range, naming the key, the value,
+    the range accepted (``or null`` for an Optional key) and what the value would do."""
+    types = _leaf_types()
+    for key, (rng, why) in RANGES.items():
+        value = _get(cfg, key)
+        if value is None:
+            continue
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        if any(v not in rng for v in items):
+            each = "each item " if isinstance(value, (tuple, list)) else ""
+            null = " or null" if type(None) in typing.get_args(types[key]) else ""
+            shown = list(value) if isinstance(value, (tuple, list)) else value
+            raise ConfigError(f"{key}={shown} is not valid: use {each}{rng}{null} ({why})")
+
+
+def check_lengths(cfg: ExperimentConfig) -> None:
+    """Keys whose valid values depend on each other: ``data.max_prompt_length +
+    actor_rollout_ref.rollout.response_length <= actor_rollout_ref.rollout.max_model_len`` (verl's rule for vLLM: a
+    prompt the rollouter lets through must leave its response the room ``response_length`` promises; a longer
+    prompt failed in the engine with PromptTooLong, a shorter one still cut the response at the context), and
+    ``data.word_problems.max_steps >= min_steps``. Raises :class:`ConfigError`."""
+    prompt, ro = cfg.data.max_prompt_length, cfg.actor_rollout_ref.rollout
+    if prompt + ro.response_length > ro.max_model_len:
+        raise ConfigError(
+            f"data.max_prompt_length={prompt} + actor_rollout_ref.rollout.response_length={ro.response_length} = "
+            f"{prompt + ro.response_length} tokens do not fit actor_rollout_ref.rollout.max_model_len={ro.max_model_len} "
+            "(verl's rule): a prompt the rollouter lets through would "
+            + ("fail in the engine (PromptTooLong)" if prompt >= ro.max_model_len else
+               "have its response cut short of response_length by the context")
+            + f"; raise max_model_len to >= {prompt + ro.response_length} or lower max_prompt_length / response_length")
+    wp = cfg.data.word_problems
+    if wp.max_steps < wp.min_steps:
+        raise ConfigError(f"data.word_problems.max_steps={wp.max_steps} is below data.word_problems.min_steps="
+                          f"{wp.min_steps}: the generator draws between the two and refuses this when the run starts")
+
