@@ -7,11 +7,13 @@ real stack its end-to-end runs.
 """
 
 import asyncio
+import logging
 import math
 
 import pytest
 
 from asyncrl.recipes import smoke_cpu
+from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
 from fake_queue import FakeMessageQueue, FakeRollouter, fake_samples
 
 
@@ -84,3 +86,42 @@ def test_dapo_gives_up_after_max_num_gen_batches(random_model_dir):
     trainer = _trainer(cfg, fake_samples(12, n, rewards=[[1.0] * n] * 12))
     with pytest.raises(RuntimeError, match="max_num_gen_batches"):
         asyncio.run(trainer.fit_step())
+
+
+class _EndlessEqualGroups(FakeMessageQueue):
+    """A queue that never runs out, and whose every prompt group scored the same for each response."""
+
+    def __init__(self, n: int):
+        super().__init__([])
+        self.n, self.served = n, 0
+
+    async def get_samples_async(self, k: int):
+        await asyncio.sleep(0)
+        self.served += k
+        return fake_samples(k, self.n, rewards=[[1.0] * self.n] * k, seed=self.served)
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_dapo_without_a_limit_keeps_fetching_as_verl_but_warns_naming_the_key(random_model_dir, caplog):
+    """``filter_groups.enable=true`` with ``max_num_gen_batches=0`` (verl: unlimited) on data whose every group scores
+    the same fetched for ever without a word (the watchdog, when on, blamed generation). As verl, it keeps fetching;
+    now each batch's worth of groups dropped in one step logs a warning naming the key and the way out."""
+    cfg = _cfg("dapo", random_model_dir, **{"algorithm.filter_groups.max_num_gen_batches": 0})
+    n = cfg.actor_rollout_ref.rollout.n
+    trainer = FullyAsyncTrainer(cfg, _EndlessEqualGroups(n), FakeRollouter(), {})
+    need = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+
+    async def step_until_three_batches_dropped():
+        task = asyncio.create_task(trainer.fit_step())
+        while trainer.dropped["dapo_no_signal"] < 3 * need:
+            await asyncio.sleep(0.01)
+        assert not task.done()  # still fetching: 0 = unlimited, as verl
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl.trainer.fully_async_trainer"):
+        asyncio.run(step_until_three_batches_dropped())
+    warned = [r.getMessage() for r in caplog.records if "filter_groups" in r.getMessage()]
+    assert len(warned) >= 3, warned
+    assert ("algorithm.filter_groups dropped 8 prompt groups without reward variance in this step (2 batches' worth of "
+            "4) and kept 0") in warned[1], warned[1]
+    assert "algorithm.filter_groups.max_num_gen_batches=0 keeps fetching" in warned[0], warned[0]

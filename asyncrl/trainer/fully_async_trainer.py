@@ -280,7 +280,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train."""
         bound, fg = self.budget.staleness_bound, self.cfg.algorithm.filter_groups
         got: list[RolloutSample] = []
-        filtered = 0
+        filtered = warned = 0  # dapo_no_signal drops this step; batches' worth of them warned about
         while len(got) < n:
             t = time.time()
             new = await self.mq.get_samples_async(n - len(got))
@@ -310,6 +310,15 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                     f"algorithm.filter_groups dropped {filtered} prompt groups without reward variance in one step "
                     f"(limit max_num_gen_batches={fg.max_num_gen_batches} x {n}): the data is too easy or too hard "
                     "for the model; raise the limit (0 = unlimited) or change the data")
+            if fg.enable and filtered // n > warned:  # verl keeps generating with 0 too, and says so per batch
+                warned = filtered // n
+                logger.warning(
+                    "algorithm.filter_groups dropped %d prompt groups without reward variance in this step (%d batches' "
+                    "worth of %d) and kept %d: every response of those groups scored the same (metric %s); %s",
+                    filtered, warned, n, len(got), fg.metric,
+                    f"the step fails at max_num_gen_batches={fg.max_num_gen_batches}" if fg.max_num_gen_batches > 0 else
+                    "algorithm.filter_groups.max_num_gen_batches=0 keeps fetching for as long as that lasts (verl's "
+                    "unlimited); set it to K to fail the step after K batches' worth")
         if self.cfg.actor_rollout_ref.hybrid_engine:  # colocated: mini-batches in dataset order, as verl's
             got.sort(key=lambda s: (s.timings["taken"], s.index))  # (the queue holds them in completion order)
         return got
