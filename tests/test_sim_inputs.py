@@ -319,3 +319,23 @@ def test_the_summary_row_blanks_what_does_not_apply_and_counts_the_gpus_used():
     assert (rows["c"]["rollout_gpus"], rows["c"]["train_gpus"], rows["c"]["gpus"]) == (3, 2, 5)
     assert rows["d"]["gpus"] == 2
     assert (rows["colocated"]["rollout_gpus"], rows["colocated"]["train_gpus"], rows["colocated"]["gpus"]) == (2, 2, 2)
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_simulate_refuses_dapo_dynamic_sampling_which_its_responses_cannot_feed(capsys):
+    """Every simulated response is the same filler token, so every group scores the same and DAPO's
+    ``algorithm.filter_groups`` dropped them all: ``asyncrl sim --recipe arith_dapo_cpu`` spun for ever (~1,100
+    warnings a minute), or with ``max_num_gen_batches=3`` ended in two tracebacks blaming the data."""
+    from asyncrl.cli import main
+    from asyncrl.recipes import RECIPES
+
+    cfg = RECIPES["arith_dapo_cpu"]()
+    assert cfg.algorithm.filter_groups.enable
+    with pytest.raises(ConfigError, match=r"set algorithm.filter_groups.enable=false to simulate the rest"):
+        simulate(cfg, _cost())
+    code = main(["sim", "--recipe", "arith_dapo_cpu", "trainer.total_training_steps=2", "trainer.total_time_s=0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("config error: algorithm.filter_groups.enable=true") and "\n" not in err, err
+    cfg.algorithm.filter_groups.enable = False  # the rest of the recipe simulates
+    cfg.trainer.total_training_steps, cfg.trainer.total_time_s = 1, 0
+    assert len(simulate(cfg, _cost()).history) == 1

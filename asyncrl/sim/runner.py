@@ -143,7 +143,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
         TypeError: ``config`` not an :class:`ExperimentConfig`, ``cost`` not a :class:`ClusterCostModel`, or an
             argument of the wrong type (``token_scale`` / GPU counts not whole numbers, ...).
         ValueError: ``snapshot_every_s`` negative or ``max_rows`` below 1.
-        asyncrl.config.ConfigError: a value of the wrong type in ``config``, a GPU count below 1 or not whole
+        asyncrl.config.ConfigError: ``algorithm.filter_groups.enable`` (the simulated responses all score the same,
+            so DAPO's dynamic sampling would drop every group), a value of the wrong type in ``config``, a GPU count
+            below 1 or not whole
             replicas / trainer ranks of ``cost``, a ``token_scale`` below 1, unequal counts with ``hybrid_engine``,
             or data that can never fill one trainer step.
         asyncrl.data.dataset.DatasetError: ``data.train_files`` / ``data.val_files`` missing or unreadable.
@@ -151,6 +153,11 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
     """
     _check_arguments(config, cost, name=name, snapshot_every_s=snapshot_every_s, max_rows=max_rows,
                      natural_length=natural_length, gradient_fraction=gradient_fraction)
+    if config.algorithm.filter_groups.enable:  # every simulated response is the same filler: one reward per group
+        raise ConfigError("algorithm.filter_groups.enable=true (DAPO dynamic sampling) cannot be simulated: the "
+                          "simulated responses carry no reward signal, so every group would be dropped and the run "
+                          "would never finish a step; set algorithm.filter_groups.enable=false to simulate the rest "
+                          "of this config")
     cfg = copy.deepcopy(config)
     check_types(cfg)  # the seats below compare a config value before validate() runs
     cfg.trainer.progress_bar = False
