@@ -84,6 +84,51 @@ def _merge(base, other, what: str):
         raise ConfigError(f"invalid value for {key!r} in {what}: {str(exc.msg).splitlines()[0]}") from None
 
 
+def _yaml_problem(exc: Exception, what: str) -> ConfigError:
+    """One line for a YAML syntax error: where (``what``, line and column) and what PyYAML found."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    where = f" at {at(mark or ctx)}" if (mark or ctx) is not None else ""
+    if mark is not None and ctx is not None and getattr(exc, "context", None):  # where the unclosed part began
+        where += f", {' '.join(str(exc.context).split())} begun at {at(ctx)}"
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    hint = ""
+    if "':'" in problem:  # {a:{b:1}}: YAML reads "a:{b:1}" as one word; a flow mapping needs "a: {b: 1}"
+        hint = " (YAML needs a space after each ':' in a mapping, e.g. {vllm: {max_model_len: 64}}; quote the override)"
+    elif "',' or ']'" in problem or "',' or '}'" in problem:
+        hint = " (an unclosed [ or {?)"
+    return ConfigError(f"{what} is not valid YAML: {problem}{where}{hint}")
+
+
+def _load_yaml(path: str | Path):
+    """The YAML file ``path`` as a DictConfig; :class:`ConfigError` for a missing file, bad syntax or a top level
+    that is not a mapping of keys."""
+    import yaml
+
+    try:
+        loaded = OmegaConf.load(str(path))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise _yaml_problem(exc, f"config file {str(path)!r}") from None
+    if not OmegaConf.is_dict(loaded):
+        raise ConfigError(f"config file {str(path)!r} must be a mapping of keys (e.g. 'trainer:' with "
+                          f"'total_training_steps: 40' under it), not a {type(loaded).__name__.replace('Config', '').lower()}")
+    return loaded
+
+
+def _parse_override(item: str):
+    """``key=value`` as a DictConfig; :class:`ConfigError` for a value that is not valid YAML."""
+    import yaml
+
+    try:
+        return OmegaConf.from_dotlist([item])
+    except yaml.YAMLError as exc:
+        raise _yaml_problem(exc, f"the value of override {item!r}") from None
+
+
 def load_config(
     yaml_path: str | Path | None = None,
     overrides: list[str] | None = None,
@@ -100,7 +145,8 @@ def load_config(
         A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig).
 
     Raises:
-        ConfigError: for an unknown key (naming the closest valid one) or a value of the wrong type.
+        ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type, a YAML file or
+            override value that is not valid YAML (naming line and column), or a file whose top level is not a mapping.
     """
     if base is not None:  # numpy values (a sweep's grid) as Python ones; the caller's object stays as it is
         base = copy.deepcopy(base)
@@ -111,14 +157,14 @@ def load_config(
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     if yaml_path is not None:
-        cfg = _merge(cfg, OmegaConf.load(str(yaml_path)), str(yaml_path))
+        cfg = _merge(cfg, _load_yaml(yaml_path), str(yaml_path))
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, _, value = item.partition("=")
         if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
-        cfg = _merge(cfg, OmegaConf.from_dotlist([item]), f"override {item!r}")
+        cfg = _merge(cfg, _parse_override(item), f"override {item!r}")
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
     except (InterpolationResolutionError, ValidationError) as exc:
