@@ -67,6 +67,27 @@ KEY_HINTS = {
     "mode": "there is no mode key: a mode (a, b, c, d) is a setting of async_training.trigger_parameter_sync_step, "
             "async_training.staleness_threshold and async_training.partial_rollout (README, 'The four modes'); "
             "e.g. mode d: async_training.staleness_threshold=0.5 async_training.partial_rollout=true",
+    # verl names that live elsewhere here (the closest spelling would point at the wrong key)
+    "data.max_response_length": "the response length is actor_rollout_ref.rollout.response_length (verl sets it "
+                                "from data.max_response_length; here it is the one key)",
+    "data.train_batch_size": "a trainer step takes actor_rollout_ref.actor.ppo_mini_batch_size x "
+                             "async_training.require_batches prompts (as verl's fully-async recipe, which sets "
+                             "data.train_batch_size=0); set those two",
+    "actor_rollout_ref.actor.clip_ratio": "set actor_rollout_ref.actor.clip_ratio_low and "
+                                          "actor_rollout_ref.actor.clip_ratio_high (verl's clip_ratio fills both)",
+    "actor_rollout_ref.actor.grad_clip": "the gradient-norm clip is actor_rollout_ref.actor.optim.clip_grad",
+    "critic.grad_clip": "the gradient-norm clip is critic.optim.clip_grad",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "the micro-batch is actor_rollout_ref.actor.ppo_micro_batch_size "
+                                                            "(sequences per forward/backward chunk)",
+    "critic.ppo_micro_batch_size_per_gpu": "the micro-batch is critic.ppo_micro_batch_size",
+    "trainer.val_before_train": "there is no switch: asyncrl always evaluates before training (version 0, the "
+                                "summary's accuracy_before; not on resume); trainer.test_freq sets evaluations "
+                                "during training (0 = only before and after)",
+    "trainer.total_epochs": "a run ends after trainer.total_training_steps (or trainer.total_time_s); the data "
+                            "repeats in new epochs for as long as that needs",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "tensor-parallel rollout is not supported: each replica "
+                                                            "runs on one GPU (rollout.n_gpus_per_node replicas per "
+                                                            "node); scale the rollout with more replicas",
 }
 """Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
 

@@ -41,3 +41,35 @@ def test_a_yaml_file_with_a_syntax_error_or_a_list_at_top_level_is_a_config_erro
         assert main(["train", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"config error: config file '{path}'") and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("key, says", [
+    ("data.max_response_length", "actor_rollout_ref.rollout.response_length"),
+    ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size x async_training.require_batches"),
+    ("actor_rollout_ref.actor.clip_ratio", "clip_ratio_low and actor_rollout_ref.actor.clip_ratio_high"),
+    ("actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad"),
+    ("critic.grad_clip", "critic.optim.clip_grad"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size"),
+    ("trainer.val_before_train", "always evaluates before training"),
+    ("trainer.total_epochs", "trainer.total_training_steps"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size", "tensor-parallel rollout is not supported"),
+])
+def test_verl_key_names_that_live_elsewhere_get_a_hint_not_a_misleading_closest_key(key, says):
+    """``data.max_response_length`` suggested data.max_prompt_length, ``clip_ratio`` clip_ratio_c, ``grad_clip``
+    nothing useful: the closest spelling of a verl name is often the wrong key."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"{key}=1"])
+    assert says in str(err.value) and "did you mean" not in str(err.value), str(err.value)
+
+
+def test_every_key_a_hint_names_exists():
+    import re
+
+    from asyncrl.config import KEY_HINTS, valid_keys
+
+    keys = set(valid_keys())
+    for bad, hint in KEY_HINTS.items():
+        assert bad not in keys, bad
+        named = [k for k in re.findall(r"[a-z_]+(?:\.[a-z_]+)+", hint) if k not in (bad, "e.g")]  # a hint may name
+        missing = [k for k in named if k not in keys]  # its own verl key; every other key it names must exist
+        assert not missing, (bad, missing)
