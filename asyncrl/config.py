@@ -92,8 +92,30 @@ KEY_HINTS = {
 """Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
 
 
+FILE_KEYS = ("train_files", "val_files")
+"""``data`` keys holding one file path here where verl takes a path or a list of paths."""
+
+
+def _one_file(other, what: str) -> None:
+    """A one-element list for ``data.train_files`` / ``data.val_files`` (verl's list form) as its path; a longer list
+    is a :class:`ConfigError` saying to concatenate (OmegaConf's ``Cannot convert 'ListConfig' to string`` said
+    nothing of what to do)."""
+    data = other.get("data") if isinstance(other, dict) else None  # other: _check_raw's plain container
+    if not isinstance(data, dict):
+        return
+    for name in FILE_KEYS:
+        value = data.get(name)
+        if isinstance(value, list):
+            if len(value) == 1:
+                data[name] = value[0]
+            else:
+                raise ConfigError(f"invalid value for 'data.{name}' in {what}: one file path (a .jsonl or .parquet); "
+                                  f"a list of {len(value)} files is not supported yet: concatenate them into one file")
+
+
 def _merge(base, other, what: str):
     other = _check_raw(other, what)
+    _one_file(other, what)
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
