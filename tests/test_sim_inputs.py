@@ -339,3 +339,16 @@ def test_simulate_refuses_dapo_dynamic_sampling_which_its_responses_cannot_feed(
     cfg.algorithm.filter_groups.enable = False  # the rest of the recipe simulates
     cfg.trainer.total_training_steps, cfg.trainer.total_time_s = 1, 0
     assert len(simulate(cfg, _cost()).history) == 1
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_asyncrl_sim_says_how_many_prompts_it_skipped_as_too_long(tmp_path, capsys):
+    """150 of 200 prompts longer than ``data.max_prompt_length``: ``asyncrl sim`` printed only its table."""
+    from asyncrl.cli import main
+
+    long = "what is " + " + ".join(["1"] * 60) + "?"
+    path = _jsonl(tmp_path / "mixed.jsonl", [f"what is {i} + 1?" if i % 4 == 0 else long for i in range(200)])
+    assert main(["sim", f"data.train_files={path}", "trainer.total_training_steps=2", "trainer.total_time_s=0"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "prompt(s) skipped as longer than data.max_prompt_length=64 tokens" in out[-1], out[-1]
+    assert int(out[-1].split()[0]) >= 150, out[-1]

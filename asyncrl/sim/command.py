@@ -125,9 +125,9 @@ def run(args: argparse.Namespace, load: "callable") -> int:
           f"rollout_gpus / train_gpus count {units}{keyed}, gpus in all (colocated: one pool); the *_s columns are "
           "simulated seconds)")
     print(pd.DataFrame([row]).round(3).to_string(index=False))
-    line = stale_summary(res)
-    if line:
-        print(line)
+    for line in (stale_summary(res), too_long_summary(res)):
+        if line:
+            print(line)
     return 0
 
 
@@ -192,3 +192,13 @@ def stale_summary(res) -> str:
         line = (line + "; " if line else "") + (f"{in_gen} prompt group(s) ended in generation as stale "
                                                 "(async_training.drop_stale_in_generation)")
     return line
+
+
+def too_long_summary(res) -> str:
+    """How many prompts the rollouter skipped as longer than ``data.max_prompt_length`` (never generated, not
+    trained; the count is of draws, so a prompt skipped again in a later epoch counts again); ``""`` for none."""
+    n = res.accounting.get("dropped", {}).get("prompt_too_long", 0)
+    if not n:
+        return ""
+    return (f"{n} prompt(s) skipped as longer than data.max_prompt_length={res.config.data.max_prompt_length} tokens "
+            "(counted each time drawn, over epochs; not generated; raise data.max_prompt_length to keep them)")
