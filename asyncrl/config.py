@@ -91,6 +91,12 @@ KEY_HINTS = {
 }
 """Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
 
+NULL_HINTS = {
+    "trainer.total_training_steps": "verl's null (steps from total_epochs) has no equivalent here: give a step count "
+                                    ">= 1 (trainer.total_time_s can end the run sooner; the data repeats in epochs)",
+}
+"""What to write instead of null for a key verl lets be null and asyncrl does not."""
+
 
 FILE_KEYS = ("train_files", "val_files")
 """``data`` keys holding one file path here where verl takes a path or a list of paths."""
@@ -124,7 +130,9 @@ def _merge(base, other, what: str):
         raise ConfigError(f"unknown config key {bad!r} in {what}; {hint}") from None
     except ValidationError as exc:
         key = getattr(exc, "full_key", None) or what  # OmegaConf names no key for a list of the wrong length
-        raise ConfigError(f"invalid value for {key!r} in {what}: {str(exc.msg).splitlines()[0]}") from None
+        msg = str(exc.msg).splitlines()[0]
+        hint = NULL_HINTS.get(key, "") if "'None'" in msg else ""
+        raise ConfigError(f"invalid value for {key!r} in {what}: {msg}" + (f"; {hint}" if hint else "")) from None
 
 
 def _yaml_problem(exc: Exception, what: str) -> ConfigError:
@@ -342,8 +350,7 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.logger: unknown logger(s) {bad}; valid: {list(LOGGERS)} (e.g. trainer.logger=[console,tensorboard])")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<run dir>/checkpoints/global_step_N")
-    if tr.save_freq == 0 or tr.save_freq < -1:
-        raise ConfigError(f"trainer.save_freq={tr.save_freq}; use a step count >= 1, or -1 for no checkpoints")
+    # trainer.save_freq <= 0 means no checkpoints, as in verl (the trainer and Experiment save only when > 0)
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

@@ -85,3 +85,16 @@ def test_data_files_take_verl_one_element_list_and_say_to_concatenate_a_longer_o
     yml.write_text("data:\n  train_files:\n    - /tmp/a.jsonl\n    - /tmp/b.jsonl\n")
     with pytest.raises(ConfigError, match=rf"'data.train_files' in {yml}: one file path"):
         load_config(yml)
+
+
+@pytest.mark.parametrize("value", [0, -1, -5])
+def test_save_freq_at_or_below_zero_means_no_checkpoints_as_in_verl(value):
+    """``trainer.save_freq=0`` was refused ("use a step count >= 1, or -1") though verl reads any value <= 0 as off and
+    the trainer and Experiment here save only when it is > 0."""
+    assert load_config(None, [f"trainer.save_freq={value}"]).trainer.save_freq == value
+
+
+def test_total_training_steps_null_says_what_to_write_instead():
+    """verl's default ``trainer.total_training_steps=null`` was ``Incompatible value 'None' for field of type 'int'``."""
+    with pytest.raises(ConfigError, match=r"Incompatible value 'None'.*; verl's null .*give a step count >= 1"):
+        load_config(None, ["trainer.total_training_steps=null"])
