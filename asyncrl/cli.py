@@ -1,4 +1,5 @@
-"""``asyncrl`` command line: ``asyncrl train [config.yaml] [key=value ...]``, ``asyncrl demo`` and
+"""``asyncrl`` command line: ``asyncrl train [config.yaml] [key=value ...]`` (``--dry-run``: check and print the
+resolved config, start nothing), ``asyncrl demo`` and
 ``asyncrl batch NOTEBOOK -p key value ...`` (papermill; see :mod:`asyncrl.batch`) and
 ``asyncrl models fetch smollm2-135m-instruct`` (a real pretrained model; see :mod:`asyncrl.models.fetch`) and
 ``asyncrl sim [config.yaml] [key=value ...]`` (the run in virtual time; see :mod:`asyncrl.sim.command`).
@@ -108,6 +109,8 @@ def _train(args: argparse.Namespace) -> int:
         exp = Experiment(cfg)
     except CheckpointError as exc:  # resume_mode=resume_path at a missing / unreadable checkpoint
         raise UserError("config", f"trainer.resume_from_path: {exc}") from None
+    if args.dry_run or args.cfg:
+        return _dry_run(exp)
     # a bad dataset file fails here before any process starts; start-time config checks (GPUs asked for vs
     # the Ray cluster's, data that can never fill a trainer step) raise ConfigError
     try:
@@ -118,6 +121,26 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     print(summary)
     print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
+    return 0
+
+
+def _dry_run(exp) -> int:
+    """``asyncrl train --dry-run``: the checks a run makes before anything starts (config, data file, enough prompts
+    within ``data.max_prompt_length`` for one trainer step, resume checkpoint), then the resolved config as YAML on
+    stdout (a config file ``asyncrl train`` takes back); nothing starts (no Ray, no engine)."""
+    from asyncrl.config import to_yaml
+    from asyncrl.data.dataset import run_rows
+    from asyncrl.models import load_tokenizer
+    from asyncrl.watchdog import check_can_fill_batch
+
+    cfg = exp.config
+    train = run_rows(cfg.data, "train", cfg.trainer.seed)  # as Experiment.start reads them, before Ray
+    run_rows(cfg.data, "test", cfg.trainer.seed)
+    m = cfg.actor_rollout_ref.model
+    check_can_fill_batch(train, cfg, load_tokenizer(m.tokenizer_path or m.path))
+    print(to_yaml(cfg), end="")
+    resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
+    print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
     return 0
 
 
@@ -177,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--recipe", default=None,
                        help="base recipe (default: the task's recipe, e.g. task=calc_tool -> calc_tool_grpo_cpu; "
                             "else arith_grpo_cpu)")
+        p.add_argument("--dry-run", action="store_true",
+                       help="check the config and data as a run would before starting, print the resolved config as "
+                            "YAML and exit (starts nothing)")
+        p.add_argument("--cfg", choices=["job"], default=None, help="Hydra's spelling of --dry-run (--cfg job)")
         p.add_argument("--log-level", default="WARNING")
     b = sub.add_parser("batch", help="run a notebook with papermill into runs/batch/<notebook>__<time>/")
     b.add_argument("notebook", help="the .ipynb to execute (e.g. notebooks/01_four_modes.ipynb)")

@@ -120,3 +120,34 @@ def test_tuple_reaches_the_notebook_as_a_list_not_a_string(tmp_path):
     with pytest.raises(BatchParameterError, match="has no cell tagged 'parameters'"):
         check_parameters(tmp_path / "bare.ipynb", {"x": 1})
     assert check_parameters(tmp_path / "bare.ipynb", {"snapshot_dir": "s"}) == {"snapshot_dir": "s"}
+
+
+def test_train_dry_run_checks_and_prints_the_config_and_starts_nothing(capsys, tmp_path, monkeypatch):
+    """``asyncrl train`` had no way to check a config without starting a run: ``--dry-run`` (Hydra: ``--cfg job``)
+    makes the pre-start checks, prints the resolved config as YAML (which ``asyncrl train`` takes back) and exits 0."""
+    import ray
+
+    from asyncrl.config import load_config
+    from asyncrl.experiment import Experiment
+    from asyncrl.recipes import arith_grpo_cpu
+
+    def never(self, *a, **k):
+        raise AssertionError("--dry-run started the run")
+
+    monkeypatch.setattr(Experiment, "start", never)
+    monkeypatch.setattr(Experiment, "run", never)
+    ray_before = ray.is_initialized()
+    assert main(["train", "--dry-run", "trainer.total_training_steps=3"]) == 0
+    out, err = capsys.readouterr()
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(out)
+    assert load_config(saved) == load_config(None, ["trainer.total_training_steps=3"], base=arith_grpo_cpu())
+    assert "config ok" in err and "nothing started" in err
+    assert main(["train", str(saved), "--cfg", "job"]) == 0
+    capsys.readouterr()
+    long = tmp_path / "long.jsonl"  # the data check of a real start: no prompt fits data.max_prompt_length
+    long.write_text("".join(json.dumps({"data_source": "arith", "prompt": "what is " + " + ".join(["1"] * 60) + "?",
+                                        "reward_model": {"ground_truth": "60"}}) + "\n" for _ in range(64)))
+    code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={long}")
+    assert code == 2 and err.startswith("config error: ") and "data.max_prompt_length" in err, err
+    assert ray.is_initialized() == ray_before
