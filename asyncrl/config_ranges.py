@@ -13,6 +13,7 @@ validators of their sections. Import the names from :mod:`asyncrl.config`.
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import dataclass
 from typing import Optional
@@ -38,11 +39,25 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def __str__(self) -> str:
+        low, high = _num(self.low), _num(self.high)
         if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
+            return f"{'>' if self.low_open else '>='} {low}"
         if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"{'<' if self.high_open else '<='} {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _num(x: Optional[float]) -> str:
+    """A bound as a message says it: an integral one in full (``4294967295``, not ``4.29497e+09``)."""
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def off_value(why: str) -> Optional[str]:
+    """The "off" / "no limit" value a :data:`RANGES` text names (``0 = no time budget``, ``0 = off``), or None."""
+    m = re.search(r"(?:^|[,;:(] ?)((?:-?\d+(?: or -?\d+)?(?: \([^)]*\))?) = [^,;:)]+)", why)
+    return m.group(1) if m else None
 
 
 def at_least(low: float) -> Range:
@@ -58,8 +73,10 @@ _OPTIM = {  # actor_rollout_ref.actor.optim and critic.optim: AdamW (torch refus
     "weight_decay": (at_least(0), "AdamW refuses a negative weight decay when the trainer starts"),
     "betas": (Range(0, 1, high_open=True), "each of AdamW's two betas: torch refuses one outside [0, 1) when the "
                                             "trainer starts"),
-    "lr_warmup_steps": (at_least(0), "updates of linear warm-up: a negative count would start below the peak rate "
-                                     "and decay from there"),
+    "lr_warmup_steps": (at_least(-1), "updates of linear warm-up, 0 = none, -1 (verl's default) = "
+                                      "int(lr_warmup_steps_ratio * total_updates)"),
+    "lr_warmup_steps_ratio": (Range(0, 1), "the warm-up's fraction of the decay's updates (with lr_warmup_steps=-1): "
+                                           "above 1 the rate would never reach its peak"),
     "total_updates": (at_least(0), "updates of the linear decay, 0 = derived from trainer.total_training_steps: a "
                                    "negative count would decay the rate to 0 right after warm-up"),
     "clip_grad": (above(0), "the largest gradient norm kept: 0 would zero every gradient (no update) and a negative "
@@ -152,7 +169,9 @@ RANGES: dict[str, tuple[Range, str]] = {
     "trainer.eval_average_last": (at_least(1), "evaluations averaged into the summary's accuracy: 0 would average all "
                                                "of them and -k all but the first k"),
     "trainer.critic_warmup": (at_least(0), "critic-only steps before the actor trains"),
-    "trainer.seed": (at_least(0), "numpy (the data order) refuses a negative seed when the run starts"),
+    "trainer.seed": (Range(0, 2**32 - 1), "numpy (the data order) refuses a negative seed when the run starts, and vLLM "
+                                          "seeds numpy's legacy generator with it (< 2**32) at the engine's start; "
+                                          "torch overflows at 2**64"),
     "trainer.torch_threads": (at_least(1), "torch refuses fewer threads when the trainer starts"),
     "trainer.max_actor_ckpt_to_keep": (at_least(1), "checkpoints kept, null = all"),
     "trainer.watchdog_timeout_s": (at_least(0), "seconds without a step before the watchdog reports, 0 = off"),

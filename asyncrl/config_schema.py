@@ -39,7 +39,11 @@ class OptimConfig:
     lr: float = 3e-4
     """Peak AdamW learning rate, >= 0 (0 = no update; 4e-4 and above collapses the embedded model)."""
     lr_warmup_steps: int = 30
-    """Linear warm-up, in optimizer updates (0 = none)."""
+    """Linear warm-up, in optimizer updates (0 = none); negative (verl's default -1) = delegate to
+    ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a fraction of the decay's updates (``int(ratio * total_updates)``, verl's ``lr_warmup_steps_ratio``),
+    in [0, 1]; read only when ``lr_warmup_steps`` is negative (0 = no warm-up)."""
     total_updates: int = 0
     """Updates for the linear decay to 0 after warm-up; 0 = derived from trainer.total_training_steps."""
     weight_decay: float = 0.0

@@ -214,7 +214,7 @@ def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monk
     for key, value in (("async_training.staleness_threshold", "nan"), ("trainer.total_time_s", "inf")):
         with pytest.raises(ConfigError, match=rf"{key}={value} \(float\) is not valid: expected a finite number"):
             load_config(overrides=[f"{key}={value}"])
-    with pytest.raises(ConfigError, match=r"invalid value for 'actor_rollout_ref.actor.optim.betas' .* is not a list of 2 numbers"):
+    with pytest.raises(ConfigError, match=r"invalid value for 'actor_rollout_ref.actor.optim.betas' .* is not a list of 2 finite numbers"):
         load_config(overrides=["actor_rollout_ref.actor.optim.betas=[0.9,0.95,0.99]"])
     with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.engine_kwargs' .* is not a mapping"):
         load_config(overrides=["actor_rollout_ref.rollout.engine_kwargs=[1,2]"])  # was OmegaConf's bare TypeError
