@@ -1,6 +1,7 @@
 """The numeric keys' ranges: each int / float key of the schema with the values that can work, checked by
 :func:`asyncrl.config.validate` (:func:`check_ranges`), and the token lengths checked against each other
-(:func:`check_lengths`).
+(:func:`check_lengths`; a null ``rollout.max_model_len`` is resolved by :func:`resolved_max_model_len`, and
+:func:`check_model_positions` holds the lengths to the model's own positions before a run starts).
 
 A value outside its range used to pass validation and misbehave quietly later (``clip_grad=0`` zeroed every
 gradient, ``eval_average_last=0`` averaged every evaluation, ``tool_timeout_s=0`` timed every tool call out) or
@@ -13,6 +14,7 @@ validators of their sections. Import the names from :mod:`asyncrl.config`.
 
 from __future__ import annotations
 
+import re
 import typing
 from dataclasses import dataclass
 from typing import Optional
@@ -38,11 +40,25 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def __str__(self) -> str:
+        low, high = _num(self.low), _num(self.high)
         if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
+            return f"{'>' if self.low_open else '>='} {low}"
         if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"{'<' if self.high_open else '<='} {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _num(x: Optional[float]) -> str:
+    """A bound as a message says it: an integral one in full (``4294967295``, not ``4.29497e+09``)."""
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def off_value(why: str) -> Optional[str]:
+    """The "off" / "no limit" value a :data:`RANGES` text names (``0 = no time budget``, ``0 = off``), or None."""
+    m = re.search(r"(?:^|[,;:(] ?)((?:-?\d+(?: or -?\d+)?(?: \([^)]*\))?) = [^,;:)]+)", why)
+    return m.group(1) if m else None
 
 
 def at_least(low: float) -> Range:
@@ -58,8 +74,10 @@ _OPTIM = {  # actor_rollout_ref.actor.optim and critic.optim: AdamW (torch refus
     "weight_decay": (at_least(0), "AdamW refuses a negative weight decay when the trainer starts"),
     "betas": (Range(0, 1, high_open=True), "each of AdamW's two betas: torch refuses one outside [0, 1) when the "
                                             "trainer starts"),
-    "lr_warmup_steps": (at_least(0), "updates of linear warm-up: a negative count would start below the peak rate "
-                                     "and decay from there"),
+    "lr_warmup_steps": (at_least(-1), "updates of linear warm-up, 0 = none, -1 (verl's default) = "
+                                      "int(lr_warmup_steps_ratio * total_updates)"),
+    "lr_warmup_steps_ratio": (Range(0, 1), "the warm-up's fraction of the decay's updates (with lr_warmup_steps=-1): "
+                                           "above 1 the rate would never reach its peak"),
     "total_updates": (at_least(0), "updates of the linear decay, 0 = derived from trainer.total_training_steps: a "
                                    "negative count would decay the rate to 0 right after warm-up"),
     "clip_grad": (above(0), "the largest gradient norm kept: 0 would zero every gradient (no update) and a negative "
@@ -96,8 +114,9 @@ RANGES: dict[str, tuple[Range, str]] = {
     "actor_rollout_ref.rollout.num_replicas": (at_least(1), "rollout replicas: with none nothing is generated"),
     "actor_rollout_ref.rollout.concurrent_samples_per_replica": (at_least(1), _NO_STEP),
     "actor_rollout_ref.rollout.max_num_seqs": (at_least(1), _NO_STEP),
-    "actor_rollout_ref.rollout.max_model_len": (at_least(2), "prompt + response tokens per sequence: room for one "
-                                                             "prompt token and one generated token at least"),
+    "actor_rollout_ref.rollout.max_model_len": (at_least(2), "prompt + response tokens per sequence, null = derived: "
+                                                             "room for one prompt token and one generated token at "
+                                                             "least"),
     "actor_rollout_ref.rollout.gpu_memory_utilization": (Range(0, 1, low_open=True), "a fraction of the GPU's memory"),
     "actor_rollout_ref.rollout.cpu_kvcache_space_gb": (above(0), "GiB of KV cache: with none the engine fails at "
                                                                  "its start"),
@@ -152,7 +171,9 @@ RANGES: dict[str, tuple[Range, str]] = {
     "trainer.eval_average_last": (at_least(1), "evaluations averaged into the summary's accuracy: 0 would average all "
                                                "of them and -k all but the first k"),
     "trainer.critic_warmup": (at_least(0), "critic-only steps before the actor trains"),
-    "trainer.seed": (at_least(0), "numpy (the data order) refuses a negative seed when the run starts"),
+    "trainer.seed": (Range(0, 2**32 - 1), "numpy (the data order) refuses a negative seed when the run starts, and vLLM "
+                                          "seeds numpy's legacy generator with it (< 2**32) at the engine's start; "
+                                          "torch overflows at 2**64"),
     "trainer.torch_threads": (at_least(1), "torch refuses fewer threads when the trainer starts"),
     "trainer.max_actor_ckpt_to_keep": (at_least(1), "checkpoints kept, null = all"),
     "trainer.watchdog_timeout_s": (at_least(0), "seconds without a step before the watchdog reports, 0 = off"),
@@ -160,6 +181,29 @@ RANGES: dict[str, tuple[Range, str]] = {
 }
 """Dotted key -> (the values accepted, what the key is and what a value outside would do). A null of an
 Optional key (its "off" or "derived") is not checked; a tuple key (``optim.betas``) has each item checked."""
+
+
+def check_model_positions(cfg: ExperimentConfig) -> None:
+    """The lengths against the model's own positions (``max_position_embeddings`` of its ``config.json``, when
+    :func:`model_positions` can read it): ``data.max_prompt_length + rollout.response_length`` must fit them (verl
+    asserts it), and with ``rollout.name=vllm`` so must a set ``max_model_len`` (vLLM refuses a longer one). Called by
+    ``Experiment.start`` before Ray starts (vLLM failed at the engine's start with Ray up); not by ``validate``, whose
+    configs may simulate another model than ``model.path`` (:mod:`asyncrl.sim`). Raises :class:`ConfigError`."""
+    arr = cfg.actor_rollout_ref
+    pos = model_positions(arr.model.path)
+    if pos is None:
+        return
+    prompt, response = cfg.data.max_prompt_length, arr.rollout.response_length
+    where = f"the model {arr.model.path} has max_position_embeddings={pos}"
+    if prompt + response > pos:
+        raise ConfigError(f"data.max_prompt_length={prompt} + actor_rollout_ref.rollout.response_length={response} = "
+                          f"{prompt + response} tokens do not fit the model's positions: {where} (verl asserts "
+                          f"max_position_embeddings >= prompt + response); lower max_prompt_length / response_length")
+    limit = resolved_max_model_len(cfg)
+    if arr.rollout.name == "vllm" and limit > pos:
+        raise ConfigError(f"actor_rollout_ref.rollout.max_model_len={limit} is above the model's positions: {where}, and "
+                          f"vLLM refuses a longer context at the engine's start; use max_model_len <= {pos} (prompt "
+                          f"{prompt} + response {response} = {prompt + response} fit) or null")
 
 
 def check_ranges(cfg: ExperimentConfig) -> None:
@@ -178,21 +222,81 @@ def check_ranges(cfg: ExperimentConfig) -> None:
             raise ConfigError(f"{key}={shown} is not valid: use {each}{rng}{null} ({why})")
 
 
+DEFAULT_MAX_MODEL_LEN = 512
+"""The context of a null ``rollout.max_model_len`` whose lengths fit it: the key's default before it could be null (and
+the embedded models' positions), so every shipped recipe gives its engines what it gave them before."""
+
+
+def model_positions(model_path: str) -> Optional[int]:
+    """``max_position_embeddings`` of the model's ``config.json`` (the json only, no model load), or None: not a local
+    directory, no readable config.json, no such key, or a ``rope_scaling`` that stretches the context beyond it."""
+    import json
+    from pathlib import Path
+
+    try:
+        hf = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    pos = hf.get("max_position_embeddings") if isinstance(hf, dict) else None
+    if not isinstance(pos, int) or isinstance(pos, bool) or hf.get("rope_scaling"):
+        return None
+    return pos
+
+
+def set_max_model_len(cfg: ExperimentConfig) -> Optional[int]:
+    """The context the user set, or None (derived): ``actor_rollout_ref.rollout.max_model_len``, or with
+    ``rollout.name=vllm`` its twin ``rollout.engine_kwargs.vllm.max_model_len`` (passed to vLLM as it is, so it counts
+    the same; a null twin is no setting). Raises :class:`ConfigError` when the two disagree or the twin is not an
+    int >= 2."""
+    ro = cfg.actor_rollout_ref.rollout
+    key = "actor_rollout_ref.rollout.max_model_len"
+    twin = ((ro.engine_kwargs or {}).get("vllm") or {}).get("max_model_len") if ro.name == "vllm" else None
+    if twin is None:
+        return ro.max_model_len
+    twin_key = "actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len"
+    if not isinstance(twin, int) or isinstance(twin, bool) or twin not in RANGES[key][0]:
+        raise ConfigError(f"{twin_key}={twin!r} is not valid: use an int {RANGES[key][0]} ({RANGES[key][1]})")
+    if ro.max_model_len is not None and ro.max_model_len != twin:
+        raise ConfigError(f"{twin_key}={twin} disagrees with {key}={ro.max_model_len}: vLLM would get the first and "
+                          "asyncrl's prompt checks the second; set one of them")
+    return twin
+
+
+def resolved_max_model_len(cfg: ExperimentConfig) -> int:
+    """The engines' context (prompt + response tokens per sequence), the one place a null
+    ``actor_rollout_ref.rollout.max_model_len`` is resolved (the replicas' engines, the length checks).
+
+    Set (:func:`set_max_model_len`): that value. Null (the default, verl's "derived"): ``data.max_prompt_length +
+    rollout.response_length`` (verl's derived value) but at least :data:`DEFAULT_MAX_MODEL_LEN` (512, or the model's
+    ``max_position_embeddings`` where ``config.json`` says fewer), so raising the lengths on the command line raises
+    the context with them and every recipe keeps the 512 its engines had."""
+    explicit = set_max_model_len(cfg)
+    if explicit is not None:
+        return explicit
+    pos = model_positions(cfg.actor_rollout_ref.model.path)
+    floor = DEFAULT_MAX_MODEL_LEN if pos is None else min(DEFAULT_MAX_MODEL_LEN, pos)
+    return max(cfg.data.max_prompt_length + cfg.actor_rollout_ref.rollout.response_length, floor)
+
+
 def check_lengths(cfg: ExperimentConfig) -> None:
     """Keys whose valid values depend on each other: ``data.max_prompt_length +
-    actor_rollout_ref.rollout.response_length <= actor_rollout_ref.rollout.max_model_len`` (verl's rule for vLLM: a
-    prompt the rollouter lets through must leave its response the room ``response_length`` promises; a longer
-    prompt failed in the engine with PromptTooLong, a shorter one still cut the response at the context), and
-    ``data.word_problems.max_steps >= min_steps``. Raises :class:`ConfigError`."""
+    actor_rollout_ref.rollout.response_length <= actor_rollout_ref.rollout.max_model_len`` when max_model_len is set
+    (verl's rule for vLLM: a prompt the rollouter lets through must leave its response the room ``response_length``
+    promises; a longer prompt failed in the engine with PromptTooLong, a shorter one still cut the response at the
+    context; a null max_model_len is derived to fit, :func:`resolved_max_model_len`), its vLLM twin
+    (:func:`set_max_model_len`), and ``data.word_problems.max_steps >= min_steps``. Raises :class:`ConfigError`."""
     prompt, ro = cfg.data.max_prompt_length, cfg.actor_rollout_ref.rollout
-    if prompt + ro.response_length > ro.max_model_len:
+    limit = set_max_model_len(cfg)
+    key = "max_model_len" if ro.max_model_len is not None else "engine_kwargs.vllm.max_model_len"
+    if limit is not None and prompt + ro.response_length > limit:
         raise ConfigError(
             f"data.max_prompt_length={prompt} + actor_rollout_ref.rollout.response_length={ro.response_length} = "
-            f"{prompt + ro.response_length} tokens do not fit actor_rollout_ref.rollout.max_model_len={ro.max_model_len} "
+            f"{prompt + ro.response_length} tokens do not fit actor_rollout_ref.rollout.{key}={limit} "
             "(verl's rule): a prompt the rollouter lets through would "
-            + ("fail in the engine (PromptTooLong)" if prompt >= ro.max_model_len else
+            + ("fail in the engine (PromptTooLong)" if prompt >= limit else
                "have its response cut short of response_length by the context")
-            + f"; raise max_model_len to >= {prompt + ro.response_length} or lower max_prompt_length / response_length")
+            + f"; raise max_model_len to >= {prompt + ro.response_length} (or null: derived from the lengths) or lower "
+              "max_prompt_length / response_length")
     wp = cfg.data.word_problems
     if wp.max_steps < wp.min_steps:
         raise ConfigError(f"data.word_problems.max_steps={wp.max_steps} is below data.word_problems.min_steps="

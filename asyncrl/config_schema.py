@@ -39,7 +39,11 @@ class OptimConfig:
     lr: float = 3e-4
     """Peak AdamW learning rate, >= 0 (0 = no update; 4e-4 and above collapses the embedded model)."""
     lr_warmup_steps: int = 30
-    """Linear warm-up, in optimizer updates (0 = none)."""
+    """Linear warm-up, in optimizer updates (0 = none); negative (verl's default -1) = delegate to
+    ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Warm-up as a fraction of the decay's updates (``int(ratio * total_updates)``, verl's ``lr_warmup_steps_ratio``),
+    in [0, 1]; read only when ``lr_warmup_steps`` is negative (0 = no warm-up)."""
     total_updates: int = 0
     """Updates for the linear decay to 0 after warm-up; 0 = derived from trainer.total_training_steps."""
     weight_decay: float = 0.0
@@ -152,9 +156,12 @@ class RolloutConfig:
     (vLLM's ``scheduling_policy``): a trained sample's requests carry the version of its oldest token, so after a
     sync the resumed long-tail responses, nearest the staleness bound, decode before the fresh groups. Only acts
     when requests wait, i.e. with ``max_num_seqs`` below the sequences in flight."""
-    max_model_len: int = 512
-    """Prompt + response tokens per sequence (engine and trajectory proxy context limit); at least
-    ``data.max_prompt_length + response_length`` (verl's rule, checked by ``validate``)."""
+    max_model_len: Optional[int] = None
+    """Prompt + response tokens per sequence (engine and trajectory proxy context limit). Set: at least
+    ``data.max_prompt_length + response_length`` (verl's rule, checked by ``validate``). Null (verl's default):
+    derived, ``max_prompt_length + response_length`` but at least 512 (``asyncrl.config_ranges.resolved_max_model_len``:
+    512, the default before null, unless the model's positions are fewer). ``engine_kwargs.vllm.max_model_len`` counts
+    as setting it; a different value in the two is refused."""
     enable_prefix_caching: bool = False
     """vLLM prefix caching. Off by default: a cache entry computed before a weight sync that survives
     it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which

@@ -137,7 +137,24 @@ def check_types(cfg: ExperimentConfig) -> None:
         if not _type_ok(value, t):
             kind = type(value)
             kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}")
+            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}{_range_hint(key, value)}")
+
+
+def _range_hint(key: str, value: Any) -> str:
+    """For a number that is not finite (``inf``, ``nan``) of a key of :data:`asyncrl.config_ranges.RANGES`: the range
+    and the table's words for the key, which name its "off" / "no limit" value where it has one (``trainer.total_time_s``:
+    ``0 = no time budget``); a key without one says so, since ``inf`` is what a user reaches for. ``""`` otherwise."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    if not any(isinstance(v, float) and not math.isfinite(v) for v in items):
+        return ""
+    from asyncrl.config_ranges import RANGES, off_value  # imports this module
+
+    if key not in RANGES:
+        return ""
+    rng, why = RANGES[key]
+    off = off_value(why)
+    limit = "" if off or not any(v == math.inf for v in items) else "; it has no 'no limit' value: use a large one"
+    return f", {rng} ({why}){limit}"
 
 
 def _type_name(t: Any) -> str:
@@ -147,7 +164,7 @@ def _type_name(t: Any) -> str:
     if origin is typing.Union:
         return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
     if origin is tuple and args and Ellipsis not in args:
-        return f"a list of {len(args)} " + ("numbers" if all(a is float for a in args) else "values")
+        return f"a list of {len(args)} " + ("finite numbers" if all(a is float for a in args) else "values")
     if origin in (list, tuple):
         return f"a list of {_type_name(args[0]) if args else 'values'}"
     if origin is dict:

@@ -118,10 +118,12 @@ class Experiment:
 
         Raises:
             KeyError / asyncrl.data.DatasetError: unknown ``data.task`` or a bad dataset file.
-            asyncrl.config.ConfigError: the run asks for more GPUs than the Ray cluster has, or the data
+            asyncrl.config.ConfigError: prompt + response (or a vLLM max_model_len) past the model's
+                ``max_position_embeddings``, the run asks for more GPUs than the Ray cluster has, or the data
                 can never fill one trainer step (fewer prompts than ``required_samples``, or too few
                 within ``data.max_prompt_length``).
         """
+        from asyncrl.config_ranges import check_model_positions
         from asyncrl.data.dataset import run_rows
         from asyncrl.message_queue import MessageQueue
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
@@ -135,6 +137,7 @@ class Experiment:
         # data first: a bad task name or file fails before any process starts
         train, val = run_rows(cfg.data, "train", cfg.trainer.seed), run_rows(cfg.data, "test", cfg.trainer.seed)
         self._check_data(train)  # a run that can never complete a step stops here, with the reason
+        check_model_positions(cfg)  # lengths past the model's positions: vLLM failed at its start, with Ray up
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True

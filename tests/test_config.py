@@ -214,7 +214,7 @@ def test_the_type_checks_keep_what_omegaconf_and_verl_users_write(tmp_path, monk
     for key, value in (("async_training.staleness_threshold", "nan"), ("trainer.total_time_s", "inf")):
         with pytest.raises(ConfigError, match=rf"{key}={value} \(float\) is not valid: expected a finite number"):
             load_config(overrides=[f"{key}={value}"])
-    with pytest.raises(ConfigError, match=r"invalid value for 'actor_rollout_ref.actor.optim.betas' .* is not a list of 2 numbers"):
+    with pytest.raises(ConfigError, match=r"invalid value for 'actor_rollout_ref.actor.optim.betas' .* is not a list of 2 finite numbers"):
         load_config(overrides=["actor_rollout_ref.actor.optim.betas=[0.9,0.95,0.99]"])
     with pytest.raises(ConfigError, match=r"'actor_rollout_ref.rollout.engine_kwargs' .* is not a mapping"):
         load_config(overrides=["actor_rollout_ref.rollout.engine_kwargs=[1,2]"])  # was OmegaConf's bare TypeError
@@ -353,12 +353,14 @@ def test_range_messages_say_the_range_and_null():
 ])
 def test_prompt_and_response_length_must_fit_max_model_len(prompt, response, says):
     """Prompts between ``max_model_len`` and ``data.max_prompt_length`` passed the rollouter's filter and failed in the
-    engine with PromptTooLong; verl requires ``prompt_length + response_length <= max_model_len``."""
+    engine with PromptTooLong; verl requires ``prompt_length + response_length <= max_model_len`` of a set
+    max_model_len. A null one (the default) is derived to fit, so raising the lengths alone is taken."""
+    lengths = [f"data.max_prompt_length={prompt}", f"actor_rollout_ref.rollout.response_length={response}"]
     with pytest.raises(ConfigError, match=says):
-        load_config(overrides=[f"data.max_prompt_length={prompt}", f"actor_rollout_ref.rollout.response_length={response}"])
-    cfg = load_config(overrides=[f"data.max_prompt_length={prompt}", f"actor_rollout_ref.rollout.response_length={response}",
-                                 f"actor_rollout_ref.rollout.max_model_len={prompt + response}"])  # exactly full: taken
+        load_config(overrides=lengths + ["actor_rollout_ref.rollout.max_model_len=512"])
+    cfg = load_config(overrides=lengths + [f"actor_rollout_ref.rollout.max_model_len={prompt + response}"])  # exactly full
     assert cfg.actor_rollout_ref.rollout.max_model_len == prompt + response
+    assert load_config(overrides=lengths).actor_rollout_ref.rollout.max_model_len is None
 
 
 def test_word_problems_max_steps_below_min_steps_is_refused():

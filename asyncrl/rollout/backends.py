@@ -44,16 +44,21 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
                               on_gpu: bool = False) -> dict[str, Any]:
     """Engine constructor kwargs from an :class:`asyncrl.config.ExperimentConfig`.
 
+    ``max_model_len``: the engine's context; None = :func:`asyncrl.config_ranges.resolved_max_model_len` (the config's
+    ``rollout.max_model_len``, or its vLLM twin, or derived when null).
     ``on_gpu``: the replica's actor holds a GPU (Ray sets ``CUDA_VISIBLE_DEVICES``); the hf backend
     then runs on ``cuda`` (vLLM picks its platform itself).
     """
+    from asyncrl.config_ranges import resolved_max_model_len  # a null max_model_len is resolved in that one place
+
     arr = cfg.actor_rollout_ref
+    max_model_len = max_model_len or resolved_max_model_len(cfg)
     kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
                               max_num_seqs=arr.rollout.max_num_seqs)
     if arr.rollout.scheduling_policy != "fcfs":  # an engine without the switch (a user's backend) says so at its start
         kw["scheduling_policy"] = arr.rollout.scheduling_policy
     if arr.rollout.name == "hf":
-        kw.update(max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
+        kw.update(max_model_len=max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, cuda_graphs=not arr.rollout.enforce_eager)
         if on_gpu:
             kw["device"] = "cuda"
@@ -62,8 +67,9 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
     if arr.rollout.name == "vllm":
         extra = {} if arr.rollout.load_format == "auto" else {"load_format": arr.rollout.load_format}
         extra.update(dict((arr.rollout.engine_kwargs or {}).get("vllm") or {}))  # verl's rollout.engine_kwargs.vllm
+        extra.pop("max_model_len", None)  # its twin, already in max_model_len (a null one would make vLLM derive its own)
         kw.update(engine_kwargs={"enable_prefix_caching": arr.rollout.enable_prefix_caching, **extra},
-                  max_model_len=max_model_len or arr.rollout.max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
+                  max_model_len=max_model_len, kv_cache_gb=arr.rollout.cpu_kvcache_space_gb,
                   gpu_memory_utilization=arr.rollout.gpu_memory_utilization, enforce_eager=arr.rollout.enforce_eager,
                   # pause("keep") freezes requests across a sync: only streamed outputs tell their versions apart
                   stream_outputs=cfg.async_training.partial_rollout_mode == "keep",

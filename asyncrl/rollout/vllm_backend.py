@@ -147,6 +147,9 @@ class VLLMEngine(InferenceEngine):
         kwargs.update(self.engine_kwargs)
         self.scheduling_policy = kwargs["scheduling_policy"]  # engine_kwargs may set it too
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers or None)
+        # engine_kwargs may set max_model_len too (None: vLLM derives it): PromptTooLong checks the engine's own
+        engine_len = getattr(getattr(self._engine, "model_config", None), "max_model_len", None) or kwargs["max_model_len"]
+        self.max_model_len = int(engine_len) if engine_len else self.max_model_len
         if self.busy_loop_s is not None:
             await self._engine.collective_rpc("asyncrl_set_busy_loop", args=(self.busy_loop_s,))
         if self.warmup:
