@@ -29,7 +29,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     ActorConfig, SandboxConfig, AgentConfig, CheckpointEngineConfig, RolloutConfig, ActorRolloutRefConfig,
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
-from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges  # noqa: F401
+from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, resolved_max_model_len  # noqa: F401
 from asyncrl.config_types import _check_raw, _get, _leaf_types, _plain_leaves, check_types  # noqa: F401
 
 

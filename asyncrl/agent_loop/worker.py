@@ -73,9 +73,9 @@ class AgentLoopWorker:
         async with self._proxy_lock:
             if self._proxy is None:
                 from asyncrl.agent_loop.proxy import TrajectoryProxy
+                from asyncrl.config import resolved_max_model_len  # null: the context the engines were given
 
-                self._proxy = TrajectoryProxy(self.client, self.tokenizer,
-                                              max_model_len=self.cfg.actor_rollout_ref.rollout.max_model_len)
+                self._proxy = TrajectoryProxy(self.client, self.tokenizer, max_model_len=resolved_max_model_len(self.cfg))
                 await self._proxy.start()
             return self._proxy
 

@@ -57,7 +57,6 @@ def verl_dapo_7b(colocated: bool, *, steps: int = 8, token_scale: int = 64, medi
     cfg.data.train_size = 2048
     ro = cfg.actor_rollout_ref.rollout
     ro.n, ro.response_length, ro.max_num_seqs = 16, max_response // token_scale, 256
-    ro.max_model_len = max(ro.max_model_len, cfg.data.max_prompt_length + ro.response_length)  # verl's rule
     ro.concurrent_samples_per_replica = 16  # 16 groups x 16 responses = the replica's 256 sequences
     ro.agent.num_workers = 0
     lw = cfg.data.length_workload
