@@ -316,7 +316,7 @@ class TrainerConfig:
     wandb_mode: Optional[str] = None
     """W&B mode: ``online`` | ``offline`` (no network; ``wandb sync`` later) | ``disabled``; ``None``: ``$WANDB_MODE``."""
     save_freq: int = -1
-    """Checkpoint every this many trainer steps, and when the run stops (-1 = never)."""
+    """Checkpoint every this many trainer steps, and when the run stops (<= 0, verl's -1 included = never)."""
     resume_mode: str = "auto"
     """``auto``: continue from the latest checkpoint of this experiment and seed if one exists;
     ``disable``: always start fresh; ``resume_path``: continue from ``trainer.resume_from_path``."""
