@@ -29,7 +29,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     ActorConfig, SandboxConfig, AgentConfig, CheckpointEngineConfig, RolloutConfig, ActorRolloutRefConfig,
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
-from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, resolved_max_model_len  # noqa: F401
+from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, range_hint, resolved_max_model_len  # noqa: F401
 from asyncrl.config_types import _check_raw, _get, _leaf_types, _plain_leaves, check_types  # noqa: F401
 
 
@@ -293,7 +293,7 @@ def check_choice(key: str, value: Any, choices: Any) -> None:
 def validate(cfg: ExperimentConfig) -> None:
     """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
     at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
-    check_types(cfg)
+    check_types(cfg, hint=range_hint)
     for key, choices in CHOICES.items():
         check_choice(key, _get(cfg, key), choices)
     vllm_kwargs = (ro.engine_kwargs or {}).get("vllm") or {}

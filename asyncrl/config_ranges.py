@@ -14,10 +14,11 @@ validators of their sections. Import the names from :mod:`asyncrl.config`.
 
 from __future__ import annotations
 
+import math
 import re
 import typing
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from asyncrl.config_schema import ConfigError, ExperimentConfig
 from asyncrl.config_types import _get, _leaf_types
@@ -302,3 +303,17 @@ def check_lengths(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"data.word_problems.max_steps={wp.max_steps} is below data.word_problems.min_steps="
                           f"{wp.min_steps}: the generator draws between the two and refuses this when the run starts")
 
+
+def range_hint(key: str, value: Any) -> str:
+    """For a number that is not finite (``inf``, ``nan``) of a key of :data:`RANGES` (the ``hint`` that ``validate``
+    gives :func:`asyncrl.config_types.check_types`): the range and the table's words for the key, which name its "off" / "no limit" value where it has one (``trainer.total_time_s``:
+    ``0 = no time budget``); a key without one says so, since ``inf`` is what a user reaches for. ``""`` otherwise."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    if not any(isinstance(v, float) and not math.isfinite(v) for v in items):
+        return ""
+    if key not in RANGES:
+        return ""
+    rng, why = RANGES[key]
+    off = off_value(why)
+    limit = "" if off or not any(v == math.inf for v in items) else "; it has no 'no limit' value: use a large one"
+    return f", {rng} ({why}){limit}"

@@ -11,7 +11,7 @@ import functools
 import math
 import os
 import typing
-from typing import Any
+from typing import Any, Callable, Optional
 
 from omegaconf import OmegaConf
 
@@ -125,36 +125,21 @@ def _plain_leaves(cfg: ExperimentConfig) -> None:
             setattr(_get(cfg, parent), leaf, plain)
 
 
-def check_types(cfg: ExperimentConfig) -> None:
+def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]] = None) -> None:
     """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
     Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
     truthiness. A numpy scalar (a value from a DataFrame or an array), also inside a list, tuple or dict, becomes its
     Python scalar first, so ``np.int64(8)`` is an int and ``np.float64(8.0)`` is not. Raises :class:`ConfigError`
-    naming the key, the value and the type."""
+    naming the key, the value and the type, and ``hint(key, value)``'s words after them (``validate`` passes
+    :func:`asyncrl.config_ranges.range_hint`: the key's range and its "off" value for ``inf`` / ``nan``)."""
     _plain_leaves(cfg)
     for key, t in _leaf_types().items():
         value = _get(cfg, key)
         if not _type_ok(value, t):
             kind = type(value)
             kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}{_range_hint(key, value)}")
-
-
-def _range_hint(key: str, value: Any) -> str:
-    """For a number that is not finite (``inf``, ``nan``) of a key of :data:`asyncrl.config_ranges.RANGES`: the range
-    and the table's words for the key, which name its "off" / "no limit" value where it has one (``trainer.total_time_s``:
-    ``0 = no time budget``); a key without one says so, since ``inf`` is what a user reaches for. ``""`` otherwise."""
-    items = value if isinstance(value, (list, tuple)) else (value,)
-    if not any(isinstance(v, float) and not math.isfinite(v) for v in items):
-        return ""
-    from asyncrl.config_ranges import RANGES, off_value  # imports this module
-
-    if key not in RANGES:
-        return ""
-    rng, why = RANGES[key]
-    off = off_value(why)
-    limit = "" if off or not any(v == math.inf for v in items) else "; it has no 'no limit' value: use a large one"
-    return f", {rng} ({why}){limit}"
+            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}"
+                              + (hint(key, value) if hint else ""))
 
 
 def _type_name(t: Any) -> str:

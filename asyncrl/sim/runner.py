@@ -31,7 +31,7 @@ import numbers
 import random
 from typing import Any, Callable, Iterator, Optional
 
-from asyncrl.config import ConfigError, ExperimentConfig, check_types, validate
+from asyncrl.config import ConfigError, ExperimentConfig, check_types, range_hint, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
 from asyncrl.sim.engines import Timeline
@@ -159,7 +159,7 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
                           "would never finish a step; set algorithm.filter_groups.enable=false to simulate the rest "
                           "of this config")
     cfg = copy.deepcopy(config)
-    check_types(cfg)  # the seats below compare a config value before validate() runs
+    check_types(cfg, hint=range_hint)  # the seats below compare a config value before validate() runs
     cfg.trainer.progress_bar = False
     _check_split(cost, rollout_gpus, train_gpus, token_scale)
     agent = cfg.actor_rollout_ref.rollout.agent
