@@ -125,19 +125,14 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _dry_run(exp) -> int:
-    """``asyncrl train --dry-run``: the checks a run makes before anything starts (config, data file, enough prompts
-    within ``data.max_prompt_length`` for one trainer step, resume checkpoint), then the resolved config as YAML on
-    stdout (a config file ``asyncrl train`` takes back); nothing starts (no Ray, no engine)."""
+    """``asyncrl train --dry-run``: the checks a run makes before anything starts (:meth:`Experiment.preflight`:
+    data, enough prompts within ``data.max_prompt_length`` for one trainer step, the lengths against the model's
+    positions; and the resume checkpoint), then the resolved config as YAML on stdout (a config file ``asyncrl train``
+    takes back); nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
-    from asyncrl.data.dataset import run_rows
-    from asyncrl.models import load_tokenizer
-    from asyncrl.watchdog import check_can_fill_batch
 
     cfg = exp.config
-    train = run_rows(cfg.data, "train", cfg.trainer.seed)  # as Experiment.start reads them, before Ray
-    run_rows(cfg.data, "test", cfg.trainer.seed)
-    m = cfg.actor_rollout_ref.model
-    check_can_fill_batch(train, cfg, load_tokenizer(m.tokenizer_path or m.path))
+    train, _ = exp.preflight()
     print(to_yaml(cfg), end="")
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)

@@ -123,8 +123,6 @@ class Experiment:
                 can never fill one trainer step (fewer prompts than ``required_samples``, or too few
                 within ``data.max_prompt_length``).
         """
-        from asyncrl.config_ranges import check_model_positions
-        from asyncrl.data.dataset import run_rows
         from asyncrl.message_queue import MessageQueue
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
         from asyncrl.rollout.replica import RolloutReplica
@@ -134,10 +132,7 @@ class Experiment:
 
         cfg = self.config
         self.t_start = time.time()
-        # data first: a bad task name or file fails before any process starts
-        train, val = run_rows(cfg.data, "train", cfg.trainer.seed), run_rows(cfg.data, "test", cfg.trainer.seed)
-        self._check_data(train)  # a run that can never complete a step stops here, with the reason
-        check_model_positions(cfg)  # lengths past the model's positions: vLLM failed at its start, with Ray up
+        train, val = self.preflight()
         if not ray.is_initialized():
             _init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
@@ -195,12 +190,23 @@ class Experiment:
             logger.info("placement groups: %s", layout.groups)
         return layout
 
-    def _check_data(self, train: list[dict]) -> None:
+    def preflight(self) -> tuple[list[dict], list[dict]]:
+        """The checks :meth:`start` makes before any process starts (``asyncrl train --dry-run`` makes them alone):
+        the train and test rows are read (a bad task name or file fails here), the data must be able to fill one
+        trainer step within ``data.max_prompt_length`` (:func:`asyncrl.watchdog.check_can_fill_batch`), and prompt +
+        response must fit the model's positions (:func:`asyncrl.config_ranges.check_model_positions`: vLLM failed at
+        its start, with Ray up). Returns ``(train rows, test rows)``; raises as :meth:`start` documents."""
+        from asyncrl.config_ranges import check_model_positions
+        from asyncrl.data.dataset import run_rows
         from asyncrl.models import load_tokenizer
         from asyncrl.watchdog import check_can_fill_batch
 
-        m = self.config.actor_rollout_ref.model
-        check_can_fill_batch(train, self.config, load_tokenizer(m.tokenizer_path or m.path))
+        cfg = self.config
+        train, val = run_rows(cfg.data, "train", cfg.trainer.seed), run_rows(cfg.data, "test", cfg.trainer.seed)
+        m = cfg.actor_rollout_ref.model
+        check_can_fill_batch(train, cfg, load_tokenizer(m.tokenizer_path or m.path))
+        check_model_positions(cfg)
+        return train, val
 
     # ------------------------------------------------------------------ live state
     async def status_async(self) -> dict:

@@ -150,4 +150,7 @@ def test_train_dry_run_checks_and_prints_the_config_and_starts_nothing(capsys, t
                                         "reward_model": {"ground_truth": "60"}}) + "\n" for _ in range(64)))
     code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={long}")
     assert code == 2 and err.startswith("config error: ") and "data.max_prompt_length" in err, err
+    # and the model check of a real start (Experiment.preflight): 64 + 512 tokens past the longtail model's 512 positions
+    code, err = run_cli(capsys, "train", "--dry-run", "task=longtail", "actor_rollout_ref.rollout.response_length=512")
+    assert code == 2 and "max_position_embeddings=512" in err and "576" in err, err
     assert ray.is_initialized() == ray_before
