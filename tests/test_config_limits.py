@@ -145,22 +145,25 @@ def test_the_derived_context_stays_within_a_smaller_models_positions(tmp_path):
     (["actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=600"],
      r"^actor_rollout_ref.rollout.max_model_len=600 is above the model's positions"),
 ])
-def test_lengths_past_the_models_positions_are_refused_before_ray_starts(overrides, says):
+def test_lengths_past_the_models_positions_are_refused_before_ray_starts(overrides, says, monkeypatch):
     """vLLM failed at the engine's start, after Ray was up, when prompt + response (or max_model_len) passed the
     model's ``max_position_embeddings``; ``Experiment.start``'s pre-flight reads the model's config.json and refuses,
-    before Ray (validate takes it: the simulator's configs may stand for another model)."""
-    import ray
-
+    before Ray (validate takes it: the simulator's configs may stand for another model). Ray may already be up in
+    this process (a suite's shared engines): what must not happen is the start going on to Ray or to placement."""
+    import asyncrl.experiment as experiment
     from asyncrl.config_ranges import check_model_positions
     from asyncrl.experiment import Experiment
 
+    def too_far(*a, **k):
+        raise AssertionError("Experiment.start went past its pre-flight")
+
+    monkeypatch.setattr(experiment, "_init_ray", too_far)
+    monkeypatch.setattr(Experiment, "_place", too_far)
     cfg = load_config(overrides=overrides)
     with pytest.raises(ConfigError, match=says):
         check_model_positions(cfg)
-    assert not ray.is_initialized()
     with pytest.raises(ConfigError, match=says):
         Experiment(cfg).start()
-    assert not ray.is_initialized()
 
 
 def test_the_models_positions_take_what_fits():
