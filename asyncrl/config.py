@@ -24,6 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, Interpolation
 
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       RewardModelConfig, validate_algorithm, validate_sampling)
+from asyncrl.config_data import FILE_KEYS, validate_data_files
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
     ConfigError, WordProblemsConfig, LengthWorkloadConfig, DataConfig, ModelConfig, OptimConfig, FSDPConfig,
     ActorConfig, SandboxConfig, AgentConfig, CheckpointEngineConfig, RolloutConfig, ActorRolloutRefConfig,
@@ -98,30 +99,22 @@ NULL_HINTS = {
 """What to write instead of null for a key verl lets be null and asyncrl does not."""
 
 
-FILE_KEYS = ("train_files", "val_files")
-"""``data`` keys holding one file path here where verl takes a path or a list of paths."""
-
-
-def _one_file(other, what: str) -> None:
-    """A one-element list for ``data.train_files`` / ``data.val_files`` (verl's list form) as its path; a longer list
-    is a :class:`ConfigError` saying to concatenate (OmegaConf's ``Cannot convert 'ListConfig' to string`` said
-    nothing of what to do)."""
+def _one_file(other) -> None:
+    """A one-element list for ``data.train_files`` / ``data.val_files`` (verl's list form) as its path, so a file given
+    either way reads the same; a longer list stays a list (:func:`asyncrl.data.dataset.run_rows` reads its files in
+    order)."""
     data = other.get("data") if isinstance(other, dict) else None  # other: _check_raw's plain container
     if not isinstance(data, dict):
         return
     for name in FILE_KEYS:
         value = data.get(name)
-        if isinstance(value, list):
-            if len(value) == 1:
-                data[name] = value[0]
-            else:
-                raise ConfigError(f"invalid value for 'data.{name}' in {what}: one file path (a .jsonl or .parquet); "
-                                  f"a list of {len(value)} files is not supported yet: concatenate them into one file")
+        if isinstance(value, list) and len(value) == 1:
+            data[name] = value[0]
 
 
 def _merge(base, other, what: str):
     other = _check_raw(other, what)
-    _one_file(other, what)
+    _one_file(other)
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
@@ -302,6 +295,9 @@ def validate(cfg: ExperimentConfig) -> None:
                      CHOICES["actor_rollout_ref.rollout.scheduling_policy"])
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
+    files_problem = validate_data_files(cfg.data)
+    if files_problem:
+        raise ConfigError(files_problem)
     check_ranges(cfg)
     check_lengths(cfg)
     try:

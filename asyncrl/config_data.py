@@ -6,7 +6,7 @@ Part of the schema in :mod:`asyncrl.config_schema`; import the names from :mod:`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
 
 @dataclass
@@ -49,10 +49,11 @@ class DataConfig:
     task: str = "arith"
     """Built-in task that generates the dataset when ``train_files`` is empty (``arith`` | ``calc_tool`` |
     ``longtail``)."""
-    train_files: Optional[str] = None
-    """Parquet/JSONL file in the verl schema; ``None`` uses the built-in ``task`` generator."""
-    val_files: Optional[str] = None
-    """Held-out file in the verl schema; ``None`` uses the built-in ``task`` test split."""
+    train_files: Optional[Union[str, list[str]]] = None
+    """Parquet/JSONL file in the verl schema, or a list of them read one after the other (verl's list form; a
+    one-element list is its path); ``None`` uses the built-in ``task`` generator."""
+    val_files: Optional[Union[str, list[str]]] = None
+    """Held-out file(s) in the verl schema, as ``train_files``; ``None`` uses the built-in ``task`` test split."""
     train_size: int = 20000
     """Number of generated training prompts (built-in tasks only; >= 1)."""
     val_size: int = 200
@@ -68,3 +69,22 @@ class DataConfig:
     """Knobs of the ``word_problems`` task, passed to its generator as keyword arguments."""
     length_workload: LengthWorkloadConfig = field(default_factory=LengthWorkloadConfig)
     """Synthetic per-request response lengths (throughput benchmarks); off by default."""
+
+
+FILE_KEYS = ("train_files", "val_files")
+"""``data`` keys holding a file path or a list of paths (verl's two forms)."""
+
+
+def validate_data_files(data: Any) -> Optional[str]:
+    """What is wrong with ``data.train_files`` / ``data.val_files`` (a list naming no file, an empty path in a list:
+    OmegaConf takes both), or None. Whether the files exist is checked where they are read (a config may be built on
+    one machine for another)."""
+    for name in FILE_KEYS:
+        value = getattr(data, name)
+        if isinstance(value, (list, tuple)):
+            if not value:
+                return f"data.{name}=[] names no file: give one or more files, or null to use data.task"
+            empty = [i for i, v in enumerate(value) if not str(v).strip()]
+            if empty:
+                return f"data.{name}[{empty[0]}] is an empty path (data.{name}={list(value)!r})"
+    return None

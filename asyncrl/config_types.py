@@ -113,14 +113,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _fspaths(value: Any, t: Any) -> Any:
+    """``value`` with a Path as its string where ``t`` takes a str (``data.train_files``), also each Path of a list
+    where ``t`` takes a list of str; ``value`` itself otherwise."""
+    args = (t, *typing.get_args(t))
+    if isinstance(value, os.PathLike) and str in args:
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)) and list[str] in args and any(isinstance(v, os.PathLike) for v in value):
+        return [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+    return value
+
+
 def _plain_leaves(cfg: ExperimentConfig) -> None:
-    """Every leaf of ``cfg`` in place as :func:`_plain` makes it, and a Path for a str key as its string (as
-    :func:`load_config` takes it): a value from a DataFrame or an array (a sweep's grid) is numpy, which OmegaConf
-    refuses in a container and ``config.yaml`` cannot hold."""
+    """Every leaf of ``cfg`` in place as :func:`_plain` makes it, and a Path for a str key (or in a list of str) as its
+    string (as :func:`load_config` takes it): a value from a DataFrame or an array (a sweep's grid) is numpy, which
+    OmegaConf refuses in a container and ``config.yaml`` cannot hold."""
     for key, t in _leaf_types().items():
         parent, _, leaf = key.rpartition(".")
         value = _get(cfg, key)
-        plain = os.fspath(value) if isinstance(value, os.PathLike) and str in (t, *typing.get_args(t)) else _plain(value)
+        plain = _fspaths(value, t)
+        plain = _plain(value) if plain is value else plain
         if plain is not value:
             setattr(_get(cfg, parent), leaf, plain)
 

@@ -75,16 +75,16 @@ def test_every_key_a_hint_names_exists():
         assert not missing, (bad, missing)
 
 
-def test_data_files_take_verl_one_element_list_and_say_to_concatenate_a_longer_one(tmp_path):
-    """verl takes a list of files; ``data.train_files=[a,b]`` was ``Cannot convert 'ListConfig' to string``."""
-    with pytest.raises(ConfigError, match=r"'data.train_files' .*one file path .*a list of 2 files is not supported "
-                                          r"yet: concatenate them"):
-        load_config(None, ["data.train_files=[/tmp/a.jsonl,/tmp/b.parquet]"])
+def test_data_files_take_verl_lists(tmp_path):
+    """verl takes a list of files; ``data.train_files=[a,b]`` was ``Cannot convert 'ListConfig' to string``, then a
+    ConfigError saying to concatenate them. A one-element list is its path; a longer one stays a list, read in order
+    by ``run_rows`` (tests/test_config_h1_data_files.py)."""
+    assert load_config(None, ["data.train_files=[/tmp/a.jsonl,/tmp/b.parquet]"]).data.train_files == \
+        ["/tmp/a.jsonl", "/tmp/b.parquet"]
     assert load_config(None, ["data.val_files=[/tmp/a.jsonl]"]).data.val_files == "/tmp/a.jsonl"
     yml = tmp_path / "c.yaml"
     yml.write_text("data:\n  train_files:\n    - /tmp/a.jsonl\n    - /tmp/b.jsonl\n")
-    with pytest.raises(ConfigError, match=rf"'data.train_files' in {yml}: one file path"):
-        load_config(yml)
+    assert load_config(yml).data.train_files == ["/tmp/a.jsonl", "/tmp/b.jsonl"]
 
 
 @pytest.mark.parametrize("value", [0, -1, -5])

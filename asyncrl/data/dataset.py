@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from asyncrl.data.arith import make_arith_rows
 from asyncrl.registry import Registry
@@ -91,22 +92,25 @@ def task_options(data_cfg: Any) -> dict[str, Any]:
 
 def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> list[dict[str, Any]]:
     """The rows a run trains on (``split="train"``) or evaluates on (``"test"``), as every entry point takes them:
-    ``data.train_files`` / ``data.val_files`` when set, else ``data.task``'s generator (``data.train_size`` /
-    ``data.val_size`` rows, with :func:`task_options`).
+    ``data.train_files`` / ``data.val_files`` when set (one file, or a list of files read in order, see
+    :func:`load_files`), else ``data.task``'s generator (``data.train_size`` / ``data.val_size`` rows, with
+    :func:`task_options`).
 
     Args:
         data_cfg: the config's ``data`` section.
         split: ``"train"`` or ``"test"``.
         seed: ``trainer.seed`` (the generator's seed).
-        limit: at most this many rows (the first of a file; a generator builds only these); ``None``: all.
+        limit: at most this many rows (the first of the files, every file still read and checked, as a run reads
+            them; a generator builds only these); ``None``: all.
 
     Raises:
-        DatasetError / DatasetNotFoundError: a file that cannot be read (see :func:`load_rows`);
+        DatasetError / DatasetNotFoundError: a file that cannot be read (see :func:`load_files`);
         UnknownNameError: an unregistered ``data.task``.
     """
-    path = data_cfg.train_files if split == "train" else data_cfg.val_files
-    if path:
-        return load_rows(path)[:limit]
+    key = "train_files" if split == "train" else "val_files"
+    files = getattr(data_cfg, key)
+    if files:
+        return load_files(files, f"data.{key}")[:limit]
     size = data_cfg.train_size if split == "train" else data_cfg.val_size
     return get_task_rows(data_cfg.task, split, size if limit is None else min(size, limit), seed, data_cfg.operators,
                          **task_options(data_cfg))
@@ -224,4 +228,33 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     raw = reader(p)
     rows = [validate_row(r, str(p), i) for i, r in enumerate(raw)]
     logger.info("loaded %d rows from %s", len(rows), p)
+    return rows
+
+
+def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str = "data.train_files"
+               ) -> list[dict[str, Any]]:
+    """The rows of one dataset file, or of several concatenated in the order given (verl's list form of
+    ``data.train_files``, which its ``RLHFDataset`` concatenates the same way).
+
+    Args:
+        files: one path, or a list of paths (``.parquet``, ``.jsonl`` or ``.json``, mixed freely).
+        key: the config key ``files`` came from, named in the error for a missing file of a list.
+
+    Returns:
+        Every file's rows (see :func:`load_rows`), the first file's first.
+
+    Raises:
+        DatasetNotFoundError: a file does not exist; for a list the message names which one (``key[i]``, the
+            i-th of n). A path given alone keeps :func:`load_rows`'s message.
+        DatasetError: as :func:`load_rows` (its message names the file).
+    """
+    if isinstance(files, (str, os.PathLike)):
+        return load_rows(files)
+    files = list(files)
+    rows: list[dict[str, Any]] = []
+    for i, path in enumerate(files):
+        try:
+            rows.extend(load_rows(path))
+        except DatasetNotFoundError as exc:
+            raise DatasetNotFoundError(f"{exc} ({key}[{i}], file {i + 1} of {len(files)})") from None
     return rows

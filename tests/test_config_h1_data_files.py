@@ -1,0 +1,116 @@
+"""``data.train_files`` / ``data.val_files`` as verl's list of files, read one after the other.
+
+The schema typed them ``Optional[str]``: a one-element list was taken as its path, a longer one refused ("a list of
+2 files is not supported yet: concatenate them into one file"), though verl's ``RLHFDataset`` concatenates them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from asyncrl.config import ConfigError, ExperimentConfig, load_config
+from asyncrl.data.dataset import DatasetNotFoundError, run_rows
+
+
+def _rows(prefix: str, n: int) -> list[dict]:
+    return [{"data_source": "arith", "prompt": [{"role": "user", "content": f"what is {i} + 1? ({prefix})"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
+            for i in range(n)]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _write_parquet(path: Path, rows: list[dict]) -> str:
+    pd.DataFrame(rows).to_parquet(path)
+    return str(path)
+
+
+def _prompts(rows: list[dict]) -> list[str]:
+    return [r["prompt"][0]["content"] for r in rows]
+
+
+def test_a_list_of_files_is_read_in_order_from_overrides_and_yaml(tmp_path):
+    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
+    b = _write_parquet(tmp_path / "b.parquet", _rows("b", 2))
+    want = _prompts(_rows("a", 3) + _rows("b", 2))
+    cfg = load_config(None, [f"data.train_files=[{a},{b}]", f"data.val_files=[{b},{a}]"])
+    assert cfg.data.train_files == [a, b]
+    assert _prompts(run_rows(cfg.data, "train", 0)) == want
+    assert _prompts(run_rows(cfg.data, "test", 0)) == _prompts(_rows("b", 2) + _rows("a", 3))
+    assert _prompts(run_rows(cfg.data, "train", 0, limit=4)) == want[:4]
+    yml = tmp_path / "c.yaml"
+    yml.write_text(f"data:\n  train_files:\n    - {b}\n    - {a}\n")
+    assert _prompts(run_rows(load_config(yml).data, "train", 0)) == _prompts(_rows("b", 2) + _rows("a", 3))
+    # an override replaces the YAML's list, either way
+    assert load_config(yml, [f"data.train_files={a}"]).data.train_files == a
+    assert load_config(yml, [f"data.train_files=[{a},{a}]"]).data.train_files == [a, a]
+
+
+def test_a_plain_path_and_a_one_element_list_stay_a_path(tmp_path):
+    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 3))
+    for value in (a, f"[{a}]"):
+        cfg = load_config(None, [f"data.train_files={value}"])
+        assert cfg.data.train_files == a
+        assert _prompts(run_rows(cfg.data, "train", 0)) == _prompts(_rows("a", 3))
+
+
+def test_a_python_list_of_paths_as_base(tmp_path):
+    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
+    b = _write_jsonl(tmp_path / "b.jsonl", _rows("b", 2))
+    base = ExperimentConfig()
+    base.data.train_files = [Path(a), b]
+    cfg = load_config(base=base)
+    assert cfg.data.train_files == [a, b] and base.data.train_files == [Path(a), b]  # the caller's object as it was
+    assert _prompts(run_rows(cfg.data, "train", 0)) == _prompts(_rows("a", 2) + _rows("b", 2))
+
+
+def test_a_missing_file_of_a_list_is_named(tmp_path):
+    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
+    missing = tmp_path / "nope.parquet"
+    cfg = load_config(None, [f"data.train_files=[{a},{missing}]"])  # files are checked where read, not at load
+    with pytest.raises(DatasetNotFoundError, match=rf"^dataset file not found: {missing} \(data.train_files\[1\], "
+                                                   r"file 2 of 2\)$"):
+        run_rows(cfg.data, "train", 0)
+    cfg = load_config(None, [f"data.val_files=[{missing},{a}]"])
+    with pytest.raises(DatasetNotFoundError, match=r"\(data.val_files\[0\], file 1 of 2\)$"):
+        run_rows(cfg.data, "test", 0)
+    cfg = load_config(None, [f"data.train_files={missing}"])  # one path: the message as before
+    with pytest.raises(DatasetNotFoundError, match=rf"^dataset file not found: {missing}$"):
+        run_rows(cfg.data, "train", 0)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("data.train_files=[]", r"data.train_files=\[\] names no file: give one or more files, or null"),
+    ("data.val_files=[a.jsonl,'']", r"data.val_files\[1\] is an empty path"),
+    ("data.train_files=[1,2]", r"invalid value for 'data.train_files'"),
+])
+def test_a_list_naming_no_file_is_refused(override, says):
+    with pytest.raises(ConfigError, match=says):
+        load_config(None, [override])
+
+
+def test_cli_dry_run_and_sim_take_a_list(tmp_path, capsys):
+    from asyncrl.cli import main
+
+    rows = _rows("x", 64)
+    a = _write_jsonl(tmp_path / "a.jsonl", rows[:32])
+    b = _write_parquet(tmp_path / "b.parquet", rows[32:])
+    assert main(["train", "--dry-run", f"data.train_files=[{a},{b}]", "trainer.total_training_steps=2"]) == 0
+    out, err = capsys.readouterr()
+    assert "config ok" in err, err
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(out)
+    assert load_config(saved).data.train_files == [a, b]  # the resolved YAML reads back as the list
+    missing = tmp_path / "gone.jsonl"
+    assert main(["train", "--dry-run", f"data.train_files=[{a},{missing}]"]) == 2
+    assert capsys.readouterr().err.strip() == (f"dataset error: dataset file not found: {missing} "
+                                               "(data.train_files[1], file 2 of 2)")
+    assert main(["sim", f"data.train_files=[{a},{b}]", "trainer.total_training_steps=2", "trainer.total_time_s=0"]) == 0
+    capsys.readouterr()
