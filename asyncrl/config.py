@@ -112,6 +112,12 @@ def _one_file(other) -> None:
             data[name] = value[0]
 
 
+def _base_hint(key: str, value: Any) -> str:
+    """What ``check_types`` adds for a value of ``load_config``'s ``base``: the range of a non-finite number (as
+    ``validate`` says it), or :data:`NULL_HINTS`' words for a None (as an override's null gets them)."""
+    return f"; {NULL_HINTS[key]}" if value is None and key in NULL_HINTS else range_hint(key, value)
+
+
 def _merge(base, other, what: str):
     other = _check_raw(other, what)
     _one_file(other)
@@ -189,15 +195,18 @@ def load_config(
         A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig).
 
     Raises:
-        ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type, a YAML file or
+        ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type (on ``base``: of
+            the wrong Python type, see :func:`check_types`; an int for a float key is fine), a YAML file or
             override value that is not valid YAML (naming line and column), or a file whose top level is not a mapping.
     """
-    if base is not None:  # numpy values (a sweep's grid) as Python ones; the caller's object stays as it is
+    if base is not None:  # the caller's object stays as it is
         base = copy.deepcopy(base)
-        _plain_leaves(base)
+        # numpy values (a sweep's grid) as Python ones, then every value of its key's type: OmegaConf.structured
+        # coerces rather than refuses ("yes" or 2 for a bool as true, "5" for an int as 5, 1.5 for a str as "1.5")
+        check_types(base, hint=_base_hint, where=" in the base config", interpolations=True)
     try:
         cfg = OmegaConf.structured(base if base is not None else ExperimentConfig())
-    except ValidationError as exc:  # a value of the wrong type set on ``base`` from Python
+    except ValidationError as exc:  # what check_types lets through and OmegaConf does not take
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     if yaml_path is not None:

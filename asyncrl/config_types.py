@@ -137,20 +137,29 @@ def _plain_leaves(cfg: ExperimentConfig) -> None:
             setattr(_get(cfg, parent), leaf, plain)
 
 
-def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]] = None) -> None:
+def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]] = None, *, where: str = "",
+                interpolations: bool = False) -> None:
     """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
     Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
     truthiness. A numpy scalar (a value from a DataFrame or an array), also inside a list, tuple or dict, becomes its
-    Python scalar first, so ``np.int64(8)`` is an int and ``np.float64(8.0)`` is not. Raises :class:`ConfigError`
-    naming the key, the value and the type, and ``hint(key, value)``'s words after them (``validate`` passes
-    :func:`asyncrl.config_ranges.range_hint`: the key's range and its "off" value for ``inf`` / ``nan``)."""
+    Python scalar first, so ``np.int64(8)`` is an int and ``np.float64(8.0)`` is not; an int is a float, a bool is
+    neither. Raises :class:`ConfigError` naming the key, the value, the type and ``where`` (e.g.
+    ``" in the base config"``), and ``hint(key, value)``'s words after them (``validate`` passes
+    :func:`asyncrl.config_ranges.range_hint`: the key's range and its "off" value for ``inf`` / ``nan``).
+
+    ``load_config`` checks its ``base`` with it before OmegaConf, which would coerce a wrong type rather than refuse
+    it (``"yes"`` or ``2`` for a bool key as true, ``"5"`` for an int key as 5, ``1.5`` for a str key as ``"1.5"``);
+    ``interpolations=True`` lets a str holding ``${...}`` stand for any key, as OmegaConf resolves it (and
+    ``validate`` checks what it resolves to)."""
     _plain_leaves(cfg)
     for key, t in _leaf_types().items():
         value = _get(cfg, key)
+        if interpolations and isinstance(value, str) and "${" in value:
+            continue
         if not _type_ok(value, t):
             kind = type(value)
             kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-            raise ConfigError(f"{key}={value!r} ({kind}) is not valid: expected {_type_name(t)}"
+            raise ConfigError(f"{key}={value!r} ({kind}) is not valid{where}: expected {_type_name(t)}"
                               + (hint(key, value) if hint else ""))
 
 
