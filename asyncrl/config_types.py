@@ -1,7 +1,7 @@
 """The config's types: every key's schema type, checked on what YAML / dotlist overrides bring before OmegaConf merges
-them (:func:`_check_raw`) and on every leaf of a built config (:func:`check_types`, from ``validate``), and numpy
-values turned into the Python ones they hold (:func:`_plain_leaves`). :mod:`asyncrl.config` uses them; import
-``check_types`` from there.
+them (:func:`_check_raw`) and on every leaf of a built config (:func:`check_types`, from ``validate``, and from
+``load_config`` on its ``base`` before OmegaConf could coerce a value), and numpy values turned into the Python ones
+they hold (:func:`_plain_leaves`). :mod:`asyncrl.config` uses them; import ``check_types`` from there.
 """
 
 from __future__ import annotations
