@@ -175,7 +175,8 @@ RANGES: dict[str, tuple[Range, str]] = {
     # async training
     "async_training.trigger_parameter_sync_step": (at_least(1), "trainer steps between weight syncs"),
     "async_training.require_batches": (at_least(1), "mini-batches per trainer step"),
-    "async_training.sync_bucket_size_mb": (above(0), "MiB per weight-sync bucket: the first sync would fail"),
+    "async_training.sync_bucket_size_mb": (above(0), "MiB per weight-sync bucket (a tensor larger than a bucket gets "
+                                                     "one of its own): the first sync would fail"),
     # algorithm, critic, reward
     "algorithm.kl_ctrl.kl_coef": (at_least(0), "weight of the KL penalty in the reward: a negative weight would "
                                                "reward moving away from the reference"),
