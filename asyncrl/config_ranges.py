@@ -84,6 +84,29 @@ _OPTIM = {  # actor_rollout_ref.actor.optim and critic.optim: AdamW (torch refus
     "clip_grad": (above(0), "the largest gradient norm kept: 0 would zero every gradient (no update) and a negative "
                             "value would flip the gradients' sign"),
 }
+SEED_SPACE = 2**32
+"""Seeds are ``0 <= seed < SEED_SPACE``: numpy's legacy generator (which vLLM seeds at an engine's start) refuses more."""
+
+
+def derived_seed(seed: int, *offsets: int) -> int:
+    """The seed of one component of a run (a replica, a worker): ``trainer.seed`` plus its offsets (rank, index),
+    wrapped modulo :data:`SEED_SPACE`, so it stays a seed numpy and vLLM accept.
+
+    ``trainer.seed + rank`` as before for every seed that fits (seed 0 rank 0 is 0, seed 7 rank 2 is 9); at the top
+    of the range it wraps instead of overflowing (``trainer.seed=4294967295`` gave replica 1 the seed ``2**32``,
+    which its engine refused inside its Ray actor, after the start). Components of one run with offsets below
+    :data:`SEED_SPACE` get distinct seeds.
+
+    Args:
+        seed: ``trainer.seed`` (``0 <= seed < 2**32``, checked by :func:`check_ranges`).
+        offsets: the component's indices (each >= 0), added to ``seed``.
+
+    Returns:
+        ``(seed + sum(offsets)) % 2**32``.
+    """
+    return (int(seed) + sum(int(o) for o in offsets)) % SEED_SPACE
+
+
 _NO_STEP = "can never start a sample, so no trainer step would ever complete"
 
 RANGES: dict[str, tuple[Range, str]] = {
@@ -152,7 +175,8 @@ RANGES: dict[str, tuple[Range, str]] = {
     # async training
     "async_training.trigger_parameter_sync_step": (at_least(1), "trainer steps between weight syncs"),
     "async_training.require_batches": (at_least(1), "mini-batches per trainer step"),
-    "async_training.sync_bucket_size_mb": (above(0), "MiB per weight-sync bucket: the first sync would fail"),
+    "async_training.sync_bucket_size_mb": (above(0), "MiB per weight-sync bucket (a tensor larger than a bucket gets "
+                                                     "one of its own): the first sync would fail"),
     # algorithm, critic, reward
     "algorithm.kl_ctrl.kl_coef": (at_least(0), "weight of the KL penalty in the reward: a negative weight would "
                                                "reward moving away from the reference"),
@@ -172,9 +196,10 @@ RANGES: dict[str, tuple[Range, str]] = {
     "trainer.eval_average_last": (at_least(1), "evaluations averaged into the summary's accuracy: 0 would average all "
                                                "of them and -k all but the first k"),
     "trainer.critic_warmup": (at_least(0), "critic-only steps before the actor trains"),
-    "trainer.seed": (Range(0, 2**32 - 1), "numpy (the data order) refuses a negative seed when the run starts, and vLLM "
-                                          "seeds numpy's legacy generator with it (< 2**32) at the engine's start; "
-                                          "torch overflows at 2**64"),
+    "trainer.seed": (Range(0, SEED_SPACE - 1), "numpy (the data order) refuses a negative seed when the run starts, "
+                                               "and vLLM seeds numpy's legacy generator with it (< 2**32) at the "
+                                               "engine's start (a replica's seed + rank wraps: derived_seed); torch "
+                                               "overflows at 2**64"),
     "trainer.torch_threads": (at_least(1), "torch refuses fewer threads when the trainer starts"),
     "trainer.max_actor_ckpt_to_keep": (at_least(1), "checkpoints kept, null = all"),
     "trainer.watchdog_timeout_s": (at_least(0), "seconds without a step before the watchdog reports, 0 = off"),

@@ -5,7 +5,7 @@
     HangWatchdog (a task in the trainer actor; wakes every few seconds)
         no step completed for trainer.watchdog_timeout_s?
           -> rollouter.funnel_state() + MessageQueue stats + the trainer's phase
-          -> diagnose()  -> Diagnosis(binding, message, funnel)
+          -> diagnose(state, previous check's, window start's)  -> Diagnosis(binding, message, funnel)
           -> logger.warning(message) once per timeout period; status()["watchdog"] (the dashboard)
     check_can_fill_batch(rows, cfg, tokenizer)   at Experiment.start, before any actor:
           a dataset smaller than one step, or prompts all longer than data.max_prompt_length
@@ -14,13 +14,15 @@
 Binding limits, in the order they are checked (the first that holds is named): the trainer itself
 (stuck updating / syncing / checkpointing), no replica in the pool, the rollouter paused for a sync,
 the staleness budget (``staleness_samples >= max_required_samples``), every recent prompt dropped or
-failed, the concurrency limit (``active >= max_concurrent_samples``: generation is the bottleneck),
+failed, DAPO's ``filter_groups`` dropping (at the trainer) at least half the groups fetched in the stall window,
+the concurrency limit (``active >= max_concurrent_samples``: generation is the bottleneck),
 an empty feed, otherwise generation in progress.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,7 +40,7 @@ class Diagnosis:
 
     Attributes:
         binding: ``trainer_<phase>`` | ``no_replica`` | ``paused`` | ``staleness_budget`` | ``dropped`` |
-            ``failed`` | ``concurrency`` | ``feed`` | ``generation``.
+            ``failed`` | ``filtered`` | ``concurrency`` | ``feed`` | ``generation``.
         message: one line naming the limit, its numbers and its config key.
         waited_s: seconds since the last completed step (or the start).
         funnel: the state it was derived from (pending, active, queue size, paused, staleness ...).
@@ -57,7 +59,18 @@ def _top(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
 
 
-def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[dict] = None) -> Diagnosis:
+def _filtered(f: dict, start: Optional[dict]) -> tuple[int, int, float]:
+    """``(groups dropped by filter_groups, groups the trainer fetched, seconds)`` between ``start`` and ``f``
+    (the MessageQueue's ``dapo_no_signal`` drops and gets); zeros without a window start."""
+    if start is None:
+        return 0, 0, 0.0
+    filtered = f.get("queue_drops", {}).get("dapo_no_signal", 0) - start.get("queue_drops", {}).get("dapo_no_signal", 0)
+    fetched = f.get("queue_gets", 0) - start.get("queue_gets", 0)
+    return filtered, fetched, f.get("time", 0.0) - start.get("time", 0.0)
+
+
+def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[dict] = None,
+             window_start: Optional[dict] = None) -> Diagnosis:
     """Name the binding limit from a funnel state.
 
     Args:
@@ -65,6 +78,8 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
         budget: the run's :class:`~asyncrl.staleness.SampleBudget`.
         waited_s: seconds without a completed step.
         previous: the funnel state of the previous check (for "every prompt since was dropped").
+        window_start: a funnel state taken during the stall, before the first overdue check (for the groups
+            ``filter_groups`` dropped in the stall); ``previous`` when ``None``.
     """
     need, q = budget.required_samples, f.get("queue_size", 0)
     head = f"no trainer step for {waited_s:.0f} s (step {f.get('global_steps', 0) + 1} needs {need} samples, queue has {q})"
@@ -95,6 +110,16 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
                 hint = " (data.max_prompt_length)" if "prompt_too_long" in dropped else ""
                 return d("dropped", f"every prompt taken since the last check was dropped: {_top(dropped)}{hint}")
             return d("failed", f"every prompt taken since the last check failed: {_top(failed)}")
+    # DAPO dynamic sampling: groups are generated and reach the trainer, which drops those whose every response
+    # scored the same (asyncrl.trainer.fully_async_trainer._fetch_batch): generation looks busy, no batch fills
+    filtered, fetched, window_s = _filtered(f, window_start or previous)
+    if filtered > 0 and 2 * filtered >= fetched:
+        return d("filtered", f"algorithm.filter_groups dropped {filtered} of the {fetched} prompt groups generated and "
+                             f"fetched by the trainer in the last {window_s:.0f} s (no reward variance: every response "
+                             "of a group got the same score): the reward gives every sample the same score, or the "
+                             "data is too easy / too hard for the model; check the reward function and the data, or "
+                             "lower the filter (algorithm.filter_groups.enable=false; max_num_gen_batches=K fails the "
+                             "step after K batches' worth)")
     if f.get("active", 0) >= budget.max_concurrent_samples:
         return d("concurrency", f"all max_concurrent_samples={budget.max_concurrent_samples} slots are generating "
                                 f"(actor_rollout_ref.rollout.concurrent_samples_per_replica x num_replicas); "
@@ -108,15 +133,21 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
 async def rollouter_funnel_state(ro: Any) -> dict:
     """A :class:`~asyncrl.rollouter.FullyAsyncRollouter`'s funnel, as :func:`diagnose` reads it."""
     now = time.time()
+    q = await ro.mq.stats_async()  # the trainer records its drops (stale_at_trainer, dapo_no_signal) there
     return {"pending": ro.pending_queue.qsize(), "active": len(ro.active_tasks), "paused": ro.paused,
             "staleness_samples": ro.staleness_samples, "taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"],
             "dropped": dict(ro.dropped), "failed": dict(ro.failed), "replicas_in_pool": len(await ro.lb.servers_async()),
             "replicas_total": len(ro.replicas), "oldest_active_s": max((now - t for t in ro.started_at.values()), default=0.0),
-            "param_version": ro.param_version}
+            "param_version": ro.param_version, "time": now, "queue_gets": q.gets, "queue_drops": dict(q.drop_reasons)}
 
 
 class HangWatchdog:
     """Checks progress every ``min(10, timeout / 4)`` s; logs and keeps the last :class:`Diagnosis`.
+
+    The groups ``filter_groups`` dropped are counted over a window of the last ``timeout_s`` of the stall: a step
+    that runs past half the timeout has its funnel state read once then (so the first warning can name them), and
+    each overdue check's state is kept while it is younger than ``timeout_s``. Steps shorter than half the timeout
+    cost no funnel call.
 
     Args:
         timeout_s: ``trainer.watchdog_timeout_s`` (> 0).
@@ -131,6 +162,8 @@ class HangWatchdog:
         self.last_progress, self.funnel = last_progress, funnel
         self.diagnosis: Optional[Diagnosis] = None
         self._previous: Optional[dict] = None
+        self._window: collections.deque = collections.deque()  # (time, funnel state) of this stall, oldest first
+        self._window_step: Optional[float] = None  # last_progress() of the stall the window belongs to
         self._last_warning = 0.0
         self._task: Optional[asyncio.Task] = None
 
@@ -145,13 +178,22 @@ class HangWatchdog:
 
     async def check(self) -> Optional[Diagnosis]:
         """One check now; returns the diagnosis when the trainer is overdue (else ``None``)."""
-        waited = time.time() - self.last_progress()
+        last = self.last_progress()
+        waited = time.time() - last
         if waited < self.timeout_s:
             self.diagnosis, self._previous = None, None
+            if waited >= self.timeout_s / 2 and self._window_step != last:
+                self._window, self._window_step = collections.deque([(time.time(), await self.funnel())]), last
             return None
         state = await self.funnel()
-        self.diagnosis = diagnose(state, self.budget, waited, self._previous)
+        if self._window_step != last:  # a stall whose half-timeout check was missed
+            self._window, self._window_step = collections.deque(), last
+        while len(self._window) > 1 and time.time() - self._window[0][0] > self.timeout_s:
+            self._window.popleft()
+        start = self._window[0][1] if self._window else None
+        self.diagnosis = diagnose(state, self.budget, waited, self._previous, start)
         self._previous = state
+        self._window.append((time.time(), state))
         if time.time() - self._last_warning >= self.timeout_s:
             logger.warning("watchdog: %s", self.diagnosis.message)
             self._last_warning = time.time()

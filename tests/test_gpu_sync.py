@@ -85,7 +85,7 @@ def _receiver(port, q, dev="cuda:1"):
 
 
 @pytest.mark.parametrize("channel,bucket_mb,rebuild", [
-    ("zmq", 64 / 1024, False),   # 64 KiB buckets: the 80 KB embedding spans two
+    ("zmq", 64 / 1024, False),   # 64 KiB buckets: the 80 KB embedding and lm_head get one each (grown buffers)
     ("store", 64 / 1024, True),  # group torn down and rebuilt every sync
     ("zmq", 8, False),           # everything in one bucket
 ])

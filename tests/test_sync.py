@@ -34,7 +34,9 @@ def _tensors() -> list[tuple[str, torch.Tensor]]:
 def _roundtrip(named, bucket_bytes):
     asm, got = BucketAssembler(), {}
     for bucket, metas in iter_buckets(named, bucket_bytes):
-        assert bucket.dtype == torch.uint8 and bucket.numel() <= bucket_bytes
+        # a bucket is at most bucket_bytes, or holds one tensor larger than that, whole
+        assert bucket.dtype == torch.uint8 and (bucket.numel() <= bucket_bytes or
+                                                [m.nbytes for m in metas if m.nbytes] == [bucket.numel()])
         got.update(asm.feed(bucket, metas_from_wire(metas_to_wire(metas))))
     assert asm.pending == []
     return got
@@ -54,11 +56,20 @@ def test_buckets_roundtrip_bit_exact(bucket_bytes):
         assert _bit_equal(got[name], t), name
 
 
-def test_tensor_larger_than_bucket_spans_buckets():
-    plan = plan_buckets([("w", torch.bfloat16, (37, 129))], 4093)
-    chunks = [m for metas in plan for m in metas]
-    assert len(plan) == 3 and sum(m.nbytes for m in chunks) == 37 * 129 * 2
-    assert [m.is_last for m in chunks] == [False, False, True]
+def test_tensor_larger_than_bucket_gets_a_bucket_of_its_own():
+    """Not bucket_bytes chunks over consecutive buckets (thousands of buckets, each a ray.put and an RPC, when
+    sync_bucket_size_mb was tiny): one bucket its size, as slime; the tensors around it pack as before."""
+    plan = plan_buckets([("a", torch.float32, (10,)), ("w", torch.bfloat16, (37, 129)), ("b", torch.float32, (10,))],
+                        4093)
+    assert [[(m.name, m.tensor_offset, m.bucket_offset, m.nbytes) for m in metas] for metas in plan] == [
+        [("a", 0, 0, 40)], [("w", 0, 0, 37 * 129 * 2)], [("b", 0, 0, 40)]]
+    assert plan[1][0].is_last
+
+
+def test_a_tensor_straddling_a_bucket_end_is_still_split():
+    plan = plan_buckets([("a", torch.float32, (600,)), ("b", torch.float32, (600,))], 4000)
+    assert [[(m.name, m.tensor_offset, m.nbytes) for m in metas] for metas in plan] == [
+        [("a", 0, 2400), ("b", 0, 1600)], [("b", 1600, 800)]]
 
 
 def test_wire_metas_roundtrip():

@@ -46,14 +46,16 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
 
     ``max_model_len``: the engine's context; None = :func:`asyncrl.config_ranges.resolved_max_model_len` (the config's
     ``rollout.max_model_len``, or its vLLM twin, or derived when null).
+    ``replica_rank``: the replica's index; its engine's seed is ``trainer.seed + replica_rank`` wrapped into numpy's
+    range (:func:`asyncrl.config_ranges.derived_seed`).
     ``on_gpu``: the replica's actor holds a GPU (Ray sets ``CUDA_VISIBLE_DEVICES``); the hf backend
     then runs on ``cuda`` (vLLM picks its platform itself).
     """
-    from asyncrl.config_ranges import resolved_max_model_len  # a null max_model_len is resolved in that one place
+    from asyncrl.config_ranges import derived_seed, resolved_max_model_len  # a null max_model_len: resolved there
 
     arr = cfg.actor_rollout_ref
     max_model_len = max_model_len or resolved_max_model_len(cfg)
-    kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=cfg.trainer.seed + replica_rank,
+    kw: dict[str, Any] = dict(model_path=arr.model.path, dtype=arr.model.dtype, seed=derived_seed(cfg.trainer.seed, replica_rank),
                               max_num_seqs=arr.rollout.max_num_seqs)
     if arr.rollout.scheduling_policy != "fcfs":  # an engine without the switch (a user's backend) says so at its start
         kw["scheduling_policy"] = arr.rollout.scheduling_policy

@@ -1,8 +1,12 @@
 """Pack named tensors into fixed-size byte buckets and rebuild them bit-exactly.
 
 This is the data layout of the checkpoint-engine style weight sync (seed ``000`` section 7.1):
-parameters are copied as raw bytes into ``uint8`` buckets of ``bucket_bytes``; a tensor larger
-than a bucket is split into chunks spread over consecutive buckets and rejoined by the receiver.
+parameters are copied as raw bytes into ``uint8`` buckets of ``bucket_bytes``; a tensor that
+straddles a bucket's end is split into two chunks and rejoined by the receiver, and a tensor larger
+than a whole bucket gets a bucket of its own, its exact size (as slime's bucketing does; verl refuses
+it). It used to be cut into ``bucket_bytes`` chunks: ``async_training.sync_bucket_size_mb=0.001`` made
+2,140 buckets of the 2 MB tiny model (a ``ray.put`` and an RPC each, every sync; about a million for a
+1 GB model) where it now makes as many as there are large tensors.
 The layout is transport-agnostic: the CPU path ships buckets through Ray / vLLM RPC, a GPU path
 broadcasts the same buckets with NCCL while the metadata travels on a side channel.
 
@@ -63,8 +67,10 @@ def plan_buckets(named_shapes: Iterable[tuple[str, torch.dtype, tuple[int, ...]]
         bucket_bytes: capacity of each bucket in bytes (> 0).
 
     Returns:
-        One list of :class:`ChunkMeta` per bucket; every bucket except possibly the last is full
-        only when a tensor spills over.
+        One list of :class:`ChunkMeta` per bucket. A bucket holds at most ``bucket_bytes``, except one
+        holding a single tensor larger than that (whole, at offset 0, with any zero-size tensors
+        before it); a tensor that fits in a bucket but not in what is left of the current one is
+        split over the two.
 
     Raises:
         ValueError: if ``bucket_bytes`` is not positive.
@@ -78,6 +84,13 @@ def plan_buckets(named_shapes: Iterable[tuple[str, torch.dtype, tuple[int, ...]]
         total = elem
         for s in shape:
             total *= int(s)
+        if total > bucket_bytes:  # a bucket of its own, not total / bucket_bytes chunks
+            if used:
+                buckets.append([])
+            buckets[-1].append(ChunkMeta(name, str(dtype), tuple(int(s) for s in shape), total, 0, 0, total))
+            buckets.append([])
+            used = 0
+            continue
         done = 0
         while done < total or (total == 0 and done == 0):
             if used == bucket_bytes:
@@ -94,7 +107,8 @@ def plan_buckets(named_shapes: Iterable[tuple[str, torch.dtype, tuple[int, ...]]
 
 def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
                  device: str | torch.device = "cpu") -> Iterator[tuple[torch.Tensor, list[ChunkMeta]]]:
-    """Yield ``(bucket, metas)``: a ``(<= bucket_bytes,)`` uint8 tensor on ``device`` and its layout.
+    """Yield ``(bucket, metas)``: a ``(<= bucket_bytes,)`` uint8 tensor on ``device`` and its layout
+    (larger when it holds one tensor larger than ``bucket_bytes``: :func:`plan_buckets`).
 
     The tensors are materialised lazily, one bucket at a time, so peak extra memory is one bucket
     plus the tensor being copied. ``device="cuda"`` packs on the GPU (the ``cuda_ipc`` engine).

@@ -10,7 +10,7 @@
       iter_buckets ─► gloo broadcast (TCP, trainer -> every worker directly) ───────────────► load
 
 Both deliver the same :mod:`asyncrl.sync.bucket` layout (bit-exact: raw bytes, bf16 included,
-tensors larger than a bucket split and rejoined). Both only *send*: the caller pauses the
+a tensor straddling a bucket's end split and rejoined, one larger than a bucket in a bucket of its own). Both only *send*: the caller pauses the
 replicas before and resumes them after (verl fully-async: pause/abort -> sync -> resume ->
 ``reset_staleness``), which is what a GPU NCCL engine must also do with the same interface
 (``Engine(replicas, bucket_bytes=...)`` + ``await send_weights(named_tensors, version)``).

@@ -232,6 +232,15 @@ def iter_bucket_plan(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_b
     for name, t in named_tensors:
         raw = _as_bytes(t)
         total, done, shape = raw.numel(), 0, tuple(int(s) for s in t.shape)
+        if total > bucket_bytes:  # a bucket of its own (plan_buckets), the receiver's buffer grows to it
+            if used:
+                yield metas, srcs
+                metas, srcs, used = [], {}, 0
+            metas.append(ChunkMeta(name, str(t.dtype), shape, total, 0, 0, total))
+            srcs[name] = raw
+            yield metas, srcs
+            metas, srcs, used = [], {}, 0
+            continue
         while True:
             if used == bucket_bytes:
                 yield metas, srcs

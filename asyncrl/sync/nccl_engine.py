@@ -168,6 +168,15 @@ class _Endpoint:
             self.bufs = [torch.empty(self.cfg.bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
         return self.bufs
 
+    def buffer(self, i: int, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of buffer ``i``, grown first when a bucket holds one tensor larger than
+        ``bucket_bytes`` (:func:`~asyncrl.sync.bucket.plan_buckets`); it stays that size until the group is torn down.
+        Call it only once no stream still uses buffer ``i`` (its event waited on the host)."""
+        bufs = self.buffers()
+        if bufs[i].numel() < nbytes:
+            bufs[i] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return bufs[i][:nbytes]
+
     def destroy_group(self) -> None:
         """Tear the process group down and drop the buckets (store and channel stay)."""
         if self.pg is not None:
@@ -259,22 +268,23 @@ class NCCLCheckpointEngine(CheckpointEngine, _Endpoint):
         await asyncio.to_thread(self.close)  # collective with the receivers: keep the event loop free
 
     def _transfer(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[int, int]:
-        bufs, deadline = self.buffers(), time.monotonic() + self.cfg.timeout_s
+        deadline = time.monotonic() + self.cfg.timeout_s
         total = count = 0
         if self.cuda:
             cur, (pack, comm) = torch.cuda.current_stream(self.device), self.streams
             packed = [torch.cuda.Event(), torch.cuda.Event()]
             sent = [torch.cuda.Event(), torch.cuda.Event()]
         for k, (metas, srcs) in enumerate(iter_bucket_plan(named_tensors, self.cfg.bucket_bytes)):
-            i, n = k % 2, metas[-1].bucket_offset + metas[-1].nbytes
-            buf = bufs[i][:n]
+            i, n = k % 2, max(m.bucket_offset + m.nbytes for m in metas)
             if not self.cuda:
+                buf = self.buffer(i, n)
                 pack_bucket(buf, metas, srcs)
                 self.channel.publish(BucketMsg(version, k, n, metas))
                 self.broadcast(buf).wait(self.timeout)
                 total, count = total + n, count + 1
                 continue
             _wait_event(sent[i], deadline, f"broadcast of bucket {k - 2}")
+            buf = self.buffer(i, n)  # after the wait: a grown buffer replaces one no stream uses any more
             self.channel.publish(BucketMsg(version, k, n, metas))
             pack.wait_stream(cur)  # sources were produced on the caller's stream
             with torch.cuda.stream(pack):
@@ -356,7 +366,7 @@ class NCCLWeightReceiver(_Endpoint):
         return metrics
 
     def _receive(self, load_fn: LoadFn) -> tuple[int, int]:
-        bufs, deadline = self.buffers(), time.monotonic() + self.cfg.timeout_s
+        deadline = time.monotonic() + self.cfg.timeout_s
         partial: dict[str, torch.Tensor] = {}
         total = k = 0
         if self.cuda:
@@ -369,14 +379,16 @@ class NCCLWeightReceiver(_Endpoint):
                 raise ValueError(f"metadata for bucket {msg.seq} arrived, expected {k}")
             if msg.done:
                 break
-            i, buf = k % 2, bufs[k % 2][:msg.nbytes]
+            i = k % 2
             if not self.cuda:
+                buf = self.buffer(i, msg.nbytes)
                 self.broadcast(buf).wait(self.timeout)
                 ready = unpack_bucket(buf, msg.metas, partial)
                 if ready:
                     load_fn(ready)
             else:
                 _wait_event(consumed[i], deadline, f"unpacking of bucket {k - 2}")
+                buf = self.buffer(i, msg.nbytes)  # after the wait, as the sender's
                 comm.wait_event(consumed[i])
                 with torch.cuda.stream(comm):
                     self.broadcast(buf).wait()

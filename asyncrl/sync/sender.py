@@ -26,8 +26,10 @@ def make_checkpoint_engine(cfg: Any, replicas: Sequence[Any]) -> CheckpointEngin
         ValueError: unknown backend; ImportError / RuntimeError: its dependency (CUDA, NCCL, pyzmq) is missing.
     """
     ce = cfg.actor_rollout_ref.rollout.checkpoint_engine
-    return get_engine_cls(ce.backend)(list(replicas), bucket_bytes=int(cfg.async_training.sync_bucket_size_mb * 2**20),
-                                      **dict(ce.engine_kwargs))
+    # at least a byte: a size under 2**-20 MiB (valid: > 0) gave 0 bytes, which the first sync refused; a bucket this
+    # small holds one tensor (a tensor larger than a bucket has one of its own: asyncrl.sync.bucket.plan_buckets)
+    bucket_bytes = max(1, int(cfg.async_training.sync_bucket_size_mb * 2**20))
+    return get_engine_cls(ce.backend)(list(replicas), bucket_bytes=bucket_bytes, **dict(ce.engine_kwargs))
 
 
 class LocalWeightSender:

@@ -1,0 +1,95 @@
+"""The hang watchdog names DAPO's filter_groups when it starves the trainer (groups generated, then dropped at the
+trainer for want of reward variance): it said "generation in progress" before. Hand-made funnel states, no Ray."""
+
+import asyncio
+
+import pytest
+
+from asyncrl.config import ExperimentConfig
+from asyncrl.staleness import sample_budget
+from asyncrl.watchdog import HangWatchdog, diagnose
+
+BUDGET = sample_budget(ExperimentConfig())  # required 32, max_required 48, max_concurrent 48
+
+
+def funnel(**kw):
+    base = {"pending": 10, "active": 5, "paused": False, "staleness_samples": 20, "taken": 100, "enqueued": 80,
+            "dropped": {}, "failed": {}, "replicas_in_pool": 1, "replicas_total": 1, "queue_size": 3,
+            "trainer_phase": "fetch", "trainer_phase_s": 1.0, "global_steps": 4, "oldest_active_s": 12.0,
+            "time": 1000.0, "queue_gets": 200, "queue_drops": {"dapo_no_signal": 50, "stale_at_trainer": 2}}
+    base.update(kw)
+    return base
+
+
+def test_groups_dropped_by_filter_groups_are_named_with_their_counts():
+    start = funnel()
+    now = funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 146, "stale_at_trainer": 2},
+                 active=48, taken=196, enqueued=176)  # all 48 slots busy: before, "concurrency"
+    d = diagnose(now, BUDGET, 301.0, previous=None, window_start=start)
+    assert d.binding == "filtered", d.message
+    assert "algorithm.filter_groups dropped 96 of the 96 prompt groups generated and fetched by the trainer in the " \
+           "last 150 s" in d.message
+    assert "the reward gives every sample the same score" in d.message
+    assert "algorithm.filter_groups.enable=false" in d.message
+    # without a window start the previous check's state is the window
+    assert diagnose(now, BUDGET, 301.0, previous=start).binding == "filtered"
+
+
+@pytest.mark.parametrize("now,binding", [
+    (funnel(time=1150.0, queue_gets=296), "generation"),  # nothing filtered in the window
+    (funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 90}), "generation"),  # 40 of 96: a minority
+    (funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 90}, active=48), "concurrency"),
+    (funnel(pending=0, active=0), "feed"),
+    (funnel(staleness_samples=48, queue_drops={"dapo_no_signal": 500}), "staleness_budget"),  # checked first
+    (funnel(trainer_phase="update", trainer_phase_s=400, queue_drops={"dapo_no_signal": 500}), "trainer_update"),
+])
+def test_other_limits_keep_their_diagnosis(now, binding):
+    assert diagnose(now, BUDGET, 301.0, previous=funnel(), window_start=funnel()).binding == binding
+
+
+def test_states_without_queue_counters_keep_the_old_diagnoses():
+    """Funnel states of the old shape (no ``queue_drops`` / ``queue_gets``) are never diagnosed ``filtered``."""
+    old = {k: v for k, v in funnel().items() if k not in ("time", "queue_gets", "queue_drops")}
+    assert diagnose(old, BUDGET, 301.0, previous=old, window_start=old).binding == "generation"
+
+
+class _FakeClock:
+    """Stands in for the ``time`` module the watchdog reads (``time.time()`` only)."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.mark.timeout(30, method="thread")
+def test_the_first_warning_counts_from_half_the_timeout(monkeypatch):
+    """The watchdog reads the funnel once at half the timeout; its first overdue check counts the filtered groups
+    from there (it had no window on its first check before, so the first warning blamed generation)."""
+    clock = _FakeClock(1060.0)
+    monkeypatch.setattr("asyncrl.watchdog.time", clock)
+    states = iter([funnel(), funnel(time=1101.0, queue_gets=264, queue_drops={"dapo_no_signal": 114})])
+
+    async def read_funnel():
+        return next(states)
+
+    async def scenario():
+        wd = HangWatchdog(100.0, BUDGET, lambda: 1000.0, read_funnel)
+        assert await wd.check() is None  # 60 s of 100: the window opens
+        clock.now = 1101.0
+        return await wd.check()
+
+    d = asyncio.run(scenario())
+    assert d is not None and d.binding == "filtered", d
+    assert "dropped 64 of the 64 prompt groups generated and fetched by the trainer in the last 101 s" in d.message
+
+
+def test_short_steps_cost_no_funnel_call(monkeypatch):
+    clock = _FakeClock(1040.0)
+    monkeypatch.setattr("asyncrl.watchdog.time", clock)
+
+    async def read_funnel():
+        raise AssertionError("funnel read before half the timeout")
+
+    assert asyncio.run(HangWatchdog(100.0, BUDGET, lambda: 1000.0, read_funnel).check()) is None
