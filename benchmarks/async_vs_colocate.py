@@ -55,6 +55,7 @@ On a shared machine the absolute numbers move with the load; the ratios are meas
 from __future__ import annotations
 
 import argparse
+import collections
 import asyncio
 import dataclasses
 import json
@@ -692,7 +693,7 @@ def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int
     from asyncrl.staleness import sample_budget
 
     n, b = cfg.actor_rollout_ref.rollout.n, sample_budget(cfg)
-    gl = [[int(lengths(f"bound-{i}-{k}")) for k in range(n)] for i in range(groups)]
+    gl = [[int(lengths(f"bound-{i}-{k}", (i,))) for k in range(n)] for i in range(groups)]  # one prompt per group
     ro = simulate_rollout_only(dataclasses.replace(cost.rollout, contention=0.0), gl, b.max_concurrent_samples,
                                prompt_tokens) / groups
     actor = cfg.actor_rollout_ref.actor
@@ -721,12 +722,18 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         return gpu_sim.simulate_measured(result, args, mode_config)
     from asyncrl.sim import simulate
     from asyncrl.sim.calibrate import cpu_cost_model
-    from asyncrl.sim.workload import empirical_lengths, gradient_fraction
+    from asyncrl.sim.workload import empirical_lengths, gradient_fraction, group_correlation
     from asyncrl.staleness import sample_budget
 
     cal = result["calibration"]
     inputs = cpu_calibration(result, args)
-    pool_lengths = empirical_lengths(inputs["pool"])
+    # how much a group's responses share their length, from the rollout-only's groups (the replica alone, the same
+    # sampling): the runs' own lengths are kept per response only (summary.response_length_counts)
+    rho = (group_correlation((cal.get("rollout_only") or {}).get("groups") or [])
+           if getattr(args, "group_correlation", True) else 0.0)
+    inputs["group_correlation"] = rho
+    print(f"  calibration: the lengths of a group's responses correlate at {rho:.2f} (rollout-only groups)", flush=True)
+    pool_lengths = empirical_lengths(inputs["pool"], rho)
     result["sim_calibration"] = {k: v for k, v in inputs.items() if k != "pool"}
     out = {}
     for note in inputs["notes"]:
@@ -749,7 +756,12 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
         # before session 14) the pool of the calibration's rollout-only measurements; and (saved since session 15)
         # the share of them with a gradient, priced at the train price of trained rows
         own, own_grad = measured.get("response_length_counts"), measured.get("gradient_length_counts")
-        lengths = empirical_lengths(own) if own else pool_lengths
+        # what the policy generated: the rows it trained and (saved since session 21) those the trainer dropped as
+        # stale, the long tail (session 24's d_s1: 216 rows of mean 95 tokens beside 4,096 trained of mean 24); the
+        # simulated trainer drops its own stale groups from these
+        generated = dict(collections.Counter({int(k): int(v) for k, v in (own or {}).items()})
+                         + collections.Counter({int(k): int(v) for k, v in (measured.get("stale_length_counts") or {}).items()}))
+        lengths = empirical_lengths(generated, rho) if own else pool_lengths
         fraction = (gradient_fraction(own, own_grad) if own and own_grad and kind in inputs["train_trained"]
                     else None)
         price = inputs["train_trained"][kind] if fraction else inputs["train"][kind]
@@ -889,6 +901,10 @@ def main() -> None:
     p.add_argument("--calibration", default=None,
                    help="with --simulate-only (CPU): a saved --json result; re-simulate its measured modes from its "
                         "calibration with today's simulator, no Ray (printed beside the saved prediction)")
+    p.add_argument("--group-correlation", action=argparse.BooleanOptionalAction, default=True,
+                   help="simulate a group's responses with the length correlation measured on the rollout-only's "
+                        "groups (asyncrl.sim.workload.group_correlation); --no-group-correlation: each response "
+                        "drawn on its own (before session 25)")
     p.add_argument("--census", action="store_true",
                    help="sample every process's CPU time, cores and threads during each mode (cpu_census.py)")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")

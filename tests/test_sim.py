@@ -904,3 +904,46 @@ def test_a_sync_every_two_steps_keeps_the_long_tail_in_the_simulator_as_measured
     assert rows["d_s1"]["dropped_stale"] >= 8, rows["d_s1"]  # the long tail outlives staleness 1's bound ...
     assert rows["d_t2"]["dropped_stale"] <= rows["d_s1"]["dropped_stale"] // 2, rows  # ... far less with longer versions
     assert rows["d_t2"]["samples_per_s"] >= rows["d_s1"]["samples_per_s"], rows
+
+
+def test_a_groups_responses_share_their_length_as_the_rollout_only_measured():
+    """Session 25: the simulator drew every response's length on its own, where a GRPO group answers one prompt
+    (on the long-tail task the rollout-only's groups correlate at 0.57-0.72 on normal scores), so each group waited
+    for a longest response drawn from eight independent draws: a simulated d_s1 dropped 1 long-tail group stale
+    where the run dropped 27. ``empirical_lengths(counts, group_correlation=rho)`` keeps the lengths over all
+    responses and puts the spread between prompts."""
+    import statistics
+
+    from asyncrl.sim.workload import empirical_lengths, group_correlation
+
+    counts = {2: 300, 6: 400, 14: 200, 40: 80, 120: 20}
+    mean = sum(k * v for k, v in counts.items()) / sum(counts.values())  # 14.68
+    draws = {}
+    for rho in (0.0, 0.6):
+        f = empirical_lengths(counts, rho)
+        draws[rho] = [[f(f"g{i}-{k}", (7, i)) for k in range(8)] for i in range(1500)]
+        flat = [x for g in draws[rho] for x in g]
+        assert abs(statistics.fmean(flat) / mean - 1) < 0.06, rho  # the lengths over all responses are kept
+        assert abs(sum(x == 120 for x in flat) / len(flat) - 0.02) < 0.006, rho
+    assert abs(group_correlation(draws[0.6]) - 0.6) < 0.1 and group_correlation(draws[0.0]) < 0.15
+    longest = {rho: statistics.fmean(max(g) for g in gs) for rho, gs in draws.items()}
+    assert longest[0.6] < 0.8 * longest[0.0], longest  # fewer groups wait for a long response, each longer
+    # 0 (the default) is the draw per request id of before, whatever the prompt
+    f0, plain = empirical_lengths(counts, 0.0), empirical_lengths(counts)
+    assert [f0(f"r{i}", (i,)) for i in range(300)] == [plain(f"r{i}") for i in range(300)]
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="group_correlation"):
+            empirical_lengths(counts, bad)
+
+
+@pytest.mark.parametrize("groups, rho", [
+    ([[1, 1, 1], [9, 9, 9]], 0.95),  # all the spread between groups (clipped: a copula at 1 has no response term)
+    ([[1, 9], [1, 9], [1, 9]], 0.0),  # all of it within
+    ([[5, 5], [5, 5]], 0.0),  # no spread at all
+    ([[1, 2, 3]], 0.0),  # one group: nothing to compare
+    ([], 0.0),
+])
+def test_group_correlation_on_hand_checked_groups(groups, rho):
+    from asyncrl.sim.workload import group_correlation
+
+    assert group_correlation(groups) == pytest.approx(rho)

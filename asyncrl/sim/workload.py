@@ -11,19 +11,35 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import math
+import statistics
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 
-def empirical_lengths(lengths: Union[Sequence[int], Mapping[Any, int]]) -> Callable[..., int]:
+def _unit(key: str) -> float:
+    """A number in (0, 1) fixed by ``key`` (MD5: the same in every process and Python version)."""
+    return (int.from_bytes(hashlib.md5(key.encode()).digest()[:8], "big") + 0.5) / 2.0 ** 64
+
+
+def empirical_lengths(lengths: Union[Sequence[int], Mapping[Any, int]], group_correlation: float = 0.0) -> Callable[..., int]:
     """``natural_length(request_id, prompt_ids=None)``: a length drawn from ``lengths``, fixed per request id.
 
     Args:
         lengths: response lengths in tokens, one per response, or their counts ``{tokens: responses}`` (a run's
             ``summary.response_length_counts``; keys may be strings, as JSON leaves them).
+        group_correlation: in [0, 1): how much the responses to one prompt share their length (the ``rho`` of a
+            Gaussian copula: a response's normal score is ``sqrt(rho) z_prompt + sqrt(1 - rho) z_response``, so
+            the lengths over all responses stay ``lengths`` whatever ``rho``). 0 (the default): every response
+            drawn on its own, as before session 25. A GRPO group answers one prompt: on the long-tail task its
+            responses share the answer's length (:func:`group_correlation` measures 0.57-0.66 on rollout-only
+            groups), so its longest response - what the group waits for - is longer than independent draws
+            give. Needs ``prompt_ids`` at the call; a call without them draws independently.
 
     Raises:
-        ValueError: no lengths, or a negative count.
+        ValueError: no lengths, a negative count, or ``group_correlation`` outside [0, 1).
     """
+    if not 0.0 <= group_correlation < 1.0:
+        raise ValueError(f"group_correlation must be in [0, 1), got {group_correlation!r}")
     if isinstance(lengths, Mapping):
         counts = sorted((int(k), int(v)) for k, v in lengths.items())
         if any(v < 0 for _, v in counts):
@@ -36,11 +52,43 @@ def empirical_lengths(lengths: Union[Sequence[int], Mapping[Any, int]]) -> Calla
     values = [k for k, _ in counts]
     cum = list(itertools.accumulate(v for _, v in counts))  # the i-th response (sorted) is values[bisect(cum, i)]
 
+    normal = statistics.NormalDist()
+    own, shared = math.sqrt(1.0 - group_correlation), math.sqrt(group_correlation)
+
     def draw(request_id: str, prompt_ids: Any = None) -> int:
-        h = int.from_bytes(hashlib.md5(request_id.encode()).digest()[:8], "big")
-        return values[bisect.bisect_right(cum, h % cum[-1])]
+        if group_correlation == 0.0 or prompt_ids is None or len(prompt_ids) == 0:
+            h = int.from_bytes(hashlib.md5(request_id.encode()).digest()[:8], "big")
+            return values[bisect.bisect_right(cum, h % cum[-1])]
+        z = (shared * normal.inv_cdf(_unit("prompt:" + ",".join(map(str, prompt_ids))))
+             + own * normal.inv_cdf(_unit("response:" + request_id)))
+        return values[min(len(values) - 1, bisect.bisect_right(cum, int(normal.cdf(z) * cum[-1])))]
 
     return draw
+
+
+def group_correlation(groups: Sequence[Sequence[float]]) -> float:
+    """The share of the lengths' spread that lies between groups: the intraclass correlation of the responses'
+    normal scores (each length's mid-rank over all responses, through the inverse normal; ties share a score), the
+    ``rho`` :func:`empirical_lengths` draws with. 0 when the groups are too few (< 2) or every length is the same;
+    clipped to [0, 0.95].
+
+    Args:
+        groups: response lengths per group (e.g. a rollout-only's ``[[tokens] * n] * groups``).
+    """
+    groups = [list(g) for g in groups if len(g) > 0]
+    flat = sorted(x for g in groups for x in g)
+    if len(groups) < 2 or flat[0] == flat[-1]:
+        return 0.0
+    normal, n = statistics.NormalDist(), len(flat)
+    first = {}
+    for i, x in enumerate(flat):
+        first.setdefault(x, i)
+    last = {x: i for i, x in enumerate(flat)}
+    score = {x: normal.inv_cdf(((first[x] + last[x]) / 2.0 + 0.5) / n) for x in first}
+    z = [[score[x] for x in g] for g in groups]
+    total = statistics.pvariance([v for g in z for v in g])
+    within = statistics.fmean(statistics.pvariance(g) for g in z)
+    return min(0.95, max(0.0, 1.0 - within / total)) if total > 0 else 0.0
 
 
 def lengths_from_rows(rows: Sequence[dict], tokenizer: Any) -> Optional[Callable[..., Optional[int]]]:
