@@ -78,7 +78,7 @@ def test_every_key_a_hint_names_exists():
 def test_data_files_take_verl_lists(tmp_path):
     """verl takes a list of files; ``data.train_files=[a,b]`` was ``Cannot convert 'ListConfig' to string``, then a
     ConfigError saying to concatenate them. A one-element list is its path; a longer one stays a list, read in order
-    by ``run_rows`` (tests/test_config_h1_data_files.py)."""
+    by ``run_rows`` (tests/test_config_data_files.py)."""
     assert load_config(None, ["data.train_files=[/tmp/a.jsonl,/tmp/b.parquet]"]).data.train_files == \
         ["/tmp/a.jsonl", "/tmp/b.parquet"]
     assert load_config(None, ["data.val_files=[/tmp/a.jsonl]"]).data.val_files == "/tmp/a.jsonl"
