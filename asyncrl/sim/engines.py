@@ -67,6 +67,71 @@ class Timeline:
             self.spans.append((lane, start, end, label))
 
 
+class HostLoad:
+    """The trainer's busy spans on the host the replicas share, so that a replica's decode iterations are
+    stretched by ``1 + contention`` (:attr:`RolloutCostModel.contention`) only while the trainer computes, as the
+    contention probe measured them (the engine with the trainer busy throughout; module docstring of
+    :mod:`asyncrl.sim.cost_models`). Until session 25 every decode iteration of an async run paid it, while the
+    trainer of a rollout-bound run computes half the time or less (``trainer/idle_ratio`` 0.5-0.64): a run with a
+    large contention term (0.88, session 24) was simulated up to 23% slow.
+
+    The :class:`~asyncrl.sim.train_engines.CostModelTrainEngine` reports each priced call
+    (:meth:`trainer_busy`, virtual seconds); the :class:`CostModelInferenceEngine` objects given ``host=`` price
+    their decode over these spans. Spans arrive in time order and do not overlap (the trainer runs one call at a
+    time)."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.engines: list["CostModelInferenceEngine"] = []
+
+    def trainer_busy(self, start: float, end: float) -> None:
+        """The trainer computes from ``start`` to ``end`` (virtual s); every engine reprices its running decode."""
+        if not end > start:
+            return
+        if self.ends and start < self.ends[-1]:  # a call charged right after the last one: they touch
+            start = self.ends[-1]
+            if not end > start:
+                return
+        self.starts.append(start)
+        self.ends.append(end)
+        for engine in self.engines:
+            engine._load_changed()
+
+    def _from(self, t: float) -> int:
+        return bisect.bisect_right(self.ends, t)  # the first span that ends after t
+
+    def busy_seconds(self, t0: float, t1: float) -> float:
+        """Seconds of ``[t0, t1]`` the trainer is busy."""
+        total = 0.0
+        for i in range(self._from(t0), len(self.starts)):
+            if self.starts[i] >= t1:
+                break
+            total += min(t1, self.ends[i]) - max(t0, self.starts[i])
+        return total
+
+    def free_seconds(self, t0: float, t1: float, contention: float) -> float:
+        """``[t0, t1]`` in seconds of an engine alone: the busy part counts ``1 / (1 + contention)``."""
+        return (t1 - t0) - self.busy_seconds(t0, t1) * contention / (1.0 + contention)
+
+    def after(self, t0: float, free_s: float, contention: float) -> float:
+        """The time at which an engine starting at ``t0`` has done ``free_s`` seconds of its alone-time work
+        (the inverse of :meth:`free_seconds`)."""
+        t, left, stretch = t0, free_s, 1.0 + contention
+        for i in range(self._from(t0), len(self.starts)):
+            gap = max(0.0, self.starts[i] - t)
+            if left <= gap:
+                return t + left
+            left -= gap
+            t = max(t, self.starts[i])
+            span = (self.ends[i] - t) / stretch
+            if left <= span:
+                return t + left * stretch
+            left -= span
+            t = self.ends[i]
+        return t + left
+
+
 class CostModelInferenceEngine:
     """An inference replica priced by a :class:`RolloutCostModel` (backend name ``sim``; implements
     :class:`asyncrl.api.InferenceEngine`).
@@ -81,12 +146,18 @@ class CostModelInferenceEngine:
         timeline: optional :class:`Timeline` receiving this replica's busy spans.
         name: lane name in the timeline.
         iteration_stats: report :attr:`iteration_window` (``rollout/engine_*``; ``not rollout.disable_log_stats``).
+        host: the :class:`HostLoad` of the trainer beside it: ``cost.contention`` applies while the trainer
+            computes; ``None``: to every decode iteration (a replica priced alone).
     """
 
     def __init__(self, cost: RolloutCostModel, token_scale: int = 1, prompt_tokens: int = 64,
                  natural_length: Optional[Callable[[str, Sequence[int]], int]] = None, timeline: Optional[Timeline] = None,
-                 name: str = "replica", iteration_stats: bool = True, scheduling_policy: str = "fcfs", **_: Any):
+                 name: str = "replica", iteration_stats: bool = True, scheduling_policy: str = "fcfs",
+                 host: Optional[HostLoad] = None, **_: Any):
         self.cost, self.scale, self.prompt_tokens = cost, max(1, int(token_scale)), prompt_tokens
+        self.host = host
+        if host is not None:
+            host.engines.append(self)
         self.scheduling_policy = check_scheduling_policy(scheduling_policy)
         self.natural_length, self.timeline, self.name = natural_length, timeline, name
         self.param_version = 0
@@ -122,7 +193,7 @@ class CostModelInferenceEngine:
         start = max(self._t, self._busy_until)
         if self.running and not self._frozen and now > start:
             b = len(self.running)
-            dg = self.cost.decode_iterations(now - start, *self._shape())
+            dg = self._iterations(start, now)
             self._g += dg
             self._ctx += b * dg
             self._window.add(now - start, dg, b * dg)
@@ -151,8 +222,29 @@ class CostModelInferenceEngine:
             return
         target = self._finish_heap[0][0]
         now = self._loop.time()
-        at = max(now, self._busy_until) + self.cost.decode_time(max(0.0, target - self._g), *self._shape())
+        at = self._done_at(max(now, self._busy_until), max(0.0, target - self._g))
         self._timer = self._loop.call_at(at, self._on_timer, target)
+
+    def _iterations(self, t0: float, t1: float) -> float:
+        """Decode iterations of the running batch from ``t0`` to ``t1``."""
+        if self.host is None or not self.cost.contention:
+            return self.cost.decode_iterations(t1 - t0, *self._shape())
+        alone = self.host.free_seconds(t0, t1, self.cost.contention)
+        return self.cost.decode_iterations(alone * (1.0 + self.cost.contention), *self._shape())
+
+    def _done_at(self, t0: float, iterations: float) -> float:
+        """When ``iterations`` decode iterations of the running batch, begun at ``t0``, are done."""
+        if self.host is None or not self.cost.contention:
+            return t0 + self.cost.decode_time(iterations, *self._shape())
+        alone = self.cost.decode_time(iterations, *self._shape()) / (1.0 + self.cost.contention)
+        return self.host.after(t0, alone, self.cost.contention)
+
+    def _load_changed(self) -> None:
+        """The trainer beside it starts computing (:class:`HostLoad`): progress so far at the old pace, the next
+        finish repriced."""
+        if self.running and not self._frozen:
+            self._advance()
+            self._reschedule()
 
     def _on_timer(self, target: float) -> None:
         """The first running request is due: its iterations are done, whatever :meth:`_advance` computed (an

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Optional
 from asyncrl.config import ConfigError, ExperimentConfig, check_types, range_hint, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
-from asyncrl.sim.engines import Timeline
+from asyncrl.sim.engines import HostLoad, Timeline
 from asyncrl.sim.handles import LocalActorHandle, object_store
 from asyncrl.sim.result import SimResult
 from asyncrl.sim.train_engines import CostModelCheckpointEngine, CostModelTrainEngine
@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Timeline, hybrid: bool,
-                        gradient_fraction: Optional[Callable[[float], float]] = None) -> Iterator[None]:
+                        gradient_fraction: Optional[Callable[[float], float]] = None,
+                        host: Optional[HostLoad] = None) -> Iterator[None]:
     """Point the engine seams at the cost models: the ``sim`` rollout backend (registered like any
     backend) and the trainer's ``build_train_engine`` (swapped in the trainer module), both for the duration
     of the simulation only (everything the trainer does with the engine and sender is its own code).
@@ -75,7 +76,8 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         engine = CostModelTrainEngine(train, token_scale, cost.prompt_tokens,
                                       lr=optim_kwargs(cfg, actor.optim, actor.ppo_epochs)["lr"], timeline=timeline,
                                       with_reference=actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
-                                      gradient_fraction=gradient_fraction if skips else None, seed=cfg.trainer.seed)
+                                      gradient_fraction=gradient_fraction if skips else None, seed=cfg.trainer.seed,
+                                      host=host)
         return engine, LocalWeightSender(engine, CostModelCheckpointEngine(
             replicas, cost=sync, timeline=timeline, label="switch+sync" if hybrid else "sync"))
 
@@ -295,16 +297,16 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
     from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
 
     loop = asyncio.get_running_loop()
-    timeline = Timeline()
+    timeline, host = Timeline(), HostLoad()
     budget = sample_budget(cfg)
     import asyncrl.watchdog  # noqa: F401 - imported lazily by the trainer: load it now so its clock is virtual too
     with virtual_clocks(loop), object_store(), _cost_model_engines(cost, token_scale, timeline,
                                                                           cfg.actor_rollout_ref.hybrid_engine,
-                                                                          gradient_fraction):
+                                                                          gradient_fraction, host):
         kwargs = dict(cost=cost.rollout, token_scale=token_scale, prompt_tokens=cost.prompt_tokens,
                       natural_length=natural_length, timeline=timeline,
                       iteration_stats=not cfg.actor_rollout_ref.rollout.disable_log_stats,
-                      scheduling_policy=cfg.actor_rollout_ref.rollout.scheduling_policy)
+                      scheduling_policy=cfg.actor_rollout_ref.rollout.scheduling_policy, host=host)
         replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))
                     for i in range(n_replicas)}
         mq = MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(budget.max_required_samples)),

@@ -20,7 +20,7 @@ import torch
 
 from asyncrl.sim.clock import charge
 from asyncrl.sim.cost_models import SyncCostModel, TrainCostModel
-from asyncrl.sim.engines import Timeline
+from asyncrl.sim.engines import HostLoad, Timeline
 from asyncrl.sync.base import CheckpointEngine
 
 
@@ -44,17 +44,21 @@ class CostModelTrainEngine:
             share at each length is the run's, the spread between updates is smaller. The simulated rewards
             carry no signal of their own, so without it every row is priced.
         seed: of the draws above.
+        host: the :class:`~asyncrl.sim.engines.HostLoad` the replicas beside it read: each priced call is reported
+            there as a busy span (their decode pays its contention term then).
     """
 
     def __init__(self, cost: TrainCostModel, token_scale: int = 1, prompt_tokens: int = 64, lr: float = 0.0,
                  timeline: Optional[Timeline] = None, with_reference: bool = False,
-                 gradient_fraction: Optional[Callable[[float], float]] = None, seed: int = 0, **_: Any):
+                 gradient_fraction: Optional[Callable[[float], float]] = None, seed: int = 0,
+                 host: Optional[HostLoad] = None, **_: Any):
         self.cost, self.scale, self.prompt_tokens, self.lr, self.timeline = cost, token_scale, prompt_tokens, lr, timeline
         self.ref_model = object() if with_reference else None  # the trainer only tests it for None
         self.gradient_fraction = gradient_fraction
         self._rng = random.Random(seed)
         self.updates = 0
         self.busy_s = 0.0
+        self.host = host
 
     def _lengths(self, batch: Any) -> list[float]:
         resp = batch.response_mask.sum(-1).tolist()
@@ -63,10 +67,16 @@ class CostModelTrainEngine:
         return [self.prompt_tokens + r * self.scale for r in resp]
 
     def _spend(self, seconds: float, label: str) -> None:
-        if self.timeline is not None:  # after what this inline call has charged so far
-            loop = asyncio.get_running_loop()
-            start = loop.time() + getattr(loop, "_charged", 0.0)
+        if self.timeline is None and self.host is None:  # priced alone (a test, gpu_sim's update model): no loop
+            self.busy_s += seconds
+            charge(seconds)
+            return
+        loop = asyncio.get_running_loop()
+        start = loop.time() + getattr(loop, "_charged", 0.0)  # after what this inline call has charged so far
+        if self.timeline is not None:
             self.timeline.add("trainer", start, start + seconds, label)
+        if self.host is not None:
+            self.host.trainer_busy(start, start + seconds)
         self.busy_s += seconds
         charge(seconds)
 
