@@ -31,7 +31,8 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
 from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, range_hint, resolved_max_model_len  # noqa: F401
-from asyncrl.config_types import _check_raw, _get, _leaf_types, _plain_leaves, check_types  # noqa: F401
+from asyncrl.config_types import (_check_raw, _get, _leaf_types, _plain_leaves, check_copyable,  # noqa: F401
+                                  check_structure, check_types)
 
 
 # loading
@@ -118,6 +119,11 @@ def _base_hint(key: str, value: Any) -> str:
     return f"; {NULL_HINTS[key]}" if value is None and key in NULL_HINTS else range_hint(key, value)
 
 
+def unknown_key_hint(key: str) -> str:
+    """What to write instead of the unknown key ``key``: :data:`KEY_HINTS`' words, else the closest valid key."""
+    return KEY_HINTS.get(key) or f"did you mean {_closest(key)!r}?"
+
+
 def _merge(base, other, what: str):
     other = _check_raw(other, what)
     _one_file(other)
@@ -125,8 +131,7 @@ def _merge(base, other, what: str):
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
         bad = str(getattr(exc, "full_key", None) or exc)
-        hint = KEY_HINTS.get(bad) or f"did you mean {_closest(bad)!r}?"
-        raise ConfigError(f"unknown config key {bad!r} in {what}; {hint}") from None
+        raise ConfigError(f"unknown config key {bad!r} in {what}; {unknown_key_hint(bad)}") from None
     except ValidationError as exc:
         key = getattr(exc, "full_key", None) or what  # OmegaConf names no key for a list of the wrong length
         msg = str(exc.msg).splitlines()[0]
@@ -200,10 +205,16 @@ def load_config(
             override value that is not valid YAML (naming line and column), or a file whose top level is not a mapping.
     """
     if base is not None:  # the caller's object stays as it is
-        base = copy.deepcopy(base)
-        # numpy values (a sweep's grid) as Python ones, then every value of its key's type: OmegaConf.structured
-        # coerces rather than refuses ("yes" or 2 for a bool as true, "5" for an int as 5, 1.5 for a str as "1.5")
-        check_types(base, hint=_base_hint, where=" in the base config", interpolations=True)
+        where = " in the base config"
+        check_structure(base, where, unknown_key_hint)  # a section replaced by a dict / None, a misspelt attribute
+        try:
+            base = copy.deepcopy(base)
+        except Exception:  # noqa: BLE001 - a generator, a dict view, ...: named by its key
+            check_copyable(base, where)
+            raise
+        # numpy values (a sweep's grid) and OmegaConf containers as plain ones, then every value of its key's type:
+        # OmegaConf.structured coerces rather than refuses ("yes" or 2 for a bool as true, "5" for an int as 5)
+        check_types(base, hint=_base_hint, where=where, interpolations=True, key_hint=unknown_key_hint)
     try:
         cfg = OmegaConf.structured(base if base is not None else ExperimentConfig())
     except ValidationError as exc:  # what check_types lets through and OmegaConf does not take
@@ -295,7 +306,7 @@ def check_choice(key: str, value: Any, choices: Any) -> None:
 def validate(cfg: ExperimentConfig) -> None:
     """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
     at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
-    check_types(cfg, hint=range_hint)
+    check_types(cfg, hint=range_hint, key_hint=unknown_key_hint)
     for key, choices in CHOICES.items():
         check_choice(key, _get(cfg, key), choices)
     vllm_kwargs = (ro.engine_kwargs or {}).get("vllm") or {}

@@ -6,6 +6,7 @@ they hold (:func:`_plain_leaves`). :mod:`asyncrl.config` uses them; import ``che
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -101,7 +102,11 @@ def _type_ok(value: Any, t: Any) -> bool:
 
 def _plain(value: Any) -> Any:
     """``value`` with every numpy scalar in it (``np.int64(8)``, ``np.True_``, a 0-d array; also inside lists, tuples
-    and dicts) as the Python scalar it holds; ``value`` itself when it holds none."""
+    and dicts) as the Python scalar it holds, and every OmegaConf ``ListConfig`` / ``DictConfig`` (set from Python:
+    ``cfg.trainer.logger = OmegaConf.create(["console"])``) as the plain list / dict it holds, interpolations
+    unresolved; ``value`` itself when it holds none."""
+    if OmegaConf.is_config(value):
+        return _plain(OmegaConf.to_container(value, resolve=False))
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
         return value.item()
     if isinstance(value, (list, tuple)):
@@ -127,18 +132,71 @@ def _fspaths(value: Any, t: Any) -> Any:
 def _plain_leaves(cfg: ExperimentConfig) -> None:
     """Every leaf of ``cfg`` in place as :func:`_plain` makes it, and a Path for a str key (or in a list of str) as its
     string (as :func:`load_config` takes it): a value from a DataFrame or an array (a sweep's grid) is numpy, which
-    OmegaConf refuses in a container and ``config.yaml`` cannot hold."""
+    OmegaConf refuses in a container and ``config.yaml`` cannot hold; an OmegaConf container is the plain one it holds
+    (the type check reads lists and dicts)."""
     for key, t in _leaf_types().items():
         parent, _, leaf = key.rpartition(".")
         value = _get(cfg, key)
-        plain = _fspaths(value, t)
-        plain = _plain(value) if plain is value else plain
+        plain = _fspaths(_plain(value), t)  # a ListConfig of Paths: a list, then its strings
         if plain is not value:
             setattr(_get(cfg, parent), leaf, plain)
 
 
+@functools.lru_cache(maxsize=None)
+def _sections(cls: type) -> tuple:
+    """``(field names, ((name, section class), ...))`` of a schema dataclass: every field, and those that are a
+    section (a nested dataclass)."""
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    return (frozenset(f.name for f in fields),
+            tuple((f.name, hints[f.name]) for f in fields if dataclasses.is_dataclass(hints[f.name])))
+
+
+def check_structure(cfg: Any, where: str = "", key_hint: Optional[Callable[[str], str]] = None) -> None:
+    """``cfg`` is an :class:`ExperimentConfig` whose every section is its dataclass and that holds no attribute the
+    schema lacks. Python lets a caller replace a section (``cfg.async_training = {...}`` or ``None``: the key checks
+    would fail with an AttributeError) and set a misspelt attribute on a dataclass instance
+    (``cfg.trainer.total_training_step = 5``, which OmegaConf would drop silently). Attributes whose name starts with
+    ``_`` are not the schema's and are left alone. Raises :class:`ConfigError` naming the section or the key, with
+    ``key_hint(key)``'s words for an unknown one (:func:`asyncrl.config.load_config` passes the closest valid key)."""
+    if not isinstance(cfg, ExperimentConfig):
+        raise ConfigError(f"expected an ExperimentConfig{where}, got a {type(cfg).__name__} (build one with "
+                          "load_config or a recipe; pass keys as overrides)")
+
+    def walk(node: Any, cls: type, prefix: str) -> None:
+        names, sections = _sections(cls)
+        extra = [k for k in vars(node) if k not in names and not k.startswith("_")]
+        if extra:
+            key = f"{prefix}{extra[0]}"
+            raise ConfigError(f"unknown config key {key!r} set{where}" + (f"; {key_hint(key)}" if key_hint else ""))
+        for name, section in sections:
+            value = getattr(node, name)
+            if not isinstance(value, section):
+                what = "None" if value is None else f"a {type(value).__name__}"
+                raise ConfigError(
+                    f"{prefix}{name} is a config section ({section.__name__}), not {what}{where}: set its keys "
+                    f"(cfg.{prefix}{name}.<key> = ...), or assign a {section.__name__}(...)")
+            walk(value, section, f"{prefix}{name}.")
+
+    walk(cfg, ExperimentConfig, "")
+
+
+def check_copyable(cfg: ExperimentConfig, where: str = "") -> None:
+    """Every leaf of ``cfg`` (checked by :func:`check_structure`) can be deep-copied: a generator or a dict view
+    (``d.keys()``) set from Python cannot (``TypeError: cannot pickle 'generator'``, naming no key). Raises
+    :class:`ConfigError` naming the key."""
+    for key in _leaf_types():
+        value = _get(cfg, key)
+        try:
+            copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - whatever deepcopy refuses (TypeError, PicklingError, ...)
+            raise ConfigError(f"{key}={value!r} ({type(value).__name__}) is not valid{where}: a config value is null, "
+                              f"a bool, a number, a str, or a list / dict of them (write list(...) for an iterable)"
+                              ) from None
+
+
 def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]] = None, *, where: str = "",
-                interpolations: bool = False) -> None:
+                interpolations: bool = False, key_hint: Optional[Callable[[str], str]] = None) -> None:
     """Every leaf of ``cfg`` has its schema type (bool keys hold a bool, int keys an int, ...): a value set from
     Python (``cfg.async_training.partial_rollout = "no"``, which is true) is refused instead of read by its
     truthiness. A numpy scalar (a value from a DataFrame or an array), also inside a list, tuple or dict, becomes its
@@ -150,7 +208,11 @@ def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]]
     ``load_config`` checks its ``base`` with it before OmegaConf, which would coerce a wrong type rather than refuse
     it (``"yes"`` or ``2`` for a bool key as true, ``"5"`` for an int key as 5, ``1.5`` for a str key as ``"1.5"``);
     ``interpolations=True`` lets a str holding ``${...}`` stand for any key, as OmegaConf resolves it (and
-    ``validate`` checks what it resolves to)."""
+    ``validate`` checks what it resolves to).
+
+    First :func:`check_structure` (a section replaced by a dict or None, a misspelt attribute: ``key_hint`` words
+    its hint)."""
+    check_structure(cfg, where, key_hint)
     _plain_leaves(cfg)
     for key, t in _leaf_types().items():
         value = _get(cfg, key)
