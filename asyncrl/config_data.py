@@ -76,11 +76,15 @@ FILE_KEYS = ("train_files", "val_files")
 
 
 def validate_data_files(data: Any) -> Optional[str]:
-    """What is wrong with ``data.train_files`` / ``data.val_files`` (a list naming no file, an empty path in a list:
-    OmegaConf takes both), or None. Whether the files exist is checked where they are read (a config may be built on
-    one machine for another)."""
+    """What is wrong with ``data.train_files`` / ``data.val_files`` (a list naming no file, an empty path alone or in
+    a list: OmegaConf takes them, and ``''`` alone, from a YAML file or an ``${oc.env:...}`` that resolved to it, would
+    read as null and train on the built-in task), or None. Whether the files exist is checked where they are read (a
+    config may be built on one machine for another)."""
     for name in FILE_KEYS:
         value = getattr(data, name)
+        if isinstance(value, str) and not value.strip():
+            return (f"data.{name}={value!r} is an empty path: give a file, or null (omit the key) to use the built-in "
+                    f"data.task")
         if isinstance(value, (list, tuple)):
             if not value:
                 return f"data.{name}=[] names no file: give one or more files, or null to use data.task"
