@@ -50,6 +50,11 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """A dataset file does not exist (a :class:`DatasetError` and a ``FileNotFoundError``)."""
 
 
+class DatasetIsADirectoryError(DatasetError, IsADirectoryError):
+    """A dataset path is a directory that is not a parquet dataset directory (named ``*.parquet``): a
+    :class:`DatasetError` and an ``IsADirectoryError``."""
+
+
 def register_task(name: str, generator: TaskGenerator) -> None:
     """Register a built-in task generator under ``name`` (e.g. ``"calc_tool"``).
 
@@ -100,8 +105,10 @@ def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> 
         data_cfg: the config's ``data`` section.
         split: ``"train"`` or ``"test"``.
         seed: ``trainer.seed`` (the generator's seed).
-        limit: at most this many rows (the first of the files, every file still read and checked, as a run reads
-            them; a generator builds only these); ``None``: all.
+        limit: at most this many rows; ``None``: all. From files (every file still read and checked, as a run reads
+            them): for ``"train"`` the rows a run's first epoch takes first (:func:`~asyncrl.data.sampler.epoch_order`
+            of ``seed`` and ``data.shuffle``, so a sample over every file when shuffled), kept in file order; for
+            ``"test"`` the first rows. A generator builds only these.
 
     Raises:
         DatasetError / DatasetNotFoundError: a file that cannot be read (see :func:`load_files`);
@@ -109,11 +116,28 @@ def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> 
     """
     key = "train_files" if split == "train" else "val_files"
     files = getattr(data_cfg, key)
-    if files:
-        return load_files(files, f"data.{key}")[:limit]
+    if files is not None:  # "" is refused by load_files (null is the built-in task), not read as null
+        rows = load_files(files, f"data.{key}")
+        if limit is None or len(rows) <= limit:
+            return rows
+        if split != "train":
+            return rows[:limit]
+        from asyncrl.data.sampler import epoch_order
+
+        return [rows[i] for i in sorted(epoch_order(len(rows), seed, 0, data_cfg.shuffle)[:limit])]
     size = data_cfg.train_size if split == "train" else data_cfg.val_size
     return get_task_rows(data_cfg.task, split, size if limit is None else min(size, limit), seed, data_cfg.operators,
                          **task_options(data_cfg))
+
+
+def train_source(data_cfg: Any) -> list[str]:
+    """What the training rows are, cheaply (no file is read): the ``data.train_files`` paths as given (one path as a
+    one-element list), or ``["<task NAME>"]`` for the built-in task. A checkpoint keeps it with the data position
+    (:meth:`asyncrl.data.sampler.ResumableSampler.state_dict`) to tell a resume on other data."""
+    files = data_cfg.train_files
+    if files is None:
+        return [f"<task {data_cfg.task}>"]
+    return [str(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
 
 
 def _to_python(x: Any) -> Any:
@@ -216,16 +240,26 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
 
     Raises:
         DatasetNotFoundError: the file does not exist (also a ``FileNotFoundError``).
-        DatasetError: unsupported suffix, unparsable content, or a row missing a required field
-            (the message names the file, the row index and the field).
+        DatasetIsADirectoryError: ``path`` is a directory not named ``*.parquet`` (a parquet dataset directory,
+            which is read).
+        DatasetError: an empty path, an unsupported suffix, a file that cannot be read, unparsable content, or a
+            row missing a required field (the message names the file, the row index and the field).
     """
+    if not str(path).strip():  # Path("") is ".": the working directory
+        raise DatasetError("a dataset path is empty ('')")
     p = Path(path)
     if not p.exists():
         raise DatasetNotFoundError(f"dataset file not found: {p}")
+    if p.is_dir() and p.suffix.lower() != ".parquet":
+        raise DatasetIsADirectoryError(f"dataset path is a directory, not a file: {p} (give the .parquet, .jsonl or "
+                                       f".json files in it; a directory named *.parquet is read as a parquet dataset)")
     reader = _READERS.get(p.suffix.lower())
     if reader is None:
         raise DatasetError(f"{p}: unsupported dataset suffix {p.suffix!r}; use one of {sorted(_READERS)}")
-    raw = reader(p)
+    try:
+        raw = reader(p)
+    except OSError as exc:  # unreadable (permissions, ...): named, not a traceback
+        raise DatasetError(f"{p}: cannot read: {exc.strerror or exc}") from None
     rows = [validate_row(r, str(p), i) for i, r in enumerate(raw)]
     logger.info("loaded %d rows from %s", len(rows), p)
     return rows
@@ -241,20 +275,37 @@ def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str 
         key: the config key ``files`` came from, named in the error for a missing file of a list.
 
     Returns:
-        Every file's rows (see :func:`load_rows`), the first file's first.
+        Every file's rows (see :func:`load_rows`), the first file's first. A file with no rows is logged as a
+        WARNING naming it (a likely mistake: the other files train alone).
 
     Raises:
-        DatasetNotFoundError: a file does not exist; for a list the message names which one (``key[i]``, the
-            i-th of n). A path given alone keeps :func:`load_rows`'s message.
-        DatasetError: as :func:`load_rows` (its message names the file).
+        DatasetNotFoundError / DatasetIsADirectoryError: a path that does not exist / is a directory; for a list the
+            message names which one (``key[i]``, the i-th of n). A path given alone keeps :func:`load_rows`'s message.
+        DatasetError: as :func:`load_rows` (its message names the file); an empty path or list (null, not ``''``,
+            is the built-in task); every file empty (no rows to train on).
     """
-    if isinstance(files, (str, os.PathLike)):
-        return load_rows(files)
-    files = list(files)
+    single = isinstance(files, (str, os.PathLike))
+    files = [files] if single else list(files)
+    if not files:
+        raise DatasetError(f"{key}=[] names no file: give one or more files, or null to use data.task")
     rows: list[dict[str, Any]] = []
+    empty = []
     for i, path in enumerate(files):
+        where = "" if single else f" ({key}[{i}], file {i + 1} of {len(files)})"
+        if not str(path).strip():
+            raise DatasetError(f"{key}{'' if single else f'[{i}]'}={str(path)!r} is an empty path: give a file, "
+                               f"or null (omit the key) to use data.task")
         try:
-            rows.extend(load_rows(path))
-        except DatasetNotFoundError as exc:
-            raise DatasetNotFoundError(f"{exc} ({key}[{i}], file {i + 1} of {len(files)})") from None
+            got = load_rows(path)
+        except (DatasetNotFoundError, DatasetIsADirectoryError) as exc:
+            raise type(exc)(f"{exc}{where}") from None
+        if not got:
+            empty.append((str(path), where))
+        rows.extend(got)
+    if not rows:
+        raise DatasetError(f"{key}: no rows to read: {'the file is' if single else 'every file is'} empty "
+                           f"({', '.join(p for p, _ in empty)})")
+    for path, where in empty:
+        logger.warning("%s: %s has no rows%s; is it the file you meant? (the other files' %d rows are read)",
+                       key, path, where, len(rows))
     return rows

@@ -114,8 +114,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             default: the rows' correct-answer lengths when they carry them (``longtail``), else
             ``max_tokens``.
         snapshot_every_s: record the rollouter's live snapshot every this many virtual seconds (0: never).
-        max_rows: at most this many dataset rows are built, or taken from the start of ``data.train_files``
-            (epochs repeat them).
+        max_rows: at most this many dataset rows are built, or taken from ``data.train_files`` as a real run's first
+            epoch takes them (its seeded order of ``trainer.seed``: a sample over every file when ``data.shuffle``,
+            the first rows without); epochs repeat them.
         gradient_fraction: ``fraction(real response tokens)``: the chance a trained row of that length has a
             non-zero advantage (:func:`asyncrl.sim.workload.gradient_fraction` of a measured run). When the
             config's trainer skips the other rows (the CPU engine's ``skip_zero_advantage``: not ``fsdp2``, no KL
@@ -267,7 +268,8 @@ def _check_split(cost: ClusterCostModel, rollout_gpus: Optional[int], train_gpus
 
 def _rows(cfg: ExperimentConfig, max_rows: int, natural_length: Optional[Callable[..., int]]) -> tuple:
     """``(train rows, val rows, natural_length)``: the rows a real run takes (``data.train_files`` when set, else the
-    task's), after the checks a real run makes of its data before it starts
+    task's; of more than ``max_rows`` rows, those a real run's first epoch takes first, see
+    :func:`asyncrl.data.dataset.run_rows`: every file is represented as it is in a real run's shuffle), after the checks a real run makes of its data before it starts
     (:func:`asyncrl.watchdog.check_can_fill_batch`, as :meth:`asyncrl.experiment.Experiment.start`); the default
     ``natural_length`` of rows that carry their answers' lengths."""
     from asyncrl.data.dataset import run_rows
@@ -275,7 +277,7 @@ def _rows(cfg: ExperimentConfig, max_rows: int, natural_length: Optional[Callabl
     from asyncrl.watchdog import check_can_fill_batch
 
     d = cfg.data
-    train = run_rows(d, "train", cfg.trainer.seed, limit=max_rows)  # data.train_files when set, as a real run
+    train = run_rows(d, "train", cfg.trainer.seed, limit=max_rows)  # data.train_files when set, sampled as a real run
     val = run_rows(d, "test", cfg.trainer.seed, limit=16)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
     check_can_fill_batch(train, cfg, tok)
