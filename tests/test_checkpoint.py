@@ -137,7 +137,7 @@ def test_a_checkpoint_written_before_a_metric_rename_reads_under_the_new_name():
     from asyncrl.checkpoint.trainer_state import restore_rollouter
 
     old_row = {"version": 0, "accuracy": 0.5, "eval/tool_call_success": 0.75, "eval/tool_calls": 1.0}
-    ro = SimpleNamespace(counts={}, sampler=SimpleNamespace(position=None), dropped={}, failed={})
+    ro = SimpleNamespace(counts={}, sampler=ResumableSampler(8, seed=0), dropped={}, failed={})
     state = {"taken": 4, "enqueued": 4, "position": DataPosition().state_dict(), "dropped": {}, "failed": {},
              "eval_history": [old_row], "param_version": 1, "ledger": {"outcomes": {}, "in_flight": []}}
     restore_rollouter(ro, state)

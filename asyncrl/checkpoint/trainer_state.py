@@ -114,7 +114,7 @@ def restore_update_lag(tr: Any, st: dict) -> None:
 
 def rollouter_state(ro: Any) -> dict:
     """A rollouter's part of a checkpoint (``rollouter_state.json`` + its ledger parts)."""
-    return {"taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"], "position": ro.sampler.position.state_dict(),
+    return {"taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"], "position": ro.sampler.state_dict(),
             "param_version": ro.param_version, "dropped": dict(ro.dropped), "failed": dict(ro.failed),
             "eval_history": list(ro.eval_history), "ledger_parts": ro.ledger_parts()}
 
@@ -123,11 +123,10 @@ def restore_rollouter(ro: Any, state: dict) -> None:
     """Inverse of :func:`rollouter_state` given :func:`rollouter_resume`'s dict: the samples in
     flight at the checkpoint become ``dropped/in_flight_at_checkpoint``."""
     from asyncrl.accounting import Ledger
-    from asyncrl.data.sampler import DataPosition
     from asyncrl.metrics import renamed
 
     ro.counts["taken"], ro.counts["enqueued"] = state["taken"], state["enqueued"]
-    ro.sampler.position = DataPosition.from_state(state["position"])
+    ro.sampler.restore(state["position"])  # other data (rows, files) than the checkpoint's: a WARNING
     ro.dropped.update(state["dropped"])
     ro.failed.update(state["failed"])
     ro.eval_history = [renamed(row) for row in state["eval_history"]]  # old names read under the new
@@ -166,12 +165,13 @@ class CheckpointedRollouter:
 
     def _init_ledger(self, rows: int, resume: Optional[dict]) -> None:
         from asyncrl.accounting import Ledger
+        from asyncrl.data.dataset import train_source
         from asyncrl.data.sampler import ResumableSampler
 
         cfg = self.cfg
         self.ledger = Ledger()  # outcomes of the samples taken by this process, by seq
         self.restored = Ledger()  # outcomes before the checkpoint this run resumed from
-        self.sampler = ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle)
+        self.sampler = ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle, source=train_source(cfg.data))
         self.started_at: dict[int, float] = {}  # seq -> start time of the samples generating now
         if resume is not None:
             restore_rollouter(self, resume)
