@@ -142,5 +142,11 @@ def test_run_rows_are_the_files_when_set_else_the_tasks(tmp_path):
     assert run_rows(d, "test", 0, limit=2) == get_task_rows("arith", "test", 2, 0)
     d.train_files = str(tmp_path / "train.jsonl")
     assert [r["prompt"][0]["content"] for r in run_rows(d, "train", 0)] == [f"q{i}" for i in range(5)]
+    from asyncrl.data.sampler import epoch_order  # a limit: the first epoch's first rows, as a run takes them
+
+    assert [r["prompt"][0]["content"] for r in run_rows(d, "train", 0, limit=2)] == [
+        f"q{i}" for i in sorted(epoch_order(5, 0, 0)[:2])]
+    d.shuffle = False
     assert [r["prompt"][0]["content"] for r in run_rows(d, "train", 0, limit=2)] == ["q0", "q1"]
+    d.shuffle = True
     assert run_rows(d, "test", 0) == get_task_rows("arith", "test", 3, 0)  # no val_files: the task's test split
