@@ -20,8 +20,8 @@ def test_omegaconf_containers_set_on_fields_are_taken_as_plain_ones():
     assert tuple(cfg.actor_rollout_ref.actor.optim.betas) == (0.9, 0.99)
     assert OmegaConf.is_list(base.trainer.logger)  # the caller's object as it was
     nested = ExperimentConfig()  # inside a plain dict too
-    nested.actor_rollout_ref.rollout.engine_kwargs = {"vllm": OmegaConf.create({"max_model_len": 64})}
-    assert load_config(base=nested).actor_rollout_ref.rollout.engine_kwargs == {"vllm": {"max_model_len": 64}}
+    nested.actor_rollout_ref.rollout.engine_kwargs = {"vllm": OmegaConf.create({"enforce_eager": False})}
+    assert load_config(base=nested).actor_rollout_ref.rollout.engine_kwargs == {"vllm": {"enforce_eager": False}}
     bad = ExperimentConfig()
     bad.trainer.logger = OmegaConf.create([1])  # still checked for its type
     with pytest.raises(ConfigError, match=r"^trainer.logger=\[1\] \(list\) is not valid in the base config: "

@@ -100,7 +100,7 @@ def test_a_row_limit_takes_the_rows_a_real_run_takes_first_from_every_file(tmp_p
     a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 60))
     b = _write_jsonl(tmp_path / "b.jsonl", _rows("b", 40))
     every = _rows("a", 60) + _rows("b", 40)
-    cfg = load_config(None, [f"data.train_files=[{a},{b}]", "trainer.seed=7"])
+    cfg = load_config(None, [f"data.train_files=[{a},{b}]", f"data.val_files=[{a},{b}]", "trainer.seed=7"])
     got = run_rows(cfg.data, "train", 7, limit=50)
     assert _prompts(got) == _prompts([every[i] for i in sorted(epoch_order(100, 7, 0)[:50])])  # the sampler's
     assert any("(a)" in p for p in _prompts(got)) and any("(b)" in p for p in _prompts(got))
