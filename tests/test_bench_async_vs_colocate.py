@@ -352,3 +352,22 @@ def test_the_ideal_bound_measures_the_rollout_only_at_every_async_modes_concurre
     # 32 groups a step: (staleness + 1) x trigger_parameter_sync_step x 32; d_s1_early shares d_s1's budget
     assert plan == {48: "d", 64: "d_s1", 96: "d_t2", 128: "d_s1_t2"}
     assert bench.rollout_only_concurrencies([], args) == {48: "d"}  # mode d's alone calibrates the simulator
+
+
+def test_session_25s_run_is_simulated_from_its_calibration_with_the_tail_it_dropped(bench, tmp_path):
+    """Session 25's run (tests/data/avc_cpu_longtail_s25.json, 12:53; histories dropped): colocated 9.31, d 10.47,
+    d_s1 12.94, d_t2 14.01 samples/s, d_s1 dropping 26 long-tail groups stale. Simulated out of sample (the
+    group correlation, the stale rows in the workload and the contention only while the trainer computes were
+    written before it ran): d_s1 and d_t2 within 2%, d and colocated +16% (their updates ran ~22% above the
+    train-only price); d_s1's simulated replica drops about as many groups as the run's."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s25.json").read_text())
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path),
+                              gpu=False)
+    out = bench.simulate_modes(result, args)
+    assert {m: round(o["error"], 2) for m, o in out.items()} == pytest.approx(
+        {"colocated": 0.16, "d": 0.16, "d_s1": -0.02, "d_t2": -0.02}, abs=0.03), out
+    measured, simulated = result["modes"]["d_s1"]["engine"]["dropped_stale"], out["d_s1"]["engine"]["dropped_stale"]
+    assert measured == 26 and 0.6 * measured <= simulated <= 1.6 * measured, simulated
