@@ -50,6 +50,7 @@ from asyncrl.checkpoint.trainer_state import CheckpointedRun
 from asyncrl.trainer.engine import Batch, collate
 from asyncrl.trainer.factory import build_train_engine, optim_kwargs
 from asyncrl.trainer.fault_tolerance import FaultTolerantSync
+from asyncrl.trainer.filter_warning import FilterWarning
 from asyncrl.trainer.rewards import has_signal, make_kl_controller, shaped_scores, token_level_rewards
 from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
@@ -121,6 +122,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.history: list[dict] = []
         self.trained = 0
         self.dropped: collections.Counter = collections.Counter()  # stale, dapo_no_signal
+        # score every response of a group got -> groups filter_groups dropped (the watchdog: 0 too hard, 1 too easy)
+        self.filtered_scores: collections.Counter = collections.Counter()
+        self._filter_warning = FilterWarning()
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
         self.response_length_counts: collections.Counter = collections.Counter()  # response tokens -> trained rows
         self.gradient_length_counts: collections.Counter = collections.Counter()  # the same, rows with a gradient
@@ -142,7 +146,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             from asyncrl.watchdog import HangWatchdog
 
             self.watchdog = HangWatchdog(config.trainer.watchdog_timeout_s, self.budget, lambda: self.last_step_t,
-                                         self._funnel_state)
+                                         self._watchdog_funnel)
         self.checkpoints = self.tracking = None
         self.last_checkpoint: Optional[str] = None
         if resume_dir:  # the engines were built from the base model (the KL reference); weights load over it
@@ -280,7 +284,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train."""
         bound, fg = self.budget.staleness_bound, self.cfg.algorithm.filter_groups
         got: list[RolloutSample] = []
-        filtered = warned = 0  # dapo_no_signal drops this step; batches' worth of them warned about
+        filtered = warned = 0  # dapo_no_signal drops this step; batches' worth of them
         while len(got) < n:
             t = time.time()
             new = await self.mq.get_samples_async(n - len(got))
@@ -291,8 +295,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                 s.timings["dequeued"] = time.time()
                 self.ledger.record("fetched", s.seq)
                 lag = self.param_version - (s.min_global_steps if s.min_global_steps is not None else self.param_version)
+                values = self._filter_values(s) if fg.enable and lag <= bound else None
                 reason = ("stale" if lag > bound else
-                          "dapo_no_signal" if fg.enable and not has_signal(self._filter_values(s)) else None)
+                          "dapo_no_signal" if values is not None and not has_signal(values) else None)
                 if reason is None:
                     got.append(s)
                     self._in_step.append(s.seq)  # fetched, not trained yet (failed if the step raises)
@@ -300,6 +305,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                 self.dropped[reason] += 1
                 if reason == "stale":
                     self.stale_length_counts.update(len(o.response_ids) for o in s.outputs)
+                elif values:
+                    self.filtered_scores[float(values[0])] += 1
                 drop = "stale_at_trainer" if reason == "stale" else reason
                 self.ledger.record(f"dropped/{drop}", s.seq)
                 await self.mq.actor.record_drop.remote(drop)
@@ -312,16 +319,14 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                     "for the model; raise the limit (0 = unlimited) or change the data")
             if fg.enable and filtered // n > warned:  # verl keeps generating with 0 too, and says so per batch
                 warned = filtered // n
-                logger.warning(
-                    "algorithm.filter_groups dropped %d prompt groups without reward variance in this step (%d batches' "
-                    "worth of %d) and kept %d: every response of those groups scored the same (metric %s); %s",
-                    filtered, warned, n, len(got), fg.metric,
-                    f"the step fails at max_num_gen_batches={fg.max_num_gen_batches}" if fg.max_num_gen_batches > 0 else
-                    "algorithm.filter_groups.max_num_gen_batches=0 keeps fetching for as long as that lasts (verl's "
-                    "unlimited); set it to K to fail the step after K batches' worth")
+                self._filter_warning.batch_dropped(filtered, warned, n, len(got), self.dropped["dapo_no_signal"], fg)
         if self.cfg.actor_rollout_ref.hybrid_engine:  # colocated: mini-batches in dataset order, as verl's
             got.sort(key=lambda s: (s.timings["taken"], s.index))  # (the queue holds them in completion order)
         return got
+
+    async def _watchdog_funnel(self) -> dict:
+        """The funnel state the watchdog reads, with the scores of the groups ``filter_groups`` dropped."""
+        return {**await self._funnel_state(), "filtered_scores": dict(self.filtered_scores)}
 
     def _filter_values(self, s: RolloutSample) -> list[float]:
         """DAPO's ``filter_groups.metric`` of each response of a group (``acc``: rule reward; else shaped)."""
