@@ -113,9 +113,10 @@ def test_dapo_without_a_limit_keeps_fetching_as_verl_and_warns_once_a_minute_nam
     trainer = FullyAsyncTrainer(cfg, _EndlessEqualGroups(n), FakeRollouter(), {})
     need = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
 
-    async def step_until_dropped(batches, task=None):
+    async def step_until_dropped(more_batches, task=None):
         task = task or asyncio.create_task(trainer.fit_step())
-        while trainer.dropped["dapo_no_signal"] < batches * need:
+        until = trainer.dropped["dapo_no_signal"] + more_batches * need
+        while trainer.dropped["dapo_no_signal"] < until:
             await asyncio.sleep(0.01)
         assert not task.done()  # still fetching: 0 = unlimited, as verl
         return task
@@ -124,7 +125,7 @@ def test_dapo_without_a_limit_keeps_fetching_as_verl_and_warns_once_a_minute_nam
         task = await step_until_dropped(3)
         warned_before = len(_warnings(caplog))
         trainer._filter_warning.last_t -= 61  # a minute later
-        await step_until_dropped(4, task)
+        await step_until_dropped(2, task)
         task.cancel()
         return warned_before
 

@@ -96,3 +96,17 @@ def test_request_stop_ends_the_run_with_its_reason(random_model_dir):
     status = asyncio.run(scenario())
     assert queue.timeouts == [None]  # no time budget: the fetch waits without a timeout
     assert status["done"] and status["stop_reason"] == "interrupted by the user (Ctrl-C) at step 0"
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_batch_queued_when_the_budget_runs_out_is_still_trained(random_model_dir):
+    """A colocated round generated within the budget is in the queue when its fetch starts late: that fetch takes
+    what is queued and the step trains (the last), as a batch fetched after the budget always did."""
+    cfg = _cfg("grpo", random_model_dir, **{"trainer.total_training_steps": 100, "trainer.total_time_s": 1.0,
+                                            "trainer.watchdog_timeout_s": 0})
+    trainer = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, cfg.actor_rollout_ref.rollout.n)),
+                                FakeRollouter(), {})
+    trainer.t_start = time.time() - 2.0
+    asyncio.run(trainer.fit())
+    assert trainer.global_steps == 1 and trainer.trained == 4, trainer.stop_reason
+    assert trainer.stop_reason == "time budget trainer.total_time_s=1 reached at step 1/100"

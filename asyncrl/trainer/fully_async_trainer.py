@@ -301,13 +301,15 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         total_s = self.cfg.trainer.total_time_s
         got: list[RolloutSample] = []
         filtered = warned = 0  # dapo_no_signal drops this step; batches' worth of them
+        late = False  # the budget is spent: one more fetch takes what is queued (a colocated round generated in time)
         while len(got) < n:
             t = time.time()
             left = self.t_start + total_s - t if total_s else None
             if left is None:
                 new = await self.mq.get_samples_async(n - len(got))
             else:  # None on timeout, as on shutdown: the time budget tells them apart
-                new = await self.mq.get_samples_async(n - len(got), timeout=left) if left > 0 else None
+                new = None if late else await self.mq.get_samples_async(n - len(got), timeout=max(left, 0.1))
+                late = left <= 0
             self.idle_s += time.time() - t
             if new is None:
                 if total_s and time.time() - self.t_start >= total_s:  # timed out, not shut down
