@@ -40,6 +40,14 @@ def test_groups_dropped_by_filter_groups_are_named_with_their_counts():
     assert diagnose(now, BUDGET, 301.0, previous=start).binding == "filtered"
 
 
+def test_groups_fetched_before_the_window_and_dropped_in_it_count_as_fetched():
+    """The real run said "dropped 808 of the 800": the trainer takes a batch (gets +32) and records its drops after."""
+    start = funnel(queue_gets=232, queue_drops={"dapo_no_signal": 50})
+    now = funnel(time=1150.0, queue_gets=1032, queue_drops={"dapo_no_signal": 858})
+    d = diagnose(now, BUDGET, 301.0, window_start=start)
+    assert "dropped 808 of the 808 prompt groups" in d.message, d.message
+
+
 def test_the_user_repro_names_filter_groups_not_the_staleness_budget():
     s = funnel(staleness_samples=48, active=32, queue_size=16)
     n = funnel(staleness_samples=48, active=32, queue_size=16, time=1040., queue_gets=296,
