@@ -11,7 +11,9 @@ Every user error has one style: ``<kind> error: <message>`` on stderr and exit s
 ``config`` (unknown key or value, naming the closest valid key; unknown recipe / task / registered
 name), ``dataset`` (unreadable file, missing field), ``batch`` (notebook not found, undeclared or
 unpassable parameter) or ``models fetch``. A run whose trainer raised mid-run prints its summary and
-``training failed: ...`` and exits 1. Anything else is a bug and keeps its traceback.
+``training failed: ...`` and exits 1. Ctrl-C stops a run after its running step, prints its summary and one line
+(why it stopped, what was saved) and exits 130; a second Ctrl-C aborts that (one line, exit 130). Anything else is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def _train(args: argparse.Namespace) -> int:
         except (KeyError, ValueError) as exc:  # unknown task, DatasetError, bad task knobs
             raise UserError("config", f"data.task: {exc}") from None
     from asyncrl.checkpoint import CheckpointError
-    from asyncrl.experiment import TrainerError
+    from asyncrl.experiment import RunInterrupted, TrainerError
 
     try:
         exp = Experiment(cfg)
@@ -119,6 +121,16 @@ def _train(args: argparse.Namespace) -> int:
         print(exc.summary)
         print(f"training failed: {exc}", file=sys.stderr)
         return 1
+    except RunInterrupted as exc:  # Ctrl-C: stopped as a normal end; 130 = 128 + SIGINT, as a shell reports it
+        s = exc.summary
+        print(s)
+        print(f"{s.stop_reason}; saved {s.run_dir}/ (metrics.csv, eval.csv, summary.json, config.yaml)"
+              + (f", checkpoint {s.last_checkpoint}" if s.last_checkpoint else ""), file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping, or one while starting
+        print(f"interrupted: aborted; {exp.run_dir}/ may hold a partial run (metrics.csv is written step by step)",
+              file=sys.stderr)
+        return 130
     print(summary)
     print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
     return 0

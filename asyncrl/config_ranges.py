@@ -85,6 +85,11 @@ _OPTIM = {  # actor_rollout_ref.actor.optim and critic.optim: AdamW (torch refus
                             "value would flip the gradients' sign"),
 }
 SEED_SPACE = 2**32
+MAX_BUCKET_MB = (2**63 - 1) // 2**20
+"""The largest ``async_training.sync_bucket_size_mb`` (8796093022207 MiB, just under 8 EiB): its byte count
+``int(mb * 2**20)`` still fits the int64 that torch sizes a buffer with. ``1e300`` passed before and overflowed in the
+NCCL engine's allocation; the engines now size their buffers by the buckets the weights fill, so every size up to this
+one works, and past the weights' total they are all the same (one bucket)."""
 """Seeds are ``0 <= seed < SEED_SPACE``: numpy's legacy generator (which vLLM seeds at an engine's start) refuses more."""
 
 
@@ -175,8 +180,10 @@ RANGES: dict[str, tuple[Range, str]] = {
     # async training
     "async_training.trigger_parameter_sync_step": (at_least(1), "trainer steps between weight syncs"),
     "async_training.require_batches": (at_least(1), "mini-batches per trainer step"),
-    "async_training.sync_bucket_size_mb": (above(0), "MiB per weight-sync bucket (a tensor larger than a bucket gets "
-                                                     "one of its own): the first sync would fail"),
+    "async_training.sync_bucket_size_mb": (Range(0, MAX_BUCKET_MB, low_open=True), "MiB per weight-sync bucket (a "
+                                           "tensor larger than a bucket gets one of its own): 0 or less would fail the "
+                                           "first sync, and a bucket's bytes must fit the int64 size torch allocates "
+                                           "with (any size past the weights' total is the same: one bucket)"),
     # algorithm, critic, reward
     "algorithm.kl_ctrl.kl_coef": (at_least(0), "weight of the KL penalty in the reward: a negative weight would "
                                                "reward moving away from the reference"),

@@ -67,6 +67,16 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3
             time.sleep(2.0)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :meth:`Experiment.wait`: the run was stopped as a normal end (the running step finished, final
+    sync, evaluation, accounting, artifacts); ``summary`` is its :class:`Summary`. A ``KeyboardInterrupt``, so code
+    that does not know it still stops."""
+
+    def __init__(self, summary: Summary):
+        super().__init__(summary.stop_reason)
+        self.summary = summary
+
+
 class Experiment:
     """One fully-async RL run.
 
@@ -244,18 +254,33 @@ class Experiment:
         total = self.config.trainer.total_training_steps
         bar = tqdm(total=total, desc=self.name, unit="step", disable=not show)
         done_steps = 0
-        while True:
-            ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
-            st = ray.get(self.trainer.status.remote())
-            bar.update(st["global_steps"] - done_steps)
-            done_steps = st["global_steps"]
-            last = st["history"][-1] if st["history"] else {}
-            evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
-            bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}", lag=f"{last.get('staleness/lag_max', 0):.0f}",
-                            acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
-            if ready:
-                break
+        try:
+            while True:
+                ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
+                st = ray.get(self.trainer.status.remote())
+                bar.update(st["global_steps"] - done_steps)
+                done_steps = st["global_steps"]
+                last = st["history"][-1] if st["history"] else {}
+                evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
+                bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
+                                lag=f"{last.get('staleness/lag_max', 0):.0f}",
+                                acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
+                if ready:
+                    break
+        except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on)
+            bar.close()
+            raise RunInterrupted(self.interrupt()) from None
         bar.close()
+        return self._finish_or_raise()
+
+    def interrupt(self, reason: str = "interrupted by the user (Ctrl-C)") -> Summary:
+        """Stop a running run as a normal end: the trainer finishes its running step and starts no other, a fetch
+        waiting for a batch returns (the MessageQueue shuts down), then :meth:`finish`. Returns the summary, whose
+        ``stop_reason`` is ``reason`` and the step reached."""
+        logger.warning("%s: stopping after the running step, then final sync, evaluation and artifacts "
+                       "(Ctrl-C again aborts them)", reason)
+        ray.get(self.trainer.request_stop.remote(reason))
+        self.mq.shutdown()  # the rollouter's puts now drop queue_shutdown (accounted); the trainer's fetch returns
         return self._finish_or_raise()
 
     def _finish_or_raise(self) -> Summary:

@@ -13,9 +13,10 @@
 
 Binding limits, in the order they are checked (the first that holds is named): the trainer itself
 (stuck updating / syncing / checkpointing), no replica in the pool, the rollouter paused for a sync,
-the staleness budget (``staleness_samples >= max_required_samples``), every recent prompt dropped or
-failed, DAPO's ``filter_groups`` dropping (at the trainer) at least half the groups fetched in the stall window,
-the concurrency limit (``active >= max_concurrent_samples``: generation is the bottleneck),
+DAPO's ``filter_groups`` dropping (at the trainer) at least half the groups fetched in the stall window (before
+the staleness budget: each dropped group releases budget that the rollouter refills at once, so the budget reads
+full throughout such a stall), the staleness budget (``staleness_samples >= max_required_samples``), every recent
+prompt dropped or failed, the concurrency limit (``active >= max_concurrent_samples``: generation is the bottleneck),
 an empty feed, otherwise generation in progress.
 """
 
@@ -66,7 +67,27 @@ def _filtered(f: dict, start: Optional[dict]) -> tuple[int, int, float]:
         return 0, 0, 0.0
     filtered = f.get("queue_drops", {}).get("dapo_no_signal", 0) - start.get("queue_drops", {}).get("dapo_no_signal", 0)
     fetched = f.get("queue_gets", 0) - start.get("queue_gets", 0)
-    return filtered, fetched, f.get("time", 0.0) - start.get("time", 0.0)
+    # a group is counted fetched when the trainer takes it and dropped a moment later, so groups taken just before the
+    # window start and dropped in it made the real run say "dropped 808 of the 800": they were fetched in the window
+    return filtered, max(fetched, filtered), f.get("time", 0.0) - start.get("time", 0.0)
+
+
+def _filtered_scores(f: dict, start: Optional[dict]) -> str:
+    """What the groups ``filter_groups`` dropped between ``start`` and ``f`` scored, from the trainer's
+    ``filtered_scores`` (``{score every response of a dropped group got: groups}``): 0 = too hard (or a reward
+    that never matches), 1 = too easy."""
+    now, before = f.get("filtered_scores", {}), (start or {}).get("filtered_scores", {})
+    window = {k: v - before.get(k, 0) for k, v in now.items() if v > before.get(k, 0)}
+    if not window:
+        return ("every response of a group got the same score: the reward gives every sample the same score, or "
+                "the data is too easy / too hard for the model")
+    total = sum(window.values())
+    top, n = max(window.items(), key=lambda kv: kv[1])
+    what = {0.0: "the data is too hard for the model, or the reward never matches its ground truth",
+            1.0: "the data is too easy for the model"}.get(float(top), "the reward gives every sample the same score")
+    if n == total:
+        return f"every response of every dropped group scored {top:g}: {what}"
+    return f"{n} of the {total} dropped groups scored {top:g} on every response: {what}"
 
 
 def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[dict] = None,
@@ -74,7 +95,8 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
     """Name the binding limit from a funnel state.
 
     Args:
-        f: ``rollouter.funnel_state()`` plus ``queue_size`` and ``trainer_phase`` / ``trainer_phase_s``.
+        f: ``rollouter.funnel_state()`` plus ``queue_size`` and ``trainer_phase`` / ``trainer_phase_s``, and the
+            trainer's ``filtered_scores`` (what the groups ``filter_groups`` dropped scored; optional).
         budget: the run's :class:`~asyncrl.staleness.SampleBudget`.
         waited_s: seconds without a completed step.
         previous: the funnel state of the previous check (for "every prompt since was dropped").
@@ -95,6 +117,18 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
                                f"failed replicas rejoin after Ray restarts them, actor_rollout_ref.rollout.max_restarts)")
     if f.get("paused"):
         return d("paused", "the rollouter is paused for a weight sync")
+    # DAPO dynamic sampling: groups are generated and reach the trainer, which drops those whose every response
+    # scored the same (asyncrl.trainer.fully_async_trainer._fetch_batch): generation looks busy, no batch fills.
+    # Checked before the staleness budget: each dropped group releases its budget and the rollouter refills it at
+    # once, so the budget reads full at every check of such a stall although the trainer is the one dropping
+    filtered, fetched, window_s = _filtered(f, window_start or previous)
+    if filtered > 0 and 2 * filtered >= fetched:
+        return d("filtered", f"algorithm.filter_groups dropped {filtered} of the {fetched} prompt groups generated and "
+                             f"fetched by the trainer in the last {window_s:.0f} s (no reward variance: "
+                             f"{_filtered_scores(f, window_start or previous)}); check the reward function and the "
+                             "data's ground truth, or set algorithm.filter_groups.enable=false (train on them: no "
+                             "gradient under GRPO) or algorithm.filter_groups.max_num_gen_batches=K (fail the step "
+                             "after K batches' worth)")
     if f.get("staleness_samples", 0) >= budget.max_required_samples:
         return d("staleness_budget", f"staleness budget exhausted: staleness_samples {f['staleness_samples']} >= "
                                      f"max_required_samples {budget.max_required_samples} (async_training."
@@ -110,16 +144,6 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
                 hint = " (data.max_prompt_length)" if "prompt_too_long" in dropped else ""
                 return d("dropped", f"every prompt taken since the last check was dropped: {_top(dropped)}{hint}")
             return d("failed", f"every prompt taken since the last check failed: {_top(failed)}")
-    # DAPO dynamic sampling: groups are generated and reach the trainer, which drops those whose every response
-    # scored the same (asyncrl.trainer.fully_async_trainer._fetch_batch): generation looks busy, no batch fills
-    filtered, fetched, window_s = _filtered(f, window_start or previous)
-    if filtered > 0 and 2 * filtered >= fetched:
-        return d("filtered", f"algorithm.filter_groups dropped {filtered} of the {fetched} prompt groups generated and "
-                             f"fetched by the trainer in the last {window_s:.0f} s (no reward variance: every response "
-                             "of a group got the same score): the reward gives every sample the same score, or the "
-                             "data is too easy / too hard for the model; check the reward function and the data, or "
-                             "lower the filter (algorithm.filter_groups.enable=false; max_num_gen_batches=K fails the "
-                             "step after K batches' worth)")
     if f.get("active", 0) >= budget.max_concurrent_samples:
         return d("concurrency", f"all max_concurrent_samples={budget.max_concurrent_samples} slots are generating "
                                 f"(actor_rollout_ref.rollout.concurrent_samples_per_replica x num_replicas); "

@@ -40,7 +40,8 @@ class FakeMessageQueue:
         self.samples = collections.deque(samples)
         self.actor = FakeQueueActor()
 
-    async def get_samples_async(self, n: int):
+    async def get_samples_async(self, n: int, timeout=None):
+        """As the real queue: ``None`` once shut down (the samples ran out), or after ``timeout`` seconds."""
         if len(self.samples) < n:
             return None
         return [self.samples.popleft() for _ in range(n)]

@@ -9,6 +9,7 @@ real stack its end-to-end runs.
 import asyncio
 import logging
 import math
+import re
 
 import pytest
 
@@ -95,33 +96,51 @@ class _EndlessEqualGroups(FakeMessageQueue):
         super().__init__([])
         self.n, self.served = n, 0
 
-    async def get_samples_async(self, k: int):
+    async def get_samples_async(self, k: int, timeout=None):
         await asyncio.sleep(0)
         self.served += k
         return fake_samples(k, self.n, rewards=[[1.0] * self.n] * k, seed=self.served)
 
 
 @pytest.mark.timeout(120, method="thread")
-def test_dapo_without_a_limit_keeps_fetching_as_verl_but_warns_naming_the_key(random_model_dir, caplog):
+def test_dapo_without_a_limit_keeps_fetching_as_verl_and_warns_once_a_minute_naming_the_key(random_model_dir, caplog):
     """``filter_groups.enable=true`` with ``max_num_gen_batches=0`` (verl: unlimited) on data whose every group scores
-    the same fetched for ever without a word (the watchdog, when on, blamed generation). As verl, it keeps fetching;
-    now each batch's worth of groups dropped in one step logs a warning naming the key and the way out."""
+    the same fetched for ever without a word (the watchdog, when on, blamed generation). As verl, it keeps fetching,
+    and warns naming the key and the way out: at the first batch's worth dropped, then at most once a minute with
+    the count since (one warning per batch's worth wrote 214 lines in 4 minutes and buried the watchdog)."""
     cfg = _cfg("dapo", random_model_dir, **{"algorithm.filter_groups.max_num_gen_batches": 0})
     n = cfg.actor_rollout_ref.rollout.n
     trainer = FullyAsyncTrainer(cfg, _EndlessEqualGroups(n), FakeRollouter(), {})
     need = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
 
-    async def step_until_three_batches_dropped():
-        task = asyncio.create_task(trainer.fit_step())
-        while trainer.dropped["dapo_no_signal"] < 3 * need:
+    async def step_until_dropped(more_batches, task=None):
+        task = task or asyncio.create_task(trainer.fit_step())
+        until = trainer.dropped["dapo_no_signal"] + more_batches * need
+        while trainer.dropped["dapo_no_signal"] < until:
             await asyncio.sleep(0.01)
         assert not task.done()  # still fetching: 0 = unlimited, as verl
+        return task
+
+    async def scenario():
+        task = await step_until_dropped(3)
+        warned_before = len(_warnings(caplog))
+        trainer._filter_warning.last_t -= 61  # a minute later
+        await step_until_dropped(2, task)
         task.cancel()
+        return warned_before
 
     with caplog.at_level(logging.WARNING, logger="asyncrl.trainer.fully_async_trainer"):
-        asyncio.run(step_until_three_batches_dropped())
-    warned = [r.getMessage() for r in caplog.records if "filter_groups" in r.getMessage()]
-    assert len(warned) >= 3, warned
-    assert ("algorithm.filter_groups dropped 8 prompt groups without reward variance in this step (2 batches' worth of "
-            "4) and kept 0") in warned[1], warned[1]
+        warned_before = asyncio.run(scenario())
+    warned = _warnings(caplog)
+    assert warned_before == 1, warned  # 3 batches' worth in well under a minute: one line
+    assert ("algorithm.filter_groups dropped 4 prompt groups without reward variance in this step (1 batches' worth of "
+            "4) and kept 0") in warned[0], warned[0]
     assert "algorithm.filter_groups.max_num_gen_batches=0 keeps fetching" in warned[0], warned[0]
+    assert len(warned) == 2, warned
+    m = re.search(r"in this step \((\d+) batches' worth of 4\).*; (\d+) dropped since the last such warning 6\d s ago",
+                  warned[1])
+    assert m and int(m[1]) >= 4 and int(m[2]) == 4 * (int(m[1]) - 1), warned[1]  # all but the first warning's batch
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "filter_groups" in r.getMessage()]

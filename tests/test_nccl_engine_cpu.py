@@ -60,19 +60,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sender(port, world, channel, rebuild, rounds, q):
+def _sender(port, world, channel, rebuild, rounds, q, bucket_mb=16 / 1024):
     try:
-        eng = NCCLCheckpointEngine(NCCLSyncConfig(master_port=port, world_size=world, bucket_mb=16 / 1024,
+        eng = NCCLCheckpointEngine(NCCLSyncConfig(master_port=port, world_size=world, bucket_mb=bucket_mb,
                                                   backend="gloo", metadata_channel=channel, timeout_s=60,
                                                   rebuild_group_each_sync=rebuild))
         stats = []
         for r in range(rounds):
             m = asyncio.run(eng.send_weights(make_tensors(r).items(), version=r))
             stats.append((m["sync/bytes"], m["sync/buckets"]))
+        buffers = [b.numel() for b in eng.bufs]
         eng.close()
         q.put(("sender", stats))
     except BaseException as e:  # pragma: no cover - reported to the parent
         q.put(("sender", repr(e)))
+        buffers = None
+    q.put(("sender_buffers", buffers))
 
 
 def _receiver(port, world, rank, rounds, q):
@@ -91,14 +94,14 @@ def _receiver(port, world, rank, rounds, q):
         q.put((f"rx{rank}", repr(e)))
 
 
-def _run_group(channel: str, rebuild: bool, receivers: int = 2, rounds: int = 3) -> dict:
+def _run_group(channel: str, rebuild: bool, receivers: int = 2, rounds: int = 3, bucket_mb: float = 16 / 1024) -> dict:
     ctx = mp.get_context("spawn")
     q, port, world = ctx.Queue(), free_port(), receivers + 1
-    procs = [ctx.Process(target=_sender, args=(port, world, channel, rebuild, rounds, q))]
+    procs = [ctx.Process(target=_sender, args=(port, world, channel, rebuild, rounds, q, bucket_mb))]
     procs += [ctx.Process(target=_receiver, args=(port, world, r, rounds, q)) for r in range(1, world)]
     for p in procs:
         p.start()
-    results = dict(q.get(timeout=120) for _ in procs)
+    results = dict(q.get(timeout=120) for _ in range(len(procs) + 1))  # + the sender's buffer sizes
     for p in procs:
         p.join(30)
     return results
@@ -140,6 +143,17 @@ def test_gloo_sync_three_rounds_bit_exact(channel, rebuild):
     assert isinstance(sent, list) and len(sent) == 3, res
     total = sum(t.numel() * t.element_size() for t in make_tensors(0).values())
     assert all(b == total and n >= 3 for b, n in sent)
+
+
+@pytest.mark.parametrize("bucket_mb", [1e6, 1e300])
+def test_a_huge_bucket_size_sizes_the_buffers_to_the_weights(bucket_mb):
+    """``async_training.sync_bucket_size_mb=1e6`` failed allocating two 1 TiB buffers up front, ``1e300``
+    overflowed: the buffers are now the size of the largest bucket the weights fill (here all of them, one bucket)."""
+    res = _run_group("store", False, receivers=1, rounds=2, bucket_mb=bucket_mb)
+    assert res["rx1"] == [], res
+    total = sum(t.numel() * t.element_size() for t in make_tensors(0).values())
+    assert res["sender"] == [(total, 1.0)] * 2, res
+    assert res["sender_buffers"] == [total, 0], res  # one bucket: the second buffer is never used
 
 
 def _dead_receiver(port):

@@ -60,8 +60,9 @@ def test_the_nccl_endpoint_grows_a_buffer_for_a_large_bucket():
     from asyncrl.sync.nccl_engine import NCCLSyncConfig, _Endpoint  # what sender and receiver share
 
     rx = _Endpoint(NCCLSyncConfig(bucket_mb=1 / 1024, backend="gloo", device="cpu"), 0)
-    assert rx.buffer(0, 100).numel() == 100 and rx.bufs[0].numel() == 1024  # fits: the preallocated buffer
-    assert rx.buffer(1, 5000).numel() == 5000 and rx.bufs[1].numel() == 5000 and rx.bufs[0].numel() == 1024
+    assert rx.buffer(0, 100).numel() == 100 and rx.bufs[0].numel() == 100  # the bucket's size, not 1024 up front
+    assert rx.buffer(0, 60).numel() == 60 and rx.bufs[0].numel() == 100  # a smaller bucket reuses it
+    assert rx.buffer(1, 5000).numel() == 5000 and rx.bufs[1].numel() == 5000 and rx.bufs[0].numel() == 100
 
 
 def _cfg(mb: float) -> ExperimentConfig:

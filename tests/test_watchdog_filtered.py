@@ -22,17 +22,53 @@ def funnel(**kw):
 
 
 def test_groups_dropped_by_filter_groups_are_named_with_their_counts():
-    start = funnel()
+    """As in the real stall, the staleness budget reads full: each dropped group releases budget the rollouter refills
+    at once. It was checked first, and the watchdog said "staleness budget exhausted ... no new sample starts until a
+    sync", which was false and pointed at the staleness keys."""
+    start = funnel(staleness_samples=48, active=32, queue_size=16, filtered_scores={0.0: 50})
     now = funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 146, "stale_at_trainer": 2},
-                 active=48, taken=196, enqueued=176)  # all 48 slots busy: before, "concurrency"
+                 staleness_samples=48, active=48, queue_size=16, taken=196, enqueued=176,
+                 filtered_scores={0.0: 146})  # all 48 slots busy: before, "concurrency"
     d = diagnose(now, BUDGET, 301.0, previous=None, window_start=start)
     assert d.binding == "filtered", d.message
     assert "algorithm.filter_groups dropped 96 of the 96 prompt groups generated and fetched by the trainer in the " \
-           "last 150 s" in d.message
-    assert "the reward gives every sample the same score" in d.message
+           "last 150 s (no reward variance: every response of every dropped group scored 0: the data is too hard for " \
+           "the model, or the reward never matches its ground truth)" in d.message
     assert "algorithm.filter_groups.enable=false" in d.message
+    assert "algorithm.filter_groups.max_num_gen_batches=K" in d.message and "lower the filter" not in d.message
     # without a window start the previous check's state is the window
     assert diagnose(now, BUDGET, 301.0, previous=start).binding == "filtered"
+
+
+def test_groups_fetched_before_the_window_and_dropped_in_it_count_as_fetched():
+    """The real run said "dropped 808 of the 800": the trainer takes a batch (gets +32) and records its drops after."""
+    start = funnel(queue_gets=232, queue_drops={"dapo_no_signal": 50})
+    now = funnel(time=1150.0, queue_gets=1032, queue_drops={"dapo_no_signal": 858})
+    d = diagnose(now, BUDGET, 301.0, window_start=start)
+    assert "dropped 808 of the 808 prompt groups" in d.message, d.message
+
+
+def test_the_user_repro_names_filter_groups_not_the_staleness_budget():
+    s = funnel(staleness_samples=48, active=32, queue_size=16)
+    n = funnel(staleness_samples=48, active=32, queue_size=16, time=1040., queue_gets=296,
+               queue_drops={"dapo_no_signal": 146})
+    d = diagnose(n, BUDGET, 40., s, s)
+    assert d.binding == "filtered" and "staleness budget" not in d.message, d.message
+    # no scores known (an older trainer): the message says what it can
+    assert "every response of a group got the same score" in d.message
+
+
+@pytest.mark.parametrize("scores,says", [
+    ({1.0: 96}, "every response of every dropped group scored 1: the data is too easy for the model"),
+    ({0.0: 90, 1.0: 6}, "90 of the 96 dropped groups scored 0 on every response: the data is too hard"),
+    ({-0.5: 96}, "scored -0.5: the reward gives every sample the same score"),  # a shaped metric
+])
+def test_the_message_says_what_the_dropped_groups_scored(scores, says):
+    start = funnel(filtered_scores={0.0: 10, 1.0: 10})
+    now = funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 146},
+                 filtered_scores={k: v + start["filtered_scores"].get(k, 0) for k, v in scores.items()})
+    d = diagnose(now, BUDGET, 301.0, window_start=start)
+    assert d.binding == "filtered" and says in d.message, d.message
 
 
 @pytest.mark.parametrize("now,binding", [
@@ -40,7 +76,9 @@ def test_groups_dropped_by_filter_groups_are_named_with_their_counts():
     (funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 90}), "generation"),  # 40 of 96: a minority
     (funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 90}, active=48), "concurrency"),
     (funnel(pending=0, active=0), "feed"),
-    (funnel(staleness_samples=48, queue_drops={"dapo_no_signal": 500}), "staleness_budget"),  # checked first
+    (funnel(staleness_samples=48), "staleness_budget"),  # no group filtered in the window
+    (funnel(time=1150.0, queue_gets=296, queue_drops={"dapo_no_signal": 90}, staleness_samples=48),
+     "staleness_budget"),  # 40 of 96 filtered: a minority does not explain a full budget
     (funnel(trainer_phase="update", trainer_phase_s=400, queue_drops={"dapo_no_signal": 500}), "trainer_update"),
 ])
 def test_other_limits_keep_their_diagnosis(now, binding):
@@ -69,7 +107,8 @@ def test_the_first_warning_counts_from_half_the_timeout(monkeypatch):
     from there (it had no window on its first check before, so the first warning blamed generation)."""
     clock = _FakeClock(1060.0)
     monkeypatch.setattr("asyncrl.watchdog.time", clock)
-    states = iter([funnel(), funnel(time=1101.0, queue_gets=264, queue_drops={"dapo_no_signal": 114})])
+    states = iter([funnel(staleness_samples=48),
+                   funnel(time=1101.0, queue_gets=264, queue_drops={"dapo_no_signal": 114}, staleness_samples=48)])
 
     async def read_funnel():
         return next(states)

@@ -54,8 +54,10 @@ class NCCLSyncConfig:
     """TCPStore port."""
     world_size: int = 2
     """1 sender + number of rollout workers."""
-    bucket_mb: int = 1024
-    """Bucket size in MiB (two such buffers per process)."""
+    bucket_mb: float = 1024
+    """Bucket capacity in MiB. Each process holds two buffers, each the size of the largest bucket the weights
+    fill (at most this, or one tensor larger than it), not of this capacity: ``1e6`` or ``1e300`` is all the
+    weights in one bucket, not a failed allocation."""
     timeout_s: float = 300.0
     """Deadline for every wait and collective, seconds."""
     backend: str = "nccl"
@@ -164,14 +166,18 @@ class _Endpoint:
         return self.pg.broadcast([buf], opts)
 
     def buffers(self) -> list[torch.Tensor]:
+        """The two bucket buffers, empty until :meth:`buffer` grows them to the buckets actually sent (they were
+        ``bucket_bytes`` each up front: ``sync_bucket_size_mb=1e6`` failed to allocate, ``1e300`` overflowed)."""
         if not self.bufs:
-            self.bufs = [torch.empty(self.cfg.bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
+            self.bufs = [torch.empty(0, dtype=torch.uint8, device=self.device) for _ in range(2)]
         return self.bufs
 
     def buffer(self, i: int, nbytes: int) -> torch.Tensor:
-        """The first ``nbytes`` of buffer ``i``, grown first when a bucket holds one tensor larger than
-        ``bucket_bytes`` (:func:`~asyncrl.sync.bucket.plan_buckets`); it stays that size until the group is torn down.
-        Call it only once no stream still uses buffer ``i`` (its event waited on the host)."""
+        """The first ``nbytes`` of buffer ``i``, grown first when this bucket is larger than any before (a bucket
+        holds at most ``bucket_bytes``, or one tensor larger than that: :func:`~asyncrl.sync.bucket.plan_buckets`),
+        so a buffer is the size of the largest bucket the weights fill, whatever ``bucket_bytes`` is; it stays that
+        size until the group is torn down. Call it only once no stream still uses buffer ``i`` (its event waited on
+        the host)."""
         bufs = self.buffers()
         if bufs[i].numel() < nbytes:
             bufs[i] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)

@@ -37,7 +37,7 @@ class NCCLReplicaEngine(CheckpointEngine):
 
     Args:
         replicas: RolloutReplica wrappers or their actor handles.
-        bucket_bytes: NCCL bucket size (two such buffers on each side).
+        bucket_bytes: NCCL bucket capacity (two buffers on each side, each the size of the largest bucket filled).
         host: address the receivers reach this process at; default this node's Ray IP.
         port: TCPStore port; 0 picks a free one.
         timeout_s: deadline of every wait and collective.

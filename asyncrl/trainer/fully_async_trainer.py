@@ -2,7 +2,8 @@
 
 ::
 
-    fit():  loop fit_step() until trainer.total_training_steps (or total_time_s) is reached
+    fit():  loop fit_step() until trainer.total_training_steps (or total_time_s) is reached, or request_stop
+            (the driver's Ctrl-C); a fetch waits no longer than the time budget left
     fit_step():
         fetch      MessageQueue.get_samples(required_samples)   (waits while empty; drops stale groups
                    and, with DAPO's filter_groups, groups without reward variance, and fetches more)
@@ -50,6 +51,7 @@ from asyncrl.checkpoint.trainer_state import CheckpointedRun
 from asyncrl.trainer.engine import Batch, collate
 from asyncrl.trainer.factory import build_train_engine, optim_kwargs
 from asyncrl.trainer.fault_tolerance import FaultTolerantSync
+from asyncrl.trainer.filter_warning import FilterWarning
 from asyncrl.trainer.rewards import has_signal, make_kl_controller, shaped_scores, token_level_rewards
 from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
@@ -121,6 +123,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.history: list[dict] = []
         self.trained = 0
         self.dropped: collections.Counter = collections.Counter()  # stale, dapo_no_signal
+        # score every response of a group got -> groups filter_groups dropped (the watchdog: 0 too hard, 1 too easy)
+        self.filtered_scores: collections.Counter = collections.Counter()
+        self._filter_warning = FilterWarning()
         self.lag_counts: collections.Counter = collections.Counter()  # token version lag -> count
         self.response_length_counts: collections.Counter = collections.Counter()  # response tokens -> trained rows
         self.gradient_length_counts: collections.Counter = collections.Counter()  # the same, rows with a gradient
@@ -132,7 +137,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.done = False
         self.error: Optional[str] = None
         self.stop_reason = ""
-        self._time_stop = False  # fit_step fetched its batch after trainer.total_time_s: that step is the last
+        self._time_stop = False  # trainer.total_time_s spent: at a batch's fetch (that step is the last) or waiting for one
+        self._stop_requested = ""  # request_stop's reason (Ctrl-C in the driver): no step starts after the running one
         self.ledger = Ledger()  # trained / dropped / failed by seq, plus "fetched"
         self._in_step: list[int] = []  # seqs fetched by the running step, not trained yet
         self.synced_step = 0  # global_steps when the replicas last got the weights
@@ -142,7 +148,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             from asyncrl.watchdog import HangWatchdog
 
             self.watchdog = HangWatchdog(config.trainer.watchdog_timeout_s, self.budget, lambda: self.last_step_t,
-                                         self._funnel_state)
+                                         self._watchdog_funnel)
         self.checkpoints = self.tracking = None
         self.last_checkpoint: Optional[str] = None
         if resume_dir:  # the engines were built from the base model (the KL reference); weights load over it
@@ -161,11 +167,17 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             self.watchdog.start()
         try:
             self.stop_reason = f"trainer.total_training_steps={self.cfg.trainer.total_training_steps} reached"
-            while self.global_steps < self.cfg.trainer.total_training_steps and not self._time_stop:
+            while (self.global_steps < self.cfg.trainer.total_training_steps and not self._time_stop
+                   and not self._stop_requested):
                 gen = await generate_round(self) if self.cfg.actor_rollout_ref.hybrid_engine else {}
                 if not await self.fit_step(gen):
                     self.stop_reason = "the MessageQueue was shut down"
                     await raise_if_rollout_stopped(self.mq)  # the rollouter stopped the run: an error
+                    if self._time_stop:  # spent while waiting for a batch (_fetch_batch): a normal end
+                        self.stop_reason = (f"time budget trainer.total_time_s={self.cfg.trainer.total_time_s:g} "
+                                            f"spent while waiting for the batch of step {self.global_steps + 1} "
+                                            f"(step {self.global_steps}/{self.cfg.trainer.total_training_steps} done)")
+                        logger.warning(self.stop_reason)
                     break
                 if self._time_stop:
                     self.stop_reason = (f"time budget trainer.total_time_s={self.cfg.trainer.total_time_s:g} reached "
@@ -176,6 +188,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                     await self.save_checkpoint()
                 self._set_phase("fetch")
                 self.last_step_t = time.time()
+            if self._stop_requested:
+                self.stop_reason = f"{self._stop_requested} at step {self.global_steps}"
         except Exception as exc:
             logger.exception("trainer failed at step %d", self.global_steps + 1)
             self.error = f"{type(exc).__name__}: {exc}"
@@ -198,8 +212,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         # 1. fetch `required_samples` prompt groups (stale and, with filter_groups, no-signal ones replaced)
         self._in_step = []
         samples = await self._fetch_batch(self.budget.required_samples)
-        if samples is None:  # shut down while a batch was being gathered: what it held is dropped
-            self.ledger.extend("dropped/fetched_at_shutdown", self._in_step)
+        if samples is None:  # shut down (or out of time) while a batch was being gathered: what it held is dropped
+            self.ledger.extend("dropped/fetched_at_time_budget" if self._time_stop else "dropped/fetched_at_shutdown",
+                               self._in_step)
             self._in_step = []
             return False
         # the last step: the step count's, or the first batch fetched after the time budget (as the step count does,
@@ -277,22 +292,38 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
 
     # ------------------------------------------------------------------ steps
     async def _fetch_batch(self, n: int) -> Optional[list[RolloutSample]]:
-        """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train."""
+        """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train.
+
+        Returns ``None`` when the queue was shut down, or when ``trainer.total_time_s`` ran out while waiting (then
+        ``_time_stop`` is set and the rollouter admits nothing more): a run whose groups are all filtered (DAPO with
+        ``max_num_gen_batches=0`` and a constant reward) or whose rollout stalls still ends on its time budget."""
         bound, fg = self.budget.staleness_bound, self.cfg.algorithm.filter_groups
+        total_s = self.cfg.trainer.total_time_s
         got: list[RolloutSample] = []
-        filtered = warned = 0  # dapo_no_signal drops this step; batches' worth of them warned about
+        filtered = warned = 0  # dapo_no_signal drops this step; batches' worth of them
+        late = False  # the budget is spent: one more fetch takes what is queued (a colocated round generated in time)
         while len(got) < n:
             t = time.time()
-            new = await self.mq.get_samples_async(n - len(got))
+            left = self.t_start + total_s - t if total_s else None
+            if left is None:
+                new = await self.mq.get_samples_async(n - len(got))
+            else:  # None on timeout, as on shutdown: the time budget tells them apart
+                new = None if late else await self.mq.get_samples_async(n - len(got), timeout=max(left, 0.1))
+                late = left <= 0
             self.idle_s += time.time() - t
             if new is None:
+                if total_s and time.time() - self.t_start >= total_s:  # timed out, not shut down
+                    self._time_stop = True
+                    if self.rollouter is not None:
+                        await self.rollouter.close_admission.remote()
                 return None
             for s in new:
                 s.timings["dequeued"] = time.time()
                 self.ledger.record("fetched", s.seq)
                 lag = self.param_version - (s.min_global_steps if s.min_global_steps is not None else self.param_version)
+                values = self._filter_values(s) if fg.enable and lag <= bound else None
                 reason = ("stale" if lag > bound else
-                          "dapo_no_signal" if fg.enable and not has_signal(self._filter_values(s)) else None)
+                          "dapo_no_signal" if values is not None and not has_signal(values) else None)
                 if reason is None:
                     got.append(s)
                     self._in_step.append(s.seq)  # fetched, not trained yet (failed if the step raises)
@@ -300,6 +331,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                 self.dropped[reason] += 1
                 if reason == "stale":
                     self.stale_length_counts.update(len(o.response_ids) for o in s.outputs)
+                elif values:
+                    self.filtered_scores[float(values[0])] += 1
                 drop = "stale_at_trainer" if reason == "stale" else reason
                 self.ledger.record(f"dropped/{drop}", s.seq)
                 await self.mq.actor.record_drop.remote(drop)
@@ -312,16 +345,19 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                     "for the model; raise the limit (0 = unlimited) or change the data")
             if fg.enable and filtered // n > warned:  # verl keeps generating with 0 too, and says so per batch
                 warned = filtered // n
-                logger.warning(
-                    "algorithm.filter_groups dropped %d prompt groups without reward variance in this step (%d batches' "
-                    "worth of %d) and kept %d: every response of those groups scored the same (metric %s); %s",
-                    filtered, warned, n, len(got), fg.metric,
-                    f"the step fails at max_num_gen_batches={fg.max_num_gen_batches}" if fg.max_num_gen_batches > 0 else
-                    "algorithm.filter_groups.max_num_gen_batches=0 keeps fetching for as long as that lasts (verl's "
-                    "unlimited); set it to K to fail the step after K batches' worth")
+                self._filter_warning.batch_dropped(filtered, warned, n, len(got), self.dropped["dapo_no_signal"], fg)
         if self.cfg.actor_rollout_ref.hybrid_engine:  # colocated: mini-batches in dataset order, as verl's
             got.sort(key=lambda s: (s.timings["taken"], s.index))  # (the queue holds them in completion order)
         return got
+
+    async def _watchdog_funnel(self) -> dict:
+        """The funnel state the watchdog reads, with the scores of the groups ``filter_groups`` dropped."""
+        return {**await self._funnel_state(), "filtered_scores": dict(self.filtered_scores)}
+
+    def request_stop(self, reason: str) -> None:
+        """Stop after the running step (the driver's Ctrl-C); the driver then shuts the queue down, so a fetch
+        waiting for a batch returns and :meth:`fit` ends with ``stop_reason`` = ``reason``."""
+        self._stop_requested = reason
 
     def _filter_values(self, s: RolloutSample) -> list[float]:
         """DAPO's ``filter_groups.metric`` of each response of a group (``acc``: rule reward; else shaped)."""

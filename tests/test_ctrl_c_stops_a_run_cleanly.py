@@ -1,0 +1,68 @@
+"""Ctrl-C on ``asyncrl train`` gave a raw KeyboardInterrupt traceback from ``ray.wait``, no summary and an empty
+metrics.csv. Now :meth:`Experiment.wait` stops the run as a normal end (the trainer finishes its step, the queue shuts
+down, :meth:`Experiment.finish` writes the artifacts) and the CLI prints the summary, one line and exits 130. Fakes for
+Ray and the actors; the real stack's stop is the end-to-end tests'."""
+
+import types
+
+import pytest
+
+from asyncrl.cli import main
+from asyncrl.experiment import Experiment, RunInterrupted
+from asyncrl.summary import Summary
+
+
+def _summary(run_dir, **kw) -> Summary:
+    base = dict(run_dir=str(run_dir), steps=3, param_version=3, accuracy_before=0.1, accuracy_after=0.2,
+                accounting={"taken": 10, "trained": 8, "dropped_total": 2, "failed_total": 0, "balanced": True},
+                wall_s=12.0, stop_reason="interrupted by the user (Ctrl-C) at step 3")
+    base.update(kw)
+    return Summary(**base)
+
+
+def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path, monkeypatch):
+    def interrupted_run(self):
+        raise RunInterrupted(_summary(tmp_path, last_checkpoint=f"{tmp_path}/checkpoints/global_step_3"))
+
+    monkeypatch.setattr(Experiment, "run", interrupted_run)
+    assert main(["train", "trainer.total_training_steps=3"]) == 130
+    out, err = capsys.readouterr()
+    assert "3 steps" in out and "(stopped: interrupted by the user (Ctrl-C) at step 3)" in out
+    assert err.strip().splitlines() == [
+        f"interrupted by the user (Ctrl-C) at step 3; saved {tmp_path}/ (metrics.csv, eval.csv, summary.json, "
+        f"config.yaml), checkpoint {tmp_path}/checkpoints/global_step_3"]
+
+
+def test_a_second_ctrl_c_aborts_with_one_line(capsys, monkeypatch):
+    def aborted_run(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Experiment, "run", aborted_run)
+    assert main(["train", "trainer.total_training_steps=3"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: aborted; ") and "Traceback" not in err[0], err
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+def test_wait_turns_ctrl_c_into_a_clean_stop(tmp_path, monkeypatch):
+    calls = []
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("asyncrl.experiment.ray", types.SimpleNamespace(wait=ctrl_c, get=lambda x, **k: x))
+    exp = Experiment.__new__(Experiment)
+    exp.config, exp.name, exp._fit_ref = types.SimpleNamespace(trainer=types.SimpleNamespace(
+        progress_bar=False, total_training_steps=5)), "run", object()
+    exp.trainer = types.SimpleNamespace(request_stop=_Remote(lambda reason: calls.append(("request_stop", reason))))
+    exp.mq = types.SimpleNamespace(shutdown=lambda: calls.append(("mq.shutdown",)))
+    monkeypatch.setattr(Experiment, "_finish_or_raise", lambda self: calls.append(("finish",)) or _summary(tmp_path))
+    with pytest.raises(RunInterrupted) as info:
+        exp.wait()
+    assert isinstance(info.value, KeyboardInterrupt)  # code that does not know it still stops
+    assert calls == [("request_stop", "interrupted by the user (Ctrl-C)"), ("mq.shutdown",), ("finish",)]
+    assert info.value.summary.stop_reason == "interrupted by the user (Ctrl-C) at step 3"
