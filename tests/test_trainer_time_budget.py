@@ -1,6 +1,8 @@
 """``trainer.total_time_s`` was checked only once a batch was fetched, so a run whose batch never fills (DAPO's
 filter_groups dropping every group with ``max_num_gen_batches=0``, or a stalled rollout) ran past it for ever. The fetch
-now waits no longer than the budget left, and the run ends as a normal one, with a reason. Also the driver's Ctrl-C
+now waits no longer than the budget left plus a grace (``time_budget_grace``: twice the longest step, at least 30 s,
+so a batch due at the budget's end still trains; the tests shorten it), and the run ends as a normal one, with a
+reason. Also the driver's Ctrl-C
 (``FullyAsyncTrainer.request_stop``). Fakes for the trainer's Ray peers (``tests/fake_queue.py``), no Ray."""
 
 import asyncio
@@ -51,7 +53,9 @@ def _trainer(random_model_dir, queue, total_time_s):
     cfg = _cfg("dapo", random_model_dir, **{"algorithm.filter_groups.max_num_gen_batches": 0,
                                             "trainer.total_training_steps": 100, "trainer.total_time_s": total_time_s,
                                             "trainer.watchdog_timeout_s": 0})
-    return FullyAsyncTrainer(cfg, queue, FakeRollouter(), {})
+    trainer = FullyAsyncTrainer(cfg, queue, FakeRollouter(), {})
+    trainer.time_budget_grace = lambda: 0.5
+    return trainer
 
 
 @pytest.mark.timeout(120, method="thread")
@@ -75,7 +79,7 @@ def test_a_fetch_waits_no_longer_than_the_time_budget_left(random_model_dir):
     trainer = _trainer(random_model_dir, queue, 1.0)
     trainer.t_start = time.time()
     asyncio.run(trainer.fit())
-    assert 0 < queue.timeouts[0] <= 1.0 and time.time() - trainer.t_start < 5
+    assert 0 < queue.timeouts[0] <= 1.5 and time.time() - trainer.t_start < 5
     assert trainer.stop_reason.startswith("time budget trainer.total_time_s=1 spent while waiting for the batch of "
                                           "step 1"), trainer.stop_reason
 
@@ -107,6 +111,38 @@ def test_a_batch_queued_when_the_budget_runs_out_is_still_trained(random_model_d
     trainer = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, cfg.actor_rollout_ref.rollout.n)),
                                 FakeRollouter(), {})
     trainer.t_start = time.time() - 2.0
+    asyncio.run(trainer.fit())
+    assert trainer.global_steps == 1 and trainer.trained == 4, trainer.stop_reason
+    assert trainer.stop_reason == "time budget trainer.total_time_s=1 reached at step 1/100"
+
+
+class _LateQueue(FakeMessageQueue):
+    """The batch arrives ``delay`` s after the fetch starts (a step whose generation ends just after the budget)."""
+
+    def __init__(self, samples, delay: float):
+        super().__init__(samples)
+        self.delay = delay
+
+    async def get_samples_async(self, k: int, timeout=None):
+        if timeout is not None and timeout < self.delay:
+            await asyncio.sleep(timeout)
+            return None
+        await asyncio.sleep(self.delay)
+        return await super().get_samples_async(k, timeout)
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_a_batch_due_just_after_the_budget_still_trains_as_the_last_step(random_model_dir):
+    """The first version of this change stopped a fetch at the budget: a batch 1 s from done was dropped
+    (``fetched_at_time_budget``) and a time-budget stop left up to twice the samples of a step-count stop at
+    shutdown (tests/test_e2e.py). Within the grace it trains, as the last step."""
+    cfg = _cfg("grpo", random_model_dir, **{"trainer.total_training_steps": 100, "trainer.total_time_s": 1.0,
+                                            "trainer.watchdog_timeout_s": 0})
+    trainer = FullyAsyncTrainer(cfg, _LateQueue(fake_samples(4, cfg.actor_rollout_ref.rollout.n), 1.5),
+                                FakeRollouter(), {})
+    assert trainer.time_budget_grace() == 30.0  # no step yet: the floor
+    trainer.time_budget_grace = lambda: 2.0
+    trainer.t_start = time.time()
     asyncio.run(trainer.fit())
     assert trainer.global_steps == 1 and trainer.trained == 4, trainer.stop_reason
     assert trainer.stop_reason == "time budget trainer.total_time_s=1 reached at step 1/100"

@@ -103,5 +103,12 @@ class TrainerBookkeeping:
         """``(step, seq, dataset row index)`` of every sample trained by this process."""
         return list(self.trained_rows)
 
+    def time_budget_grace(self) -> float:
+        """Seconds a fetch may wait past ``trainer.total_time_s``: twice the longest step so far, at least 30. A batch
+        due when the budget ends still trains as the last step (as the step count's last step; without it a
+        time-budget stop left up to twice the samples a step-count stop leaves at shutdown), and a run whose batches
+        never come (every group filtered) still ends."""
+        return max(30.0, 2.0 * max((h.get("timing/step_s", 0.0) for h in self.history), default=0.0))
+
     def _set_phase(self, phase: str) -> None:
         self.phase, self.phase_since = phase, time.time()

@@ -294,9 +294,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
     async def _fetch_batch(self, n: int) -> Optional[list[RolloutSample]]:
         """``n`` usable prompt groups; drops (counted, with a reason, budget released) what cannot train.
 
-        Returns ``None`` when the queue was shut down, or when ``trainer.total_time_s`` ran out while waiting (then
-        ``_time_stop`` is set and the rollouter admits nothing more): a run whose groups are all filtered (DAPO with
-        ``max_num_gen_batches=0`` and a constant reward) or whose rollout stalls still ends on its time budget."""
+        Returns ``None`` when the queue was shut down, or when ``trainer.total_time_s`` and its grace
+        (:meth:`time_budget_grace`) ran out while waiting (then ``_time_stop`` is set and the rollouter admits nothing
+        more): a run whose groups are all filtered (DAPO with ``max_num_gen_batches=0`` and a constant reward) or
+        whose rollout stalls still ends on its time budget, and a batch due at the budget's end still trains."""
         bound, fg = self.budget.staleness_bound, self.cfg.algorithm.filter_groups
         total_s = self.cfg.trainer.total_time_s
         got: list[RolloutSample] = []
@@ -304,7 +305,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         late = False  # the budget is spent: one more fetch takes what is queued (a colocated round generated in time)
         while len(got) < n:
             t = time.time()
-            left = self.t_start + total_s - t if total_s else None
+            left = self.t_start + total_s + self.time_budget_grace() - t if total_s else None
             if left is None:
                 new = await self.mq.get_samples_async(n - len(got))
             else:  # None on timeout, as on shutdown: the time budget tells them apart
