@@ -226,6 +226,8 @@ def load_config(
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, _, value = item.partition("=")
+        if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
+            value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
         if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
         cfg = _merge(cfg, _parse_override(item), f"override {item!r}")

@@ -164,7 +164,8 @@ class Experiment:
             from asyncrl.checkpoint.trainer_state import rollouter_resume
 
             resume = rollouter_resume(self.resume_from)
-            logger.info("resuming %s from %s", self.name, self.resume_from)
+            logger.warning("resuming %s from %s (trainer.resume_mode=%s)", self.name, self.resume_from,
+                           self.config.trainer.resume_mode)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         if not local:

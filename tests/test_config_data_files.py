@@ -116,3 +116,16 @@ def test_cli_dry_run_and_sim_take_a_list(tmp_path, capsys):
                                                "(data.train_files[1], file 2 of 2)")
     assert main(["sim", f"data.train_files=[{a},{b}]", "trainer.total_training_steps=2", "trainer.total_time_s=0"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("override", ["data.train_files=", "data.train_files=  "])
+def test_an_empty_override_is_the_empty_string_as_in_hydra(override):
+    """A fresh user's case (session 25): ``data.train_files=$TRAIN`` with ``TRAIN`` unset read as YAML's null and
+    trained on the built-in task without a word. ``key=`` is the empty string, as Hydra (verl) reads it."""
+    from asyncrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"data.train_files='' is an empty path"):
+        load_config(overrides=[override])
+    assert load_config(overrides=["trainer.omp_wait_policy="]).trainer.omp_wait_policy == ""
+    with pytest.raises(ConfigError, match="could not be converted to Integer"):
+        load_config(overrides=["trainer.total_training_steps="])

@@ -66,8 +66,11 @@ def test_the_time_budget_ends_a_run_whose_groups_are_all_filtered(random_model_d
     status = asyncio.run(trainer.fit())
     assert time.time() - trainer.t_start < 10
     assert status["done"] and trainer.global_steps == 0 and trainer.dropped["dapo_no_signal"] > 0
+    n = trainer.dropped["dapo_no_signal"]
     assert trainer.stop_reason == ("time budget trainer.total_time_s=1.5 spent while waiting for the batch of step 1 "
-                                   "(step 0/100 done)")
+                                   f"(step 0/100 done); algorithm.filter_groups dropped {n} prompt groups without "
+                                   f"reward variance ({n} all scoring 0: 0 = too hard or a reward that never matches "
+                                   "the ground truth, 1 = too easy)")
     assert trainer.rollouter.admission_closed  # nothing started now could train
     assert trainer.ledger.counts()["dropped/fetched_at_time_budget"] == 1  # the one good group, fetched, never trained
     assert trainer.filtered_scores == {0.0: trainer.dropped["dapo_no_signal"]}  # what the watchdog names
