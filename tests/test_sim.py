@@ -956,7 +956,7 @@ def test_the_rollouts_contention_is_paid_only_while_the_trainer_computes():
     large term (0.88, session 24a) was simulated 12-23% slow. The trainer's priced calls are busy spans on a
     :class:`HostLoad`; the replica's decode is stretched inside them only."""
     from asyncrl.sim.cost_models import RolloutCostModel
-    from asyncrl.sim.engines import HostLoad
+    from asyncrl.sim.host import HostLoad
 
     host = HostLoad()
     host.trainer_busy(1.0, 3.0)

@@ -40,7 +40,7 @@ busy as alone (``benchmarks/RESULTS.md``). Calibrate it from two micro-measureme
 engine, alone and with the other side busy (:func:`asyncrl.sim.calibrate.contention`), never from
 the runs it is meant to predict. 0 (the default) for separate machines or GPUs; colocated runs
 never overlap the phases, so the simulator applies it to fully async runs only. In a simulation the
-rollout side pays it inside the trainer's busy spans only (:class:`asyncrl.sim.engines.HostLoad`,
+rollout side pays it inside the trainer's busy spans only (:class:`asyncrl.sim.host.HostLoad`,
 since session 25: a rollout-bound run's trainer computes half the time or less), the trainer side on
 every pass (an async run's replica decodes 80-100% of the time).
 

@@ -34,7 +34,8 @@ from typing import Any, Callable, Iterator, Optional
 from asyncrl.config import ConfigError, ExperimentConfig, check_types, range_hint, validate
 from asyncrl.sim.clock import run, virtual_clocks
 from asyncrl.sim.cost_models import ClusterCostModel
-from asyncrl.sim.engines import HostLoad, Timeline
+from asyncrl.sim.engines import Timeline
+from asyncrl.sim.host import HostLoad
 from asyncrl.sim.handles import LocalActorHandle, object_store
 from asyncrl.sim.result import SimResult
 from asyncrl.sim.train_engines import CostModelCheckpointEngine, CostModelTrainEngine

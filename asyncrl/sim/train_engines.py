@@ -20,7 +20,8 @@ import torch
 
 from asyncrl.sim.clock import charge
 from asyncrl.sim.cost_models import SyncCostModel, TrainCostModel
-from asyncrl.sim.engines import HostLoad, Timeline
+from asyncrl.sim.engines import Timeline
+from asyncrl.sim.host import HostLoad
 from asyncrl.sync.base import CheckpointEngine
 
 
@@ -44,7 +45,7 @@ class CostModelTrainEngine:
             share at each length is the run's, the spread between updates is smaller. The simulated rewards
             carry no signal of their own, so without it every row is priced.
         seed: of the draws above.
-        host: the :class:`~asyncrl.sim.engines.HostLoad` the replicas beside it read: each priced call is reported
+        host: the :class:`~asyncrl.sim.host.HostLoad` the replicas beside it read: each priced call is reported
             there as a busy span (their decode pays its contention term then).
     """
 
