@@ -3,9 +3,7 @@ simulator's ``max_rows`` taken only from the first files of a list."""
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,17 +11,7 @@ import pytest
 from asyncrl.config import ConfigError, load_config
 from asyncrl.data.dataset import DatasetError, DatasetIsADirectoryError, load_files, run_rows
 from asyncrl.data.sampler import epoch_order
-
-
-def _rows(prefix: str, n: int) -> list[dict]:
-    return [{"data_source": "arith", "prompt": [{"role": "user", "content": f"what is {i} + 1? ({prefix})"}],
-             "reward_model": {"style": "rule", "ground_truth": str(i + 1)}, "extra_info": {"index": i}}
-            for i in range(n)]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from test_config_data_files import _rows, _write_jsonl
 
 
 def _prompts(rows: list[dict]) -> list[str]:

@@ -57,3 +57,13 @@ class FilterWarning:
         self.last_t, self.total_at_last = now, total
         self.logged += 1
         return True
+
+
+def filtered_note(dropped: int, scores: dict) -> str:
+    """Why a batch never came when ``filter_groups`` dropped ``dropped`` groups (``scores``: the score every
+    response of a dropped group got -> groups), for the stop reason and the summary; ``""`` when none was dropped."""
+    if not dropped:
+        return ""
+    what = ", ".join(f"{c} all scoring {v:g}" for v, c in sorted(scores.items()))
+    return (f"; algorithm.filter_groups dropped {dropped} prompt groups without reward variance ({what}: 0 = too hard "
+            "or a reward that never matches the ground truth, 1 = too easy)")

@@ -51,7 +51,7 @@ from asyncrl.checkpoint.trainer_state import CheckpointedRun
 from asyncrl.trainer.engine import Batch, collate
 from asyncrl.trainer.factory import build_train_engine, optim_kwargs
 from asyncrl.trainer.fault_tolerance import FaultTolerantSync
-from asyncrl.trainer.filter_warning import FilterWarning
+from asyncrl.trainer.filter_warning import FilterWarning, filtered_note
 from asyncrl.trainer.rewards import has_signal, make_kl_controller, shaped_scores, token_level_rewards
 from asyncrl.trainer.rollout_correction import rollout_correction
 from asyncrl.trainer.update import actor_loss_fn, critic_loss_fn, run_updates
@@ -177,7 +177,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                         self.stop_reason = (f"time budget trainer.total_time_s={self.cfg.trainer.total_time_s:g} "
                                             f"spent while waiting for the batch of step {self.global_steps + 1} "
                                             f"(step {self.global_steps}/{self.cfg.trainer.total_training_steps} done)"
-                                            + self._filtered_note())
+                                            + filtered_note(self.dropped["dapo_no_signal"], self.filtered_scores))
                         logger.warning(self.stop_reason)
                     break
                 if self._time_stop:
@@ -355,15 +355,6 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
     async def _watchdog_funnel(self) -> dict:
         """The funnel state the watchdog reads, with the scores of the groups ``filter_groups`` dropped."""
         return {**await self._funnel_state(), "filtered_scores": dict(self.filtered_scores)}
-
-    def _filtered_note(self) -> str:
-        """Why the batch never came when ``filter_groups`` dropped groups (the stop reason and the summary say it)."""
-        n = self.dropped["dapo_no_signal"]
-        if not n:
-            return ""
-        scores = ", ".join(f"{c} all scoring {v:g}" for v, c in sorted(self.filtered_scores.items()))
-        return (f"; algorithm.filter_groups dropped {n} prompt groups without reward variance ({scores}: 0 = too hard "
-                "or a reward that never matches the ground truth, 1 = too easy)")
 
     def request_stop(self, reason: str) -> None:
         """Stop after the running step (the driver's Ctrl-C); the driver then shuts the queue down, so a fetch
