@@ -144,6 +144,31 @@ def test_seeded_request_is_batch_invariant(random_model_dir):
     np.testing.assert_allclose(alone.log_probs, crowd.log_probs, atol=1e-5)
 
 
+def test_long_tail_moves_to_the_lowest_slots_and_keeps_its_tokens(random_model_dir):
+    """Six short requests in the low slots finish first; the two long ones in slots 6 and 7 move to slots 0
+    and 1 (KV rows, position, seed, top log-probs), so the steps after compute 2 rows, not 8, and their
+    tokens, log-probs and top log-probs are the ones each long request gets alone."""
+    short = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
+    long = [SamplingParams(max_tokens=20, temperature=1.0, seed=40 + i, ignore_eos=True, top_logprobs=2) for i in range(2)]
+    rows_computed: list[int] = []
+
+    async def body(eng):
+        alone = [await eng.generate(f"alone{i}", PROMPTS[10 + i], sp) for i, sp in enumerate(long)]
+        decode = eng.batcher.lm.decode
+        eng.batcher.lm.decode = lambda tok, pos, kv_len: rows_computed.append(len(tok)) or decode(tok, pos, kv_len)
+        crowd = await asyncio.gather(*(eng.generate(f"s{i}", PROMPTS[i], short) for i in range(6)),
+                                     *(eng.generate(f"l{i}", PROMPTS[10 + i], sp) for i, sp in enumerate(long)))
+        return alone, crowd[6:], eng.batcher.moves
+
+    alone, crowd, moves = run(dict(model_path=str(random_model_dir), max_num_seqs=8, max_model_len=64), body)
+    assert moves == 2
+    assert rows_computed[0] == 8 and rows_computed[-1] == 2 and rows_computed.count(2) >= 15
+    for a, c in zip(alone, crowd):
+        assert c.token_ids == a.token_ids and len(c.token_ids) == 20
+        np.testing.assert_allclose(c.log_probs, a.log_probs, atol=1e-5)
+        assert [[t for t, _ in alts] for alts in c.top_logprobs] == [[t for t, _ in alts] for alts in a.top_logprobs]
+
+
 def test_length_limits_and_bad_prompts(random_model_dir):
     async def body(eng):
         long = await eng.generate("l", [5] * 60, SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))

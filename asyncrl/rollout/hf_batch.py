@@ -9,11 +9,13 @@
                         (r, kv_len, sampling-parameter sets), captured on first use; eager on CPU)
                      ─► D2H (tokens, logprobs) ─► per slot: stop id? budget? ─► Finished, slot freed
     abort(ids)    ─► Finished("aborted") with the tokens so far, slot freed
+    compact()     ─► (each step) active requests above the first num_active slots move down, KV rows copied
 
 Synchronous and single-threaded on purpose: :class:`asyncrl.rollout.hf_backend.HFEngine` owns the
 request lifecycle (queueing, pause, abort, weights) and calls :meth:`add` / :meth:`step` from one
-worker thread at a time. Slots are handed out lowest-first, so the active rows stay packed at the
-front and a step computes rows ``[0, r)``, ``r`` the bucket above the highest active slot. Host
+worker thread at a time. Slots are handed out lowest-first and :meth:`ContinuousBatcher.compact` moves requests
+down as others finish, so the active rows stay packed at the front and a step computes rows ``[0, r)``, ``r`` the
+bucket above the highest active slot. Host
 state is numpy arrays indexed by slot, so a step costs the same few Python calls whatever the batch.
 """
 
@@ -134,6 +136,8 @@ class ContinuousBatcher:
         self._group_cache: Optional[tuple[tuple[ParamSet, ...], np.ndarray]] = None
         self.steps = 0
         """Decode steps run."""
+        self.moves = 0
+        """Requests moved to a lower slot by :meth:`compact`."""
         self.prefill_s = 0.0
         """Wall seconds in :meth:`add` (prefill + first token), device work included."""
         self.decode_s = 0.0
@@ -310,8 +314,53 @@ class ContinuousBatcher:
             return fn()
 
     @torch.no_grad()
+    def compact(self) -> int:
+        """Move the active requests above the first ``num_active`` slots into the lowest free slots.
+
+        A step computes rows ``[0, r)``, ``r`` past the highest active slot, idle rows included. When the short
+        responses of a batch have finished and long ones hold high slots (a long tail generated all at once,
+        as a colocated step does), every step would still compute the whole batch: 256 rows for a handful of
+        requests. A move copies the request's KV rows (its positions so far) and its host state; the request's
+        tokens do not depend on its slot (seeded per request). Called by :meth:`step`; moves only when that
+        lowers ``r`` (its CUDA-graph bucket on CUDA).
+
+        Returns:
+            The number of requests moved.
+        """
+        act = np.flatnonzero(self.active)
+        n = len(act)
+        if not n or self._bucket(int(act[-1]) + 1, self.row_buckets) <= self._bucket(n, self.row_buckets):
+            return 0
+        src = act[act >= n]
+        dst = np.flatnonzero(~self.active[:n])[:len(src)]
+        length = int(self.pos[src].max()) + 1
+        dev = self.lm.device
+        src_d, dst_d = torch.from_numpy(src).to(dev), torch.from_numpy(dst).to(dev)
+        self.lm.copy_slots(src_d, dst_d, length)
+        self.tok_d[dst_d] = self.tok_d[src_d]
+        for arr in (self.count, self.limit, self.seed, self.k_top):
+            arr[dst] = arr[src]
+        for arr in (self.ints, ):
+            arr[:, dst] = arr[:, src]
+        for arr in (self.stops, self.out_tok, self.out_lp, self.out_ver):
+            arr[dst] = arr[src]
+        for a, b in zip(src.tolist(), dst.tolist()):
+            self._reqs[b], self._reqs[a] = self._reqs[a], None
+            self.params[b] = self.params[a]
+            for d in (self._tops, self._stop_checks):
+                if a in d:
+                    d[b] = d.pop(a)
+        self.active[dst], self.active[src] = True, False
+        self.pos[src] = 0
+        self._free = sorted(set(self._free) - set(dst.tolist()) | set(src.tolist()))  # a sorted list is a heap
+        self._group_cache = None
+        self.moves += len(src)
+        return len(src)
+
+    @torch.no_grad()
     def step(self, version: int = 0) -> list[Finished]:
         """One decode step for every active slot with weights ``version``; returns the requests it finished."""
+        self.compact()
         act = np.flatnonzero(self.active)
         if not len(act):
             return []
