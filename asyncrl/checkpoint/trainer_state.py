@@ -211,13 +211,13 @@ class CheckpointedRun:
     def _open_run_dir(self, run_dir: Path, resume: bool) -> None:
         from asyncrl.checkpoint import CheckpointManager
         from asyncrl.config import to_dict
-        from asyncrl.tracking import Tracking, run_id
+        from asyncrl.tracking import STEP_COLUMNS, Tracking, run_id
 
         tr = self.cfg.trainer
         self.checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_actor_ckpt_to_keep)
         self.tracking = Tracking(run_dir, tr.logger, tr.project_name, run_dir.name, to_dict(self.cfg),
                                  resume_step=self.global_steps if resume else None, wandb_mode=tr.wandb_mode,
-                                 run_id=run_id(run_dir.name))
+                                 run_id=run_id(run_dir.name), columns=STEP_COLUMNS)  # a header from the start
         self.history = self.tracking.history  # one stream: the dashboard reads what metrics.csv gets
 
     def ledger_dict(self) -> dict:
