@@ -124,16 +124,24 @@ def _train(args: argparse.Namespace) -> int:
     except RunInterrupted as exc:  # Ctrl-C: stopped as a normal end; 130 = 128 + SIGINT, as a shell reports it
         s = exc.summary
         print(s)
-        print(f"{s.stop_reason}; saved {s.run_dir}/ (metrics.csv, eval.csv, summary.json, config.yaml)"
-              + (f", checkpoint {s.last_checkpoint}" if s.last_checkpoint else ""), file=sys.stderr)
+        print(f"{s.stop_reason}; saved {_listing(s.run_dir)}" + (f", checkpoint {s.last_checkpoint}" if s.last_checkpoint else ""),
+              file=sys.stderr)
         return 130
     except KeyboardInterrupt:  # a second Ctrl-C while stopping, or one while starting
         print(f"interrupted: aborted; {exp.run_dir}/ may hold a partial run (metrics.csv is written step by step)",
               file=sys.stderr)
         return 130
     print(summary)
-    print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
+    print(f"artifacts: {_listing(summary.run_dir)}")
     return 0
+
+
+def _listing(run_dir: str) -> str:
+    """``<run_dir>/ (config.yaml, eval.csv, ...)``: what the directory holds (:func:`asyncrl.metrics.run_files`), not
+    a list of what a run should have written (the Ctrl-C line left plot.png out)."""
+    from asyncrl.metrics import run_files
+
+    return f"{run_dir}/ ({', '.join(run_files(run_dir)) or 'empty'})"
 
 
 def _dry_run(exp) -> int:

@@ -125,6 +125,16 @@ def plot_run(history: pd.DataFrame, evals: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def run_files(run_dir: str | Path) -> list[str]:
+    """What a run directory holds, by name in name order, as a "saved ..." line lists it: its files, and its folders
+    with a trailing ``/`` (``tensorboard/``, ``wandb/``) except ``checkpoints/`` (the line names the last checkpoint
+    itself). Read from the directory, so the line says what was written; ``[]`` when it does not exist."""
+    p = Path(run_dir)
+    if not p.is_dir():
+        return []
+    return sorted(f.name + ("/" if f.is_dir() else "") for f in p.iterdir() if f.name != "checkpoints")
+
+
 def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[dict], config_yaml: str,
                         summary: dict[str, Any], write_metrics: bool = True) -> dict[str, Path]:
     """Write ``metrics.csv``, ``eval.csv``, ``config.yaml``, ``summary.json`` and ``plot.png``.

@@ -20,8 +20,15 @@ def _summary(run_dir, **kw) -> Summary:
     return Summary(**base)
 
 
+def _write_run_dir(run_dir, names=("config.yaml", "eval.csv", "metrics.csv", "plot.png", "summary.json")):
+    for name in names:
+        (run_dir / name).write_text("")
+    (run_dir / "checkpoints" / "global_step_3").mkdir(parents=True)
+
+
 def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path, monkeypatch):
     def interrupted_run(self):
+        _write_run_dir(tmp_path)
         raise RunInterrupted(_summary(tmp_path, last_checkpoint=f"{tmp_path}/checkpoints/global_step_3"))
 
     monkeypatch.setattr(Experiment, "run", interrupted_run)
@@ -29,8 +36,29 @@ def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path,
     out, err = capsys.readouterr()
     assert "3 steps" in out and "(stopped: interrupted by the user (Ctrl-C) at step 3)" in out
     assert err.strip().splitlines() == [
-        f"interrupted by the user (Ctrl-C) at step 3; saved {tmp_path}/ (metrics.csv, eval.csv, summary.json, "
-        f"config.yaml), checkpoint {tmp_path}/checkpoints/global_step_3"]
+        f"interrupted by the user (Ctrl-C) at step 3; saved {tmp_path}/ (config.yaml, eval.csv, metrics.csv, "
+        f"plot.png, summary.json), checkpoint {tmp_path}/checkpoints/global_step_3"]
+
+
+@pytest.mark.parametrize("interrupted", [True, False])
+def test_the_saved_line_lists_what_the_run_directory_holds(capsys, tmp_path, monkeypatch, interrupted):
+    """The Ctrl-C line was a fixed list that left plot.png out: both end lines list the files written (a folder such
+    as tensorboard/ with a slash; checkpoints/ is named by the checkpoint), and nothing the run did not write."""
+    def run(self):
+        _write_run_dir(tmp_path, ("metrics.csv", "summary.json", "plot.png"))
+        (tmp_path / "tensorboard").mkdir()
+        if interrupted:
+            raise RunInterrupted(_summary(tmp_path))
+        return _summary(tmp_path, stop_reason="")
+
+    monkeypatch.setattr(Experiment, "run", run)
+    assert main(["train", "trainer.total_training_steps=3"]) == (130 if interrupted else 0)
+    out, err = capsys.readouterr()
+    listing = f"{tmp_path}/ (metrics.csv, plot.png, summary.json, tensorboard/)"
+    if interrupted:
+        assert err.strip() == f"interrupted by the user (Ctrl-C) at step 3; saved {listing}", err
+    else:
+        assert out.strip().splitlines()[-1] == f"artifacts: {listing}", out
 
 
 def test_a_second_ctrl_c_aborts_with_one_line(capsys, monkeypatch):
