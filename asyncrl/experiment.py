@@ -206,7 +206,9 @@ class Experiment:
         the train and test rows are read (a bad task name or file fails here), the data must be able to fill one
         trainer step within ``data.max_prompt_length`` (:func:`asyncrl.watchdog.check_can_fill_batch`), and prompt +
         response must fit the model's positions (:func:`asyncrl.config_ranges.check_model_positions`: vLLM failed at
-        its start, with Ray up). Returns ``(train rows, test rows)``; raises as :meth:`start` documents."""
+        its start, with Ray up). A resume on other training data than its checkpoint's logs the data-order WARNING
+        here (:func:`asyncrl.checkpoint.trainer_state.resume_data_order`). Returns ``(train rows, test rows)``; raises
+        as :meth:`start` documents."""
         from asyncrl.config_ranges import check_model_positions
         from asyncrl.data.dataset import run_rows
         from asyncrl.models import load_tokenizer
@@ -217,6 +219,10 @@ class Experiment:
         m = cfg.actor_rollout_ref.model
         check_can_fill_batch(train, cfg, load_tokenizer(m.tokenizer_path or m.path))
         check_model_positions(cfg)
+        if self.resume_from is not None:
+            from asyncrl.checkpoint.trainer_state import resume_data_order
+
+            resume_data_order(self.resume_from, cfg, len(train))
         return train, val
 
     # ------------------------------------------------------------------ live state

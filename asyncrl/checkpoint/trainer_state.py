@@ -20,10 +20,13 @@ import collections
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from asyncrl.accounting import checkpoint_ledger
 from asyncrl.checkpoint.manager import CheckpointError, read_json, write_json
+
+if TYPE_CHECKING:
+    from asyncrl.data.sampler import ResumableSampler
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +129,8 @@ def restore_rollouter(ro: Any, state: dict) -> None:
     from asyncrl.metrics import renamed
 
     ro.counts["taken"], ro.counts["enqueued"] = state["taken"], state["enqueued"]
-    ro.sampler.restore(state["position"])  # other data (rows, files) than the checkpoint's: a WARNING
+    # other data (rows, files) than the checkpoint's: the driver's WARNING (resume_data_order, at preflight)
+    ro.sampler.restore(state["position"], warn=False)
     ro.dropped.update(state["dropped"])
     ro.failed.update(state["failed"])
     ro.eval_history = [renamed(row) for row in state["eval_history"]]  # old names read under the new
@@ -135,6 +139,30 @@ def restore_rollouter(ro: Any, state: dict) -> None:
     if state["ledger"]["in_flight"]:
         ro.dropped["in_flight_at_checkpoint"] += len(state["ledger"]["in_flight"])
         ro.restored.extend("dropped/in_flight_at_checkpoint", state["ledger"]["in_flight"])
+
+
+def data_sampler(cfg: Any, rows: int) -> ResumableSampler:
+    """The rollouter's data order over ``rows`` training rows (``trainer.seed``, ``data.shuffle``, and the source that
+    tells a resume on other data, :func:`asyncrl.data.dataset.train_source`), at the first row."""
+    from asyncrl.data.dataset import train_source
+    from asyncrl.data.sampler import ResumableSampler
+
+    return ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle, source=train_source(cfg.data))
+
+
+def resume_data_order(ckpt: Path, cfg: Any, rows: int) -> ResumableSampler:
+    """Where a resume from ``ckpt`` on ``rows`` training rows takes up the data order, logging the WARNING that the data
+    is not the checkpoint's (another row count restarts the epoch; other files, seed or shuffle keep a position that
+    may mean other rows; see :meth:`~asyncrl.data.sampler.ResumableSampler.restore`). Called by
+    :meth:`asyncrl.experiment.Experiment.preflight`, so a start and ``asyncrl train --dry-run`` say it alike, in the
+    driver; the rollouter restores the same position silently.
+
+    Raises:
+        asyncrl.checkpoint.CheckpointError: an unreadable ``rollouter_state.json``.
+    """
+    sampler = data_sampler(cfg, rows)
+    sampler.restore(read_json(Path(ckpt) / "rollouter_state.json")["position"])
+    return sampler
 
 
 def rollouter_resume(ckpt: Path) -> dict:
@@ -165,13 +193,10 @@ class CheckpointedRollouter:
 
     def _init_ledger(self, rows: int, resume: Optional[dict]) -> None:
         from asyncrl.accounting import Ledger
-        from asyncrl.data.dataset import train_source
-        from asyncrl.data.sampler import ResumableSampler
 
-        cfg = self.cfg
         self.ledger = Ledger()  # outcomes of the samples taken by this process, by seq
         self.restored = Ledger()  # outcomes before the checkpoint this run resumed from
-        self.sampler = ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle, source=train_source(cfg.data))
+        self.sampler = data_sampler(self.cfg, rows)
         self.started_at: dict[int, float] = {}  # seq -> start time of the samples generating now
         if resume is not None:
             restore_rollouter(self, resume)
