@@ -12,7 +12,8 @@ Every user error has one style: ``<kind> error: <message>`` on stderr and exit s
 name), ``dataset`` (unreadable file, missing field), ``batch`` (notebook not found, undeclared or
 unpassable parameter) or ``models fetch``. A run whose trainer raised mid-run prints its summary and
 ``training failed: ...`` and exits 1. Ctrl-C stops a run after its running step, prints its summary and one line
-(why it stopped, what was saved) and exits 130; a second Ctrl-C aborts that (one line, exit 130). Anything else is a
+(why it stopped, what the run directory holds) and exits 130; a second Ctrl-C aborts that (one line, exit 130),
+also one that came before the first was handled (:mod:`asyncrl.interrupts`). Anything else is a
 bug and keeps its traceback.
 """
 

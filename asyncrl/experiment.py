@@ -29,21 +29,12 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
+from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.staleness import sample_budget
 from asyncrl.summary import Summary, TrainerError  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
 logger = logging.getLogger(__name__)
-
-
-def trainer_env(cfg: ExperimentConfig) -> dict:
-    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``,
-    or the driver's own setting); OpenMP reads it when the process loads it, so it goes in the actor's
-    runtime environment."""
-    import os
-
-    policy = os.environ.get("OMP_WAIT_POLICY", cfg.trainer.omp_wait_policy)
-    return {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": policy}}} if policy else {}
 
 
 def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
@@ -65,16 +56,6 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3
                 raise
             logger.warning("Ray did not start (attempt %d/%d): %s; retrying", attempt, attempts, exc)
             time.sleep(2.0)
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :meth:`Experiment.wait`: the run was stopped as a normal end (the running step finished, final
-    sync, evaluation, accounting, artifacts); ``summary`` is its :class:`Summary`. A ``KeyboardInterrupt``, so code
-    that does not know it still stops."""
-
-    def __init__(self, summary: Summary):
-        super().__init__(summary.stop_reason)
-        self.summary = summary
 
 
 class Experiment:
@@ -134,6 +115,7 @@ class Experiment:
                 within ``data.max_prompt_length``).
         """
         from asyncrl.message_queue import MessageQueue
+        from asyncrl.placement import trainer_env
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
         from asyncrl.rollout.replica import RolloutReplica
         from asyncrl.rollouter import FullyAsyncRollouter
@@ -261,22 +243,25 @@ class Experiment:
         total = self.config.trainer.total_training_steps
         bar = tqdm(total=total, desc=self.name, unit="step", disable=not show)
         done_steps = 0
-        try:
-            while True:
-                ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
-                st = ray.get(self.trainer.status.remote())
-                bar.update(st["global_steps"] - done_steps)
-                done_steps = st["global_steps"]
-                last = st["history"][-1] if st["history"] else {}
-                evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
-                bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
-                                lag=f"{last.get('staleness/lag_max', 0):.0f}",
-                                acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
-                if ready:
-                    break
-        except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on)
-            bar.close()
-            raise RunInterrupted(self.interrupt()) from None
+        with SigintCounter() as sigints:  # a second Ctrl-C aborts, even one that came with the first (interrupts.py)
+            try:
+                while True:
+                    ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
+                    st = ray.get(self.trainer.status.remote())
+                    bar.update(st["global_steps"] - done_steps)
+                    done_steps = st["global_steps"]
+                    last = st["history"][-1] if st["history"] else {}
+                    evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
+                    bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
+                                    lag=f"{last.get('staleness/lag_max', 0):.0f}",
+                                    acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
+                    if ready:
+                        break
+            except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on)
+                bar.close()
+                if sigints.count > 1:  # two before the first was handled: abort, as a second one after it does
+                    raise
+                raise RunInterrupted(self.interrupt()) from None
         bar.close()
         return self._finish_or_raise()
 
@@ -285,7 +270,7 @@ class Experiment:
         waiting for a batch returns (the MessageQueue shuts down), then :meth:`finish`. Returns the summary, whose
         ``stop_reason`` is ``reason`` and the step reached."""
         logger.warning("%s: stopping after the running step, then final sync, evaluation and artifacts "
-                       "(Ctrl-C again aborts them)", reason)
+                       "(Ctrl-C again aborts them)", reason)  # also a second one that came before this line
         ray.get(self.trainer.request_stop.remote(reason))
         self.mq.shutdown()  # the rollouter's puts now drop queue_shutdown (accounted); the trainer's fetch returns
         return self._finish_or_raise()
