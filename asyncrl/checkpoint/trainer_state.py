@@ -119,12 +119,46 @@ def rollouter_state(ro: Any) -> dict:
     """A rollouter's part of a checkpoint (``rollouter_state.json`` + its ledger parts)."""
     return {"taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"], "position": ro.sampler.state_dict(),
             "param_version": ro.param_version, "dropped": dict(ro.dropped), "failed": dict(ro.failed),
-            "eval_history": list(ro.eval_history), "ledger_parts": ro.ledger_parts()}
+            "eval_history": list(ro.eval_history), "ledger_parts": ro.ledger_parts(), "too_long": too_long_state(ro)}
+
+
+def prompt_key(row: dict) -> str:
+    """What a row's rendered prompt is made of (its messages and tools), hashed: 16 hex digits."""
+    import hashlib
+    import json
+
+    text = json.dumps([row["prompt"], row.get("tools")], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _length_rule(cfg: Any) -> dict:
+    model = cfg.actor_rollout_ref.model
+    return {"max_prompt_length": cfg.data.max_prompt_length, "tokenizer": str(model.tokenizer_path or model.path)}
+
+
+def too_long_state(ro: Any) -> dict:
+    """The rollouter's rows dropped as longer than ``data.max_prompt_length`` (``ro.too_long``, row indices), keyed so
+    a resume on other data does not take them for other rows: ``{"max_prompt_length": int, "tokenizer": str,
+    "rows": {str(index): prompt_key(row)}}`` (JSON-able; see :func:`restore_too_long`)."""
+    return {**_length_rule(ro.cfg), "rows": {str(i): prompt_key(ro.train_rows[i]) for i in sorted(ro.too_long)}}
+
+
+def restore_too_long(ro: Any, saved: dict) -> None:
+    """Put back the too-long rows of :func:`too_long_state` that are still too long: those whose row at the same
+    index has the same prompt, under the same ``data.max_prompt_length`` and tokenizer (another limit or tokenizer
+    renders other lengths: none is kept). Rows not kept are found again when taken (one ``prompt_too_long`` drop
+    each); a row index is no row's identity once the data changed, which is why the indices are keyed."""
+    if {k: saved.get(k) for k in ("max_prompt_length", "tokenizer")} != _length_rule(ro.cfg):
+        return
+    rows = ro.train_rows
+    ro.too_long.update(i for i, key in ((int(k), v) for k, v in saved.get("rows", {}).items())
+                       if i < len(rows) and prompt_key(rows[i]) == key)
 
 
 def restore_rollouter(ro: Any, state: dict) -> None:
     """Inverse of :func:`rollouter_state` given :func:`rollouter_resume`'s dict: the samples in
-    flight at the checkpoint become ``dropped/in_flight_at_checkpoint``."""
+    flight at the checkpoint become ``dropped/in_flight_at_checkpoint``; the too-long rows still too long on this
+    data come back (:func:`restore_too_long`)."""
     from asyncrl.accounting import Ledger
     from asyncrl.metrics import renamed
 
@@ -135,6 +169,8 @@ def restore_rollouter(ro: Any, state: dict) -> None:
     ro.failed.update(state["failed"])
     ro.eval_history = [renamed(row) for row in state["eval_history"]]  # old names read under the new
     ro.param_version = state["param_version"]
+    if "too_long" in state:  # a checkpoint from before it was saved: the rows are found again when taken
+        restore_too_long(ro, state["too_long"])
     ro.restored = Ledger(state["ledger"]["outcomes"])
     if state["ledger"]["in_flight"]:
         ro.dropped["in_flight_at_checkpoint"] += len(state["ledger"]["in_flight"])
