@@ -348,7 +348,8 @@ class Experiment:
     def stop(self) -> None:
         """Shut everything down: no actors, engine processes or ports left behind. Idempotent."""
         if self.rollouter is not None:
-            try:
+            try:  # an aborted run's loops still generate: stopped first, else their samples fail on released workers
+                ray.get(self.rollouter.stop.remote(), timeout=60)
                 ray.get(self.rollouter.shutdown.remote(), timeout=60)
             except Exception as exc:  # keep tearing down the rest
                 logger.warning("rollouter shutdown: %s", exc)

@@ -176,3 +176,18 @@ def test_one_real_ctrl_c_still_stops_gently_and_one_more_aborts(tmp_path, monkey
         exp.wait()
     assert not isinstance(info.value, RunInterrupted) and calls == [("request_stop", "interrupted by the user (Ctrl-C)")]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_aborted_run_stops_its_rollouter_loops_before_releasing_their_workers(monkeypatch):
+    """After a second Ctrl-C, stop() released the agent-loop workers while the rollouter's loops still launched
+    samples: they failed with "ValueError: min() arg is an empty sequence" tracebacks on the way out."""
+    calls = []
+    monkeypatch.setattr("asyncrl.experiment.ray", types.SimpleNamespace(get=lambda x, **k: x, kill=lambda h: None,
+                                                                        is_initialized=lambda: False))
+    exp = Experiment.__new__(Experiment)
+    exp.rollouter = types.SimpleNamespace(stop=_Remote(lambda: calls.append("rollouter.stop")),
+                                          shutdown=_Remote(lambda: calls.append("rollouter.shutdown")))
+    exp.trainer = exp.mq = exp.lb = exp.placement = None
+    exp._external_replicas, exp._replica_objs, exp._started_ray = None, [], False
+    exp.stop()
+    assert calls == ["rollouter.stop", "rollouter.shutdown"]
