@@ -12,7 +12,8 @@ Every user error has one style: ``<kind> error: <message>`` on stderr and exit s
 name), ``dataset`` (unreadable file, missing field), ``batch`` (notebook not found, undeclared or
 unpassable parameter) or ``models fetch``. A run whose trainer raised mid-run prints its summary and
 ``training failed: ...`` and exits 1. Ctrl-C stops a run after its running step, prints its summary and one line
-(why it stopped, what was saved) and exits 130; a second Ctrl-C aborts that (one line, exit 130). Anything else is a
+(why it stopped, what the run directory holds) and exits 130; a second Ctrl-C aborts that (one line, exit 130),
+also one that came before the first was handled (:mod:`asyncrl.interrupts`). Anything else is a
 bug and keeps its traceback.
 """
 
@@ -124,16 +125,24 @@ def _train(args: argparse.Namespace) -> int:
     except RunInterrupted as exc:  # Ctrl-C: stopped as a normal end; 130 = 128 + SIGINT, as a shell reports it
         s = exc.summary
         print(s)
-        print(f"{s.stop_reason}; saved {s.run_dir}/ (metrics.csv, eval.csv, summary.json, config.yaml)"
-              + (f", checkpoint {s.last_checkpoint}" if s.last_checkpoint else ""), file=sys.stderr)
+        print(f"{s.stop_reason}; saved {_listing(s.run_dir)}" + (f", checkpoint {s.last_checkpoint}" if s.last_checkpoint else ""),
+              file=sys.stderr)
         return 130
     except KeyboardInterrupt:  # a second Ctrl-C while stopping, or one while starting
         print(f"interrupted: aborted; {exp.run_dir}/ may hold a partial run (metrics.csv is written step by step)",
               file=sys.stderr)
         return 130
     print(summary)
-    print(f"artifacts: {summary.run_dir}/ (metrics.csv, eval.csv, plot.png, config.yaml, summary.json)")
+    print(f"artifacts: {_listing(summary.run_dir)}")
     return 0
+
+
+def _listing(run_dir: str) -> str:
+    """``<run_dir>/ (config.yaml, eval.csv, ...)``: what the directory holds (:func:`asyncrl.metrics.run_files`), not
+    a list of what a run should have written (the Ctrl-C line left plot.png out)."""
+    from asyncrl.metrics import run_files
+
+    return f"{run_dir}/ ({', '.join(run_files(run_dir)) or 'empty'})"
 
 
 def _dry_run(exp) -> int:

@@ -29,21 +29,12 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
+from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.staleness import sample_budget
 from asyncrl.summary import Summary, TrainerError  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
 logger = logging.getLogger(__name__)
-
-
-def trainer_env(cfg: ExperimentConfig) -> dict:
-    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``,
-    or the driver's own setting); OpenMP reads it when the process loads it, so it goes in the actor's
-    runtime environment."""
-    import os
-
-    policy = os.environ.get("OMP_WAIT_POLICY", cfg.trainer.omp_wait_policy)
-    return {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": policy}}} if policy else {}
 
 
 def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
@@ -65,16 +56,6 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3
                 raise
             logger.warning("Ray did not start (attempt %d/%d): %s; retrying", attempt, attempts, exc)
             time.sleep(2.0)
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :meth:`Experiment.wait`: the run was stopped as a normal end (the running step finished, final
-    sync, evaluation, accounting, artifacts); ``summary`` is its :class:`Summary`. A ``KeyboardInterrupt``, so code
-    that does not know it still stops."""
-
-    def __init__(self, summary: Summary):
-        super().__init__(summary.stop_reason)
-        self.summary = summary
 
 
 class Experiment:
@@ -134,6 +115,7 @@ class Experiment:
                 within ``data.max_prompt_length``).
         """
         from asyncrl.message_queue import MessageQueue
+        from asyncrl.placement import trainer_env
         from asyncrl.rollout.load_balancer import GlobalRequestLoadBalancer, LocalRequestLoadBalancer
         from asyncrl.rollout.replica import RolloutReplica
         from asyncrl.rollouter import FullyAsyncRollouter
@@ -206,7 +188,9 @@ class Experiment:
         the train and test rows are read (a bad task name or file fails here), the data must be able to fill one
         trainer step within ``data.max_prompt_length`` (:func:`asyncrl.watchdog.check_can_fill_batch`), and prompt +
         response must fit the model's positions (:func:`asyncrl.config_ranges.check_model_positions`: vLLM failed at
-        its start, with Ray up). Returns ``(train rows, test rows)``; raises as :meth:`start` documents."""
+        its start, with Ray up). A resume on other training data than its checkpoint's logs the data-order WARNING
+        here (:func:`asyncrl.checkpoint.trainer_state.resume_data_order`). Returns ``(train rows, test rows)``; raises
+        as :meth:`start` documents."""
         from asyncrl.config_ranges import check_model_positions
         from asyncrl.data.dataset import run_rows
         from asyncrl.models import load_tokenizer
@@ -217,6 +201,10 @@ class Experiment:
         m = cfg.actor_rollout_ref.model
         check_can_fill_batch(train, cfg, load_tokenizer(m.tokenizer_path or m.path))
         check_model_positions(cfg)
+        if self.resume_from is not None:
+            from asyncrl.checkpoint.trainer_state import resume_data_order
+
+            resume_data_order(self.resume_from, cfg, len(train))
         return train, val
 
     # ------------------------------------------------------------------ live state
@@ -255,22 +243,25 @@ class Experiment:
         total = self.config.trainer.total_training_steps
         bar = tqdm(total=total, desc=self.name, unit="step", disable=not show)
         done_steps = 0
-        try:
-            while True:
-                ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
-                st = ray.get(self.trainer.status.remote())
-                bar.update(st["global_steps"] - done_steps)
-                done_steps = st["global_steps"]
-                last = st["history"][-1] if st["history"] else {}
-                evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
-                bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
-                                lag=f"{last.get('staleness/lag_max', 0):.0f}",
-                                acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
-                if ready:
-                    break
-        except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on)
-            bar.close()
-            raise RunInterrupted(self.interrupt()) from None
+        with SigintCounter() as sigints:  # a second Ctrl-C aborts, even one that came with the first (interrupts.py)
+            try:
+                while True:
+                    ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
+                    st = ray.get(self.trainer.status.remote())
+                    bar.update(st["global_steps"] - done_steps)
+                    done_steps = st["global_steps"]
+                    last = st["history"][-1] if st["history"] else {}
+                    evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
+                    bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
+                                    lag=f"{last.get('staleness/lag_max', 0):.0f}",
+                                    acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
+                    if ready:
+                        break
+            except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on)
+                bar.close()
+                if sigints.count > 1:  # two before the first was handled: abort, as a second one after it does
+                    raise
+                raise RunInterrupted(self.interrupt()) from None
         bar.close()
         return self._finish_or_raise()
 
@@ -279,7 +270,7 @@ class Experiment:
         waiting for a batch returns (the MessageQueue shuts down), then :meth:`finish`. Returns the summary, whose
         ``stop_reason`` is ``reason`` and the step reached."""
         logger.warning("%s: stopping after the running step, then final sync, evaluation and artifacts "
-                       "(Ctrl-C again aborts them)", reason)
+                       "(Ctrl-C again aborts them)", reason)  # also a second one that came before this line
         ray.get(self.trainer.request_stop.remote(reason))
         self.mq.shutdown()  # the rollouter's puts now drop queue_shutdown (accounted); the trainer's fetch returns
         return self._finish_or_raise()
@@ -357,7 +348,8 @@ class Experiment:
     def stop(self) -> None:
         """Shut everything down: no actors, engine processes or ports left behind. Idempotent."""
         if self.rollouter is not None:
-            try:
+            try:  # an aborted run's loops still generate: stopped first, else their samples fail on released workers
+                ray.get(self.rollouter.stop.remote(), timeout=60)
                 ray.get(self.rollouter.shutdown.remote(), timeout=60)
             except Exception as exc:  # keep tearing down the rest
                 logger.warning("rollouter shutdown: %s", exc)

@@ -76,6 +76,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from asyncrl.tracking import STEP_COLUMNS
+
 
 RENAMED = {"eval/tool_call_success": "eval/tool_call_success_rate"}
 """Old metric name -> new, for rows written before a rename (a checkpoint's evaluation history)."""
@@ -112,14 +114,25 @@ def plot_run(history: pd.DataFrame, evals: pd.DataFrame, path: Path) -> Path:
     ax1.set_ylabel("reward / accuracy")
     ax1.set_ylim(-0.02, 1.02)
     # legends above their panels, never over the curves (a run's late points sit wherever its values end)
-    ax1.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False, borderaxespad=0.2)
+    for ax in (ax1, ax2):  # a run without a step or evaluation has no curve: no legend (matplotlib warned)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False, borderaxespad=0.2)
     ax2.set_ylabel("version lag")
     ax2.set_xlabel("trainer step")
-    ax2.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False, borderaxespad=0.2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def run_files(run_dir: str | Path) -> list[str]:
+    """What a run directory holds, by name in name order, as a "saved ..." line lists it: its files, and its folders
+    with a trailing ``/`` (``tensorboard/``, ``wandb/``) except ``checkpoints/`` (the line names the last checkpoint
+    itself). Read from the directory, so the line says what was written; ``[]`` when it does not exist."""
+    p = Path(run_dir)
+    if not p.is_dir():
+        return []
+    return sorted(f.name + ("/" if f.is_dir() else "") for f in p.iterdir() if f.name != "checkpoints")
 
 
 def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[dict], config_yaml: str,
@@ -138,8 +151,8 @@ def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[d
         evals["step"] = [0 if v == 0 else first_step.get(v, hist["step"].max()) for v in evals["version"]]
     paths = {"metrics": run_dir / "metrics.csv", "eval": run_dir / "eval.csv", "config": run_dir / "config.yaml",
              "summary": run_dir / "summary.json", "plot": run_dir / "plot.png"}
-    if write_metrics:
-        hist.to_csv(paths["metrics"], index=False)
+    if write_metrics:  # a run without a step still gets the header (pandas reads an empty file as an error)
+        (hist if not hist.empty else pd.DataFrame(columns=list(STEP_COLUMNS))).to_csv(paths["metrics"], index=False)
     evals.to_csv(paths["eval"], index=False)
     paths["config"].write_text(config_yaml)
     paths["summary"].write_text(json.dumps(summary, indent=2, default=str))

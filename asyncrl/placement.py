@@ -11,6 +11,7 @@
                                           that rank (0.5 GPU) and one replica (0.5 GPU)
         CPU sides get no bundle: their actors are scheduled as before (num_cpus=0)
     Placement(layout)                  Ray: creates the groups, gives each Slot its actor options
+    trainer_env(cfg)                   the trainer actor's runtime environment (OMP_WAIT_POLICY)
 
 The split follows verl's fully-async recipe (``trainer.nnodes`` x ``trainer.n_gpus_per_node`` for the
 trainer, top-level ``rollout.nnodes`` x ``rollout.n_gpus_per_node`` for the replicas: seed ``003``
@@ -20,6 +21,7 @@ chapter 6); the colocated layout is verl's hybrid engine (one worker group holds
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -29,6 +31,14 @@ logger = logging.getLogger(__name__)
 
 COLOCATED_SHARE = 0.5
 """GPU fraction each of the trainer rank and the replica asks for on a colocated GPU."""
+
+
+def trainer_env(cfg: ExperimentConfig) -> dict:
+    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``,
+    or the driver's own setting); OpenMP reads it when the process loads it, so it goes in the actor's
+    runtime environment."""
+    policy = os.environ.get("OMP_WAIT_POLICY", cfg.trainer.omp_wait_policy)
+    return {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": policy}}} if policy else {}
 
 
 def trainer_gpus(cfg: ExperimentConfig) -> int:

@@ -91,7 +91,8 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
         self.paused = False
         self.stopping = False
         self.halted = ""  # why rollout stopped early (a failure storm, no prompt that fits), else ""
-        self.too_long: set[int] = set()  # rows dropped as prompt_too_long (a row renders the same every epoch)
+        # rows dropped as prompt_too_long (a row renders the same every epoch); checkpointed keyed by their prompts
+        self.too_long: set[int] = set()
         self.admission_closed = False  # the trainer holds its last step's batch: start no new prompt group
         self.cond = asyncio.Condition()
         self.counts = collections.Counter()  # taken, enqueued

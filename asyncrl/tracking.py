@@ -30,6 +30,15 @@ console_logger = logging.getLogger("asyncrl.console")
 LOGGERS = ("console", "tensorboard", "wandb")
 """Values accepted in ``trainer.logger`` (verl's names)."""
 
+STEP_COLUMNS = ("step", "param_version", "time_s", "reward/mean", "response_length/mean", "staleness/lag_mean",
+                "staleness/lag_max", "trainer/idle_ratio", "rollouter/partial_count", "rollouter/partial_max_span",
+                "rollouter/processing_p50_s", "rollouter/processing_p90_s", "rollouter/processing_p99_s",
+                "trainer/dropped_stale", "trainer/dropped_dapo_no_signal")
+"""The columns every trainer step's row has, in this order (``TrainerBookkeeping._log_step`` builds its row from
+them): the header of a run's ``metrics.csv`` from its start, so a run that completes no step still has one (a reader
+such as ``pandas.read_csv`` fails on an empty file). The others (``actor/*``, ``sync/*``, ``timing/*`` ...) depend on
+the algorithm and are added as rows bring them."""
+
 
 class MetricsCSV:
     """``metrics.csv`` written row by row: appended and flushed each step.
@@ -41,9 +50,11 @@ class MetricsCSV:
         path: the CSV file.
         resume_step: keep the existing rows with ``step <= resume_step`` (resume from a checkpoint
             at that step); ``None`` starts a new file.
+        columns: the header a file starts with (before any row; e.g. :data:`STEP_COLUMNS`); a resumed file keeps
+            its own header, with any of these it lacks added after it.
     """
 
-    def __init__(self, path: Path, resume_step: Optional[int] = None):
+    def __init__(self, path: Path, resume_step: Optional[int] = None, columns: tuple[str, ...] = ()):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.columns: list[str] = []
@@ -53,6 +64,7 @@ class MetricsCSV:
                 reader = csv.DictReader(f)
                 self.columns = list(reader.fieldnames or [])
                 rows = [r for r in reader if r.get("step") and int(float(r["step"])) <= resume_step]
+        self.columns += [c for c in columns if c not in self.columns]
         self._rewrite(rows)
 
     def previous_rows(self) -> list[dict]:
@@ -103,6 +115,7 @@ class Tracking:
         resume_step: continue a run from a checkpoint at this step (see :class:`MetricsCSV`).
         wandb_mode: ``online`` | ``offline`` | ``disabled``; ``None`` = ``$WANDB_MODE`` or online.
         run_id: stable id of the run (W&B ``id``, so a resumed run continues the same W&B run).
+        columns: ``metrics.csv``'s header before any row (see :class:`MetricsCSV`; a run passes :data:`STEP_COLUMNS`).
 
     Raises:
         ValueError: an unknown backend name (the message lists the valid ones).
@@ -112,13 +125,13 @@ class Tracking:
     def __init__(self, run_dir: str | Path, backends: list[str] | tuple[str, ...] = ("console",),
                  project_name: str = "asyncrl", experiment_name: str = "run", config: Optional[dict] = None,
                  resume_step: Optional[int] = None, wandb_mode: Optional[str] = None,
-                 run_id: Optional[str] = None):
+                 run_id: Optional[str] = None, columns: tuple[str, ...] = ()):
         unknown = [b for b in backends if b not in LOGGERS]
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; valid: {list(LOGGERS)}")
         self.run_dir = Path(run_dir)
         self.backends = list(dict.fromkeys(backends))
-        self.csv = MetricsCSV(self.run_dir / "metrics.csv", resume_step)
+        self.csv = MetricsCSV(self.run_dir / "metrics.csv", resume_step, columns)
         self.history: list[dict] = self.csv.previous_rows() if resume_step is not None else []
         self._tb = self._wandb = None
         if "tensorboard" in self.backends:

@@ -90,6 +90,15 @@ def _filtered_scores(f: dict, start: Optional[dict]) -> str:
     return f"{n} of the {total} dropped groups scored {top:g} on every response: {what}"
 
 
+def _window_words(window_s: float, waited_s: float) -> str:
+    """Where in the stall a count was taken: the head says "no trainer step for {waited_s} s", and the window opens at
+    half the timeout at the earliest, so a window shorter than the stall is named as a part of it (it read "no trainer
+    step for 30 s ... in the last 15 s", as if the watchdog's window were shorter than its own timeout)."""
+    if round(window_s) >= round(waited_s):
+        return f"in those {waited_s:.0f} s"
+    return f"in the last {window_s:.0f} s of those {waited_s:.0f} s"
+
+
 def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[dict] = None,
              window_start: Optional[dict] = None) -> Diagnosis:
     """Name the binding limit from a funnel state.
@@ -124,7 +133,7 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
     filtered, fetched, window_s = _filtered(f, window_start or previous)
     if filtered > 0 and 2 * filtered >= fetched:
         return d("filtered", f"algorithm.filter_groups dropped {filtered} of the {fetched} prompt groups generated and "
-                             f"fetched by the trainer in the last {window_s:.0f} s (no reward variance: "
+                             f"fetched by the trainer {_window_words(window_s, waited_s)} (no reward variance: "
                              f"{_filtered_scores(f, window_start or previous)}); check the reward function and the "
                              "data's ground truth, or set algorithm.filter_groups.enable=false (train on them: no "
                              "gradient under GRPO) or algorithm.filter_groups.max_num_gen_batches=K (fail the step "
@@ -168,10 +177,11 @@ async def rollouter_funnel_state(ro: Any) -> dict:
 class HangWatchdog:
     """Checks progress every ``min(10, timeout / 4)`` s; logs and keeps the last :class:`Diagnosis`.
 
-    The groups ``filter_groups`` dropped are counted over a window of the last ``timeout_s`` of the stall: a step
-    that runs past half the timeout has its funnel state read once then (so the first warning can name them), and
-    each overdue check's state is kept while it is younger than ``timeout_s``. Steps shorter than half the timeout
-    cost no funnel call.
+    The groups ``filter_groups`` dropped are counted over a window of at most the last ``timeout_s`` of the stall: a
+    step that runs past half the timeout has its funnel state read once then (so the first warning, at ``timeout_s``
+    without a step, counts over the last half of the stall and says so: "in the last 15 s of those 30 s"), and each
+    overdue check's state is kept while it is younger than ``timeout_s``. Steps shorter than half the timeout cost no
+    funnel call.
 
     Args:
         timeout_s: ``trainer.watchdog_timeout_s`` (> 0).

@@ -51,7 +51,8 @@ def test_dataset_errors_look_like_config_errors(capsys, tmp_path):
 
     ray_before = ray.is_initialized()  # another test of the session may have started one
     code, err = run_cli(capsys, "train", f"data.train_files={tmp_path / 'nope.jsonl'}")
-    assert (code, err.strip()) == (2, f"dataset error: dataset file not found: {tmp_path / 'nope.jsonl'}")
+    assert (code, err.strip()) == (2, f"dataset error: dataset file not found: {tmp_path / 'nope.jsonl'} "
+                                   "(data.train_files)")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"data_source": "arith", "prompt": [{"role": "user", "content": "1+1"}]}) + "\n")
     code, err = run_cli(capsys, "train", f"data.train_files={bad}")

@@ -98,7 +98,7 @@ def test_multi_turn_keys_reach_the_tool_loop():
 
 def test_trainer_omp_wait_policy(monkeypatch):
     """The trainer actor's OpenMP threads sleep when idle unless told otherwise (the driver's setting wins)."""
-    from asyncrl.experiment import trainer_env
+    from asyncrl.placement import trainer_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     cfg = arith_grpo_cpu()

@@ -83,8 +83,8 @@ def test_a_missing_file_of_a_list_is_named(tmp_path):
     cfg = load_config(None, [f"data.val_files=[{missing},{a}]"])
     with pytest.raises(DatasetNotFoundError, match=r"\(data.val_files\[0\], file 1 of 2\)$"):
         run_rows(cfg.data, "test", 0)
-    cfg = load_config(None, [f"data.train_files={missing}"])  # one path: the message as before
-    with pytest.raises(DatasetNotFoundError, match=rf"^dataset file not found: {missing}$"):
+    cfg = load_config(None, [f"data.train_files={missing}"])  # one path: named with its key, no position
+    with pytest.raises(DatasetNotFoundError, match=rf"^dataset file not found: {missing} \(data.train_files\)$"):
         run_rows(cfg.data, "train", 0)
 
 

@@ -20,8 +20,15 @@ def _summary(run_dir, **kw) -> Summary:
     return Summary(**base)
 
 
+def _write_run_dir(run_dir, names=("config.yaml", "eval.csv", "metrics.csv", "plot.png", "summary.json")):
+    for name in names:
+        (run_dir / name).write_text("")
+    (run_dir / "checkpoints" / "global_step_3").mkdir(parents=True)
+
+
 def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path, monkeypatch):
     def interrupted_run(self):
+        _write_run_dir(tmp_path)
         raise RunInterrupted(_summary(tmp_path, last_checkpoint=f"{tmp_path}/checkpoints/global_step_3"))
 
     monkeypatch.setattr(Experiment, "run", interrupted_run)
@@ -29,8 +36,29 @@ def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path,
     out, err = capsys.readouterr()
     assert "3 steps" in out and "(stopped: interrupted by the user (Ctrl-C) at step 3)" in out
     assert err.strip().splitlines() == [
-        f"interrupted by the user (Ctrl-C) at step 3; saved {tmp_path}/ (metrics.csv, eval.csv, summary.json, "
-        f"config.yaml), checkpoint {tmp_path}/checkpoints/global_step_3"]
+        f"interrupted by the user (Ctrl-C) at step 3; saved {tmp_path}/ (config.yaml, eval.csv, metrics.csv, "
+        f"plot.png, summary.json), checkpoint {tmp_path}/checkpoints/global_step_3"]
+
+
+@pytest.mark.parametrize("interrupted", [True, False])
+def test_the_saved_line_lists_what_the_run_directory_holds(capsys, tmp_path, monkeypatch, interrupted):
+    """The Ctrl-C line was a fixed list that left plot.png out: both end lines list the files written (a folder such
+    as tensorboard/ with a slash; checkpoints/ is named by the checkpoint), and nothing the run did not write."""
+    def run(self):
+        _write_run_dir(tmp_path, ("metrics.csv", "summary.json", "plot.png"))
+        (tmp_path / "tensorboard").mkdir()
+        if interrupted:
+            raise RunInterrupted(_summary(tmp_path))
+        return _summary(tmp_path, stop_reason="")
+
+    monkeypatch.setattr(Experiment, "run", run)
+    assert main(["train", "trainer.total_training_steps=3"]) == (130 if interrupted else 0)
+    out, err = capsys.readouterr()
+    listing = f"{tmp_path}/ (metrics.csv, plot.png, summary.json, tensorboard/)"
+    if interrupted:
+        assert err.strip() == f"interrupted by the user (Ctrl-C) at step 3; saved {listing}", err
+    else:
+        assert out.strip().splitlines()[-1] == f"artifacts: {listing}", out
 
 
 def test_a_second_ctrl_c_aborts_with_one_line(capsys, monkeypatch):
@@ -66,3 +94,100 @@ def test_wait_turns_ctrl_c_into_a_clean_stop(tmp_path, monkeypatch):
     assert isinstance(info.value, KeyboardInterrupt)  # code that does not know it still stops
     assert calls == [("request_stop", "interrupted by the user (Ctrl-C)"), ("mq.shutdown",), ("finish",)]
     assert info.value.summary.stop_reason == "interrupted by the user (Ctrl-C) at step 3"
+
+
+def _in_c_while(signals: int):
+    """Stands in for ``ray.wait``'s C call: the main thread blocks in C (a pthread mutex: no bytecode runs, so Python's
+    signal handler waits) while another thread sends it ``signals`` SIGINTs, then returns."""
+    import ctypes
+    import signal
+    import threading
+    import time
+
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (glibc)
+    locked = threading.Event()
+    main = threading.main_thread().ident
+
+    def sender():
+        libc.pthread_mutex_lock(mutex)
+        locked.set()
+        time.sleep(0.2)  # the main thread is in pthread_mutex_lock now
+        for _ in range(signals):
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.05)
+        libc.pthread_mutex_unlock(mutex)
+
+    def wait(*a, **k):
+        threading.Thread(target=sender, daemon=True).start()
+        locked.wait()
+        libc.pthread_mutex_lock(mutex)  # returns once sender() unlocks it; the handler runs right after
+        libc.pthread_mutex_unlock(mutex)
+        return [], []
+    return wait
+
+
+def _waiting_experiment(tmp_path, monkeypatch, wait, calls, request_stop=None):
+    monkeypatch.setattr("asyncrl.experiment.ray", types.SimpleNamespace(wait=wait, get=lambda x, **k: x))
+    exp = Experiment.__new__(Experiment)
+    exp.config, exp.name, exp._fit_ref = types.SimpleNamespace(trainer=types.SimpleNamespace(
+        progress_bar=False, total_training_steps=5)), "run", object()
+    exp.trainer = types.SimpleNamespace(
+        request_stop=_Remote(request_stop or (lambda reason: calls.append(("request_stop", reason)))),
+        status=_Remote(lambda: {"global_steps": 0, "history": []}))
+    exp.rollouter = types.SimpleNamespace(snapshot=_Remote(lambda: {"eval_history": []}))
+    exp.mq = types.SimpleNamespace(shutdown=lambda: calls.append(("mq.shutdown",)))
+    monkeypatch.setattr(Experiment, "_finish_or_raise", lambda self: calls.append(("finish",)) or _summary(tmp_path))
+    return exp
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_two_ctrl_c_that_come_together_abort(tmp_path, monkeypatch):
+    """Two Ctrl-C within the second the main thread spends in ray.wait's C code were one to Python's handler: the run
+    stopped gently (and the warning said "Ctrl-C again aborts"). Counted, the second aborts as it does later."""
+    import signal
+
+    calls = []
+    exp = _waiting_experiment(tmp_path, monkeypatch, _in_c_while(2), calls)
+    with pytest.raises(KeyboardInterrupt) as info:
+        exp.wait()
+    assert not isinstance(info.value, RunInterrupted) and calls == []  # aborted: no gentle stop began
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler and wakeup fd are back
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_one_real_ctrl_c_still_stops_gently_and_one_more_aborts(tmp_path, monkeypatch):
+    import signal
+
+    calls = []
+    exp = _waiting_experiment(tmp_path, monkeypatch, _in_c_while(1), calls)
+    with pytest.raises(RunInterrupted):
+        exp.wait()
+    assert calls == [("request_stop", "interrupted by the user (Ctrl-C)"), ("mq.shutdown",), ("finish",)]
+
+    def second_ctrl_c(reason):  # while the gentle stop runs
+        calls.append(("request_stop", reason))
+        signal.raise_signal(signal.SIGINT)
+
+    calls.clear()
+    exp = _waiting_experiment(tmp_path, monkeypatch, _in_c_while(1), calls, second_ctrl_c)
+    with pytest.raises(KeyboardInterrupt) as info:
+        exp.wait()
+    assert not isinstance(info.value, RunInterrupted) and calls == [("request_stop", "interrupted by the user (Ctrl-C)")]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_aborted_run_stops_its_rollouter_loops_before_releasing_their_workers(monkeypatch):
+    """After a second Ctrl-C, stop() released the agent-loop workers while the rollouter's loops still launched
+    samples: they failed with "ValueError: min() arg is an empty sequence" tracebacks on the way out."""
+    calls = []
+    monkeypatch.setattr("asyncrl.experiment.ray", types.SimpleNamespace(get=lambda x, **k: x, kill=lambda h: None,
+                                                                        is_initialized=lambda: False))
+    exp = Experiment.__new__(Experiment)
+    exp.rollouter = types.SimpleNamespace(stop=_Remote(lambda: calls.append("rollouter.stop")),
+                                          shutdown=_Remote(lambda: calls.append("rollouter.shutdown")))
+    exp.trainer = exp.mq = exp.lb = exp.placement = None
+    exp._external_replicas, exp._replica_objs, exp._started_ray = None, [], False
+    exp.stop()
+    assert calls == ["rollouter.stop", "rollouter.shutdown"]

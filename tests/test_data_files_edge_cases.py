@@ -45,8 +45,30 @@ def test_a_directory_in_the_list_is_named_with_its_position(tmp_path):
         with pytest.raises(DatasetIsADirectoryError, match=rf"^dataset path is a directory, not a file: {d} \(.*\) "
                                                            r"\(data.train_files\[1\], file 2 of 2\)$"):
             load_files([a, str(d)])
-        with pytest.raises(DatasetIsADirectoryError, match=rf"^dataset path is a directory, not a file: {d} \("):
-            load_files(str(d))  # alone: no position
+        with pytest.raises(DatasetIsADirectoryError, match=rf"^dataset path is a directory, not a file: {d} \(.*\) "
+                                                           r"\(data.train_files\)$"):
+            load_files(str(d))  # alone: its key, no position
+
+
+@pytest.mark.parametrize("key", ["train_files", "val_files"])
+def test_every_error_about_a_file_names_its_key_alone_or_in_a_list(key, tmp_path):
+    """A directory given alone was named without the key a list entry had ("dataset path is a directory ...: x"): each
+    error about one file (missing, a directory, a bad row, a bad suffix) ends with the key, and a list's its place."""
+    d = tmp_path / "dir.jsonl"
+    d.mkdir()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"data_source": "a"}\n')
+    a = _write_jsonl(tmp_path / "a.jsonl", _rows("a", 2))
+    for path in (d, tmp_path / "nope.jsonl", bad, tmp_path / "x.txt"):
+        (tmp_path / "x.txt").write_text("")
+        with pytest.raises(DatasetError, match=rf"\(data.{key}\)$"):
+            load_files(str(path), f"data.{key}")
+        with pytest.raises(DatasetError, match=rf"\(data.{key}\[1\], file 2 of 2\)$"):
+            load_files([a, str(path)], f"data.{key}")
+    cfg = load_config(None, [f"data.{key}={d}"])  # through the config, as a run reads it
+    with pytest.raises(DatasetIsADirectoryError, match=rf"^dataset path is a directory, not a file: {d} .*"
+                                                       rf"\(data.{key}\)$"):
+        run_rows(cfg.data, "train" if key == "train_files" else "test", 0)
 
 
 def test_a_parquet_dataset_directory_is_still_read(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from asyncrl.config import load_config
 from asyncrl.data.dataset import train_source
 from asyncrl.data.sampler import DataPosition, ResumableSampler
@@ -76,3 +78,51 @@ def test_the_rollouters_checkpoint_part_round_trips_the_sampler():
     restore_rollouter(ro, {"taken": 3, "enqueued": 3, "position": saved.state_dict(), "dropped": {}, "failed": {},
                            "eval_history": [], "param_version": 1, "ledger": {"outcomes": {}, "in_flight": []}})
     assert ro.sampler.position == DataPosition(0, 3) and ro.sampler.advance() == saved.advance()
+
+
+def _checkpoint(tmp_path, position: dict):
+    import json
+
+    ck = tmp_path / "run" / "checkpoints" / "global_step_2"
+    ck.mkdir(parents=True)
+    (ck / "meta.json").write_text(json.dumps({"global_steps": 2}))
+    (ck / "rollouter_state.json").write_text(json.dumps({"position": position}))
+    return ck
+
+
+def test_dry_run_logs_the_resumes_data_order_warning_as_a_start_does(tmp_path, caplog, capsys, monkeypatch):
+    """``asyncrl train --dry-run`` on a resume whose data changed said nothing of it (the WARNING came from the
+    rollouter, once started): :meth:`Experiment.preflight`, which a start and the dry run share, logs it in the
+    driver; the rollouter then restores the same position without a second line."""
+    from types import SimpleNamespace
+
+    from asyncrl.checkpoint.trainer_state import restore_rollouter
+    from asyncrl.cli import main
+    from asyncrl.experiment import Experiment
+
+    ck = _checkpoint(tmp_path, {"epoch": 1, "offset": 5, "rows": 7, "source": ["a.jsonl"], "seed": 0, "shuffle": True})
+    argv = ["train", "--dry-run", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={ck}",
+            f"trainer.default_local_dir={tmp_path}", "trainer.total_training_steps=2"]
+    with caplog.at_level(logging.WARNING, logger="asyncrl.data.sampler"):
+        assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"would resume from {ck}" in err
+    (msg,) = [r.getMessage() for r in caplog.records if r.name == "asyncrl.data.sampler"]
+    assert msg.startswith("resume: the training data has ") and "where the checkpoint's had 7" in msg and \
+        "source was ['a.jsonl'], now ['<task arith>']" in msg, msg
+    # a start runs the same check before anything starts: preflight is where the line comes from
+    caplog.clear()
+    monkeypatch.setattr("asyncrl.experiment._init_ray", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+    monkeypatch.setattr("asyncrl.experiment.ray.is_initialized", lambda: False)
+    exp = Experiment(load_config(None, argv[2:]))
+    with caplog.at_level(logging.WARNING, logger="asyncrl.data.sampler"), pytest.raises(RuntimeError, match="stop"):
+        exp.start()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncrl.data.sampler"] == [msg]
+    # the rollouter's restore (in its actor) takes the same position and says nothing more
+    caplog.clear()
+    ro = SimpleNamespace(counts={}, sampler=ResumableSampler(9, 0, source=["b.jsonl"]), dropped={}, failed={})
+    with caplog.at_level(logging.WARNING, logger="asyncrl.data.sampler"):
+        restore_rollouter(ro, {"taken": 3, "enqueued": 3, "position": {"epoch": 1, "offset": 5, "rows": 7},
+                               "dropped": {}, "failed": {}, "eval_history": [], "param_version": 1,
+                               "ledger": {"outcomes": {}, "in_flight": []}})
+    assert ro.sampler.position == DataPosition(1, 0) and caplog.records == []

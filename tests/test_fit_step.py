@@ -66,6 +66,23 @@ def test_fit_step_runs_each_family(random_model_dir, family, changes, expect):
     assert trainer.trained == 8
 
 
+def test_the_run_dirs_metrics_csv_has_its_header_before_the_first_step(random_model_dir, tmp_path):
+    """metrics.csv had no header until a step completed (a run stopped before it had an empty file): the trainer opens
+    it with the step columns, which are the first keys of every row it logs."""
+    import pandas as pd
+
+    from asyncrl.tracking import STEP_COLUMNS
+
+    cfg = _cfg("grpo", random_model_dir, **{"trainer.total_training_steps": 1})
+    trainer = FullyAsyncTrainer(cfg, FakeMessageQueue(fake_samples(4, cfg.actor_rollout_ref.rollout.n)),
+                                FakeRollouter(), {}, run_dir=str(tmp_path))
+    assert list(pd.read_csv(tmp_path / "metrics.csv").columns) == list(STEP_COLUMNS)
+    assert asyncio.run(trainer.fit_step())
+    assert tuple(trainer.history[-1])[:len(STEP_COLUMNS)] == STEP_COLUMNS
+    assert tuple(pd.read_csv(tmp_path / "metrics.csv").columns)[:len(STEP_COLUMNS)] == STEP_COLUMNS
+    trainer.close()
+
+
 def test_dapo_drops_equal_groups_counts_them_and_fetches_more(random_model_dir):
     cfg = _cfg("dapo", random_model_dir, **{"trainer.total_training_steps": 1})
     n = cfg.actor_rollout_ref.rollout.n

@@ -336,3 +336,38 @@ def test_a_dataset_with_no_prompt_that_fits_halts_rollout_with_the_reason():
         acc = await ro.stop()
         assert acc["taken"] == acc["enqueued"] + acc["pending"] + sum(acc["dropped"].values()) + sum(acc["failed"].values())
     asyncio.run(main())
+
+
+def test_too_long_rows_survive_a_checkpoint_keyed_by_their_prompts():
+    """The rows dropped as longer than data.max_prompt_length were not in the checkpoint (a resumed run found them
+    again, one drop each, before it could halt); saved as bare indices they would name other rows on other data.
+    Saved keyed by prompt (and the length limit and tokenizer), a resume keeps those that are still the same rows."""
+    async def main():
+        from asyncrl.checkpoint.trainer_state import rollouter_state
+
+        cfg = smoke_cpu("d")
+        cfg.actor_rollout_ref.rollout.agent.num_workers = 0
+        cfg.trainer.test_freq = 0
+        rows = get_task_rows("arith", "train", 20, 0)
+        replica = FakeGatedReplica()
+
+        def rollouter(train_rows, resume=None, max_prompt_length=None):
+            c = smoke_cpu("d")
+            c.actor_rollout_ref.rollout.agent.num_workers, c.trainer.test_freq = 0, 0
+            c.data.max_prompt_length = max_prompt_length or cfg.data.max_prompt_length
+            return FullyAsyncRollouter(c, train_rows, rows[:4], {"r0": replica}, FakePool(replica),
+                                       FakeClosableQueue(), resume)
+
+        ro = rollouter(rows)
+        ro.too_long.update({2, 5, 11})
+        state = rollouter_state(ro)
+        assert state["too_long"]["rows"].keys() == {"2", "5", "11"}
+        state.pop("ledger_parts")
+        state["ledger"] = {"outcomes": {}, "in_flight": []}
+        assert rollouter(rows, state).too_long == {2, 5, 11}  # the same data
+        moved = rows[:5] + rows[6:] + [rows[5]]  # row 5 moved to the end, 11 now at 10: other rows at those indices
+        assert rollouter(moved, state).too_long == {2}
+        assert rollouter(rows, state, max_prompt_length=4096).too_long == set()  # another limit: measured anew
+        old = {k: v for k, v in state.items() if k != "too_long"}  # a checkpoint from before they were saved
+        assert rollouter(rows, old).too_long == set()
+    asyncio.run(main())

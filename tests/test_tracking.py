@@ -42,6 +42,25 @@ def test_csv_resume_keeps_rows_up_to_the_checkpoint_step(tmp_path):
     assert read_metrics_csv(tmp_path / "metrics.csv") == []
 
 
+def test_a_run_without_a_step_has_the_header_of_the_step_columns(tmp_path):
+    """A run that completed no step left an empty metrics.csv (``pandas.read_csv`` raises on it): the columns every
+    step row has are its header from the start; a resumed file keeps its own, with the missing ones added."""
+    import pandas as pd
+
+    from asyncrl.metrics import write_run_artifacts
+    from asyncrl.tracking import STEP_COLUMNS
+
+    Tracking(tmp_path / "a", ["console"], columns=STEP_COLUMNS).close()
+    assert list(pd.read_csv(tmp_path / "a" / "metrics.csv").columns) == list(STEP_COLUMNS)
+    m = MetricsCSV(tmp_path / "b.csv")
+    m.append({"step": 1, "x": 2.0})
+    MetricsCSV(tmp_path / "b.csv", resume_step=1, columns=("step", "y")).append({"step": 2, "y": 1.0})
+    assert list(pd.read_csv(tmp_path / "b.csv").columns) == ["step", "x", "y"]
+    assert read_metrics_csv(tmp_path / "b.csv") == [{"step": 1, "x": 2.0}, {"step": 2, "y": 1.0}]
+    write_run_artifacts(tmp_path / "c", [], [], "{}", {})  # the artifact writer's table too (not streamed)
+    assert list(pd.read_csv(tmp_path / "c" / "metrics.csv").columns) == list(STEP_COLUMNS)
+
+
 def test_tracking_console_tensorboard_and_wandb_offline(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     t = Tracking(tmp_path, ["console", "tensorboard", "wandb"], "asyncrl-test", "run_a", {"a": 1},

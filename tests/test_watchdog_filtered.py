@@ -32,7 +32,7 @@ def test_groups_dropped_by_filter_groups_are_named_with_their_counts():
     d = diagnose(now, BUDGET, 301.0, previous=None, window_start=start)
     assert d.binding == "filtered", d.message
     assert "algorithm.filter_groups dropped 96 of the 96 prompt groups generated and fetched by the trainer in the " \
-           "last 150 s (no reward variance: every response of every dropped group scored 0: the data is too hard for " \
+           "last 150 s of those 301 s (no reward variance: every response of every dropped group scored 0: the data is too hard for " \
            "the model, or the reward never matches its ground truth)" in d.message
     assert "algorithm.filter_groups.enable=false" in d.message
     assert "algorithm.filter_groups.max_num_gen_batches=K" in d.message and "lower the filter" not in d.message
@@ -121,7 +121,34 @@ def test_the_first_warning_counts_from_half_the_timeout(monkeypatch):
 
     d = asyncio.run(scenario())
     assert d is not None and d.binding == "filtered", d
-    assert "dropped 64 of the 64 prompt groups generated and fetched by the trainer in the last 101 s" in d.message
+    assert "dropped 64 of the 64 prompt groups generated and fetched by the trainer in those 101 s" in d.message
+
+
+@pytest.mark.timeout(30, method="thread")
+def test_the_first_warning_names_its_window_as_part_of_the_stall(monkeypatch):
+    """A 30 s timeout warned "no trainer step for 30 s ...: ... dropped ... in the last 15 s", as if the watchdog
+    looked at less than its own timeout: the count's window (from half the timeout) is named as a part of the stall."""
+    clock = _FakeClock(1016.0)
+    monkeypatch.setattr("asyncrl.watchdog.time", clock)
+    states = iter([funnel(time=1015.0, staleness_samples=48),
+                   funnel(time=1030.0, queue_gets=264, queue_drops={"dapo_no_signal": 114}, staleness_samples=48)])
+
+    async def read_funnel():
+        return next(states)
+
+    async def scenario():
+        wd = HangWatchdog(30.0, BUDGET, lambda: 1000.0, read_funnel)
+        assert await wd.check() is None  # 16 s of 30: the window opens
+        clock.now = 1030.0
+        return await wd.check()
+
+    d = asyncio.run(scenario())
+    assert d is not None and d.message.startswith("no trainer step for 30 s "), d
+    assert "fetched by the trainer in the last 15 s of those 30 s (" in d.message, d.message
+    # a window as long as the stall is named as the stall
+    d = diagnose(funnel(time=1040.0, queue_gets=296, queue_drops={"dapo_no_signal": 146}), BUDGET, 40.0,
+                 window_start=funnel())
+    assert "fetched by the trainer in those 40 s (" in d.message, d.message
 
 
 def test_short_steps_cost_no_funnel_call(monkeypatch):

@@ -20,10 +20,13 @@ import collections
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from asyncrl.accounting import checkpoint_ledger
 from asyncrl.checkpoint.manager import CheckpointError, read_json, write_json
+
+if TYPE_CHECKING:
+    from asyncrl.data.sampler import ResumableSampler
 
 logger = logging.getLogger(__name__)
 
@@ -116,25 +119,86 @@ def rollouter_state(ro: Any) -> dict:
     """A rollouter's part of a checkpoint (``rollouter_state.json`` + its ledger parts)."""
     return {"taken": ro.counts["taken"], "enqueued": ro.counts["enqueued"], "position": ro.sampler.state_dict(),
             "param_version": ro.param_version, "dropped": dict(ro.dropped), "failed": dict(ro.failed),
-            "eval_history": list(ro.eval_history), "ledger_parts": ro.ledger_parts()}
+            "eval_history": list(ro.eval_history), "ledger_parts": ro.ledger_parts(), "too_long": too_long_state(ro)}
+
+
+def prompt_key(row: dict) -> str:
+    """What a row's rendered prompt is made of (its messages and tools), hashed: 16 hex digits."""
+    import hashlib
+    import json
+
+    text = json.dumps([row["prompt"], row.get("tools")], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _length_rule(cfg: Any) -> dict:
+    model = cfg.actor_rollout_ref.model
+    return {"max_prompt_length": cfg.data.max_prompt_length, "tokenizer": str(model.tokenizer_path or model.path)}
+
+
+def too_long_state(ro: Any) -> dict:
+    """The rollouter's rows dropped as longer than ``data.max_prompt_length`` (``ro.too_long``, row indices), keyed so
+    a resume on other data does not take them for other rows: ``{"max_prompt_length": int, "tokenizer": str,
+    "rows": {str(index): prompt_key(row)}}`` (JSON-able; see :func:`restore_too_long`)."""
+    return {**_length_rule(ro.cfg), "rows": {str(i): prompt_key(ro.train_rows[i]) for i in sorted(ro.too_long)}}
+
+
+def restore_too_long(ro: Any, saved: dict) -> None:
+    """Put back the too-long rows of :func:`too_long_state` that are still too long: those whose row at the same
+    index has the same prompt, under the same ``data.max_prompt_length`` and tokenizer (another limit or tokenizer
+    renders other lengths: none is kept). Rows not kept are found again when taken (one ``prompt_too_long`` drop
+    each); a row index is no row's identity once the data changed, which is why the indices are keyed."""
+    if {k: saved.get(k) for k in ("max_prompt_length", "tokenizer")} != _length_rule(ro.cfg):
+        return
+    rows = ro.train_rows
+    ro.too_long.update(i for i, key in ((int(k), v) for k, v in saved.get("rows", {}).items())
+                       if i < len(rows) and prompt_key(rows[i]) == key)
 
 
 def restore_rollouter(ro: Any, state: dict) -> None:
     """Inverse of :func:`rollouter_state` given :func:`rollouter_resume`'s dict: the samples in
-    flight at the checkpoint become ``dropped/in_flight_at_checkpoint``."""
+    flight at the checkpoint become ``dropped/in_flight_at_checkpoint``; the too-long rows still too long on this
+    data come back (:func:`restore_too_long`)."""
     from asyncrl.accounting import Ledger
     from asyncrl.metrics import renamed
 
     ro.counts["taken"], ro.counts["enqueued"] = state["taken"], state["enqueued"]
-    ro.sampler.restore(state["position"])  # other data (rows, files) than the checkpoint's: a WARNING
+    # other data (rows, files) than the checkpoint's: the driver's WARNING (resume_data_order, at preflight)
+    ro.sampler.restore(state["position"], warn=False)
     ro.dropped.update(state["dropped"])
     ro.failed.update(state["failed"])
     ro.eval_history = [renamed(row) for row in state["eval_history"]]  # old names read under the new
     ro.param_version = state["param_version"]
+    if "too_long" in state:  # a checkpoint from before it was saved: the rows are found again when taken
+        restore_too_long(ro, state["too_long"])
     ro.restored = Ledger(state["ledger"]["outcomes"])
     if state["ledger"]["in_flight"]:
         ro.dropped["in_flight_at_checkpoint"] += len(state["ledger"]["in_flight"])
         ro.restored.extend("dropped/in_flight_at_checkpoint", state["ledger"]["in_flight"])
+
+
+def data_sampler(cfg: Any, rows: int) -> ResumableSampler:
+    """The rollouter's data order over ``rows`` training rows (``trainer.seed``, ``data.shuffle``, and the source that
+    tells a resume on other data, :func:`asyncrl.data.dataset.train_source`), at the first row."""
+    from asyncrl.data.dataset import train_source
+    from asyncrl.data.sampler import ResumableSampler
+
+    return ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle, source=train_source(cfg.data))
+
+
+def resume_data_order(ckpt: Path, cfg: Any, rows: int) -> ResumableSampler:
+    """Where a resume from ``ckpt`` on ``rows`` training rows takes up the data order, logging the WARNING that the data
+    is not the checkpoint's (another row count restarts the epoch; other files, seed or shuffle keep a position that
+    may mean other rows; see :meth:`~asyncrl.data.sampler.ResumableSampler.restore`). Called by
+    :meth:`asyncrl.experiment.Experiment.preflight`, so a start and ``asyncrl train --dry-run`` say it alike, in the
+    driver; the rollouter restores the same position silently.
+
+    Raises:
+        asyncrl.checkpoint.CheckpointError: an unreadable ``rollouter_state.json``.
+    """
+    sampler = data_sampler(cfg, rows)
+    sampler.restore(read_json(Path(ckpt) / "rollouter_state.json")["position"])
+    return sampler
 
 
 def rollouter_resume(ckpt: Path) -> dict:
@@ -165,13 +229,10 @@ class CheckpointedRollouter:
 
     def _init_ledger(self, rows: int, resume: Optional[dict]) -> None:
         from asyncrl.accounting import Ledger
-        from asyncrl.data.dataset import train_source
-        from asyncrl.data.sampler import ResumableSampler
 
-        cfg = self.cfg
         self.ledger = Ledger()  # outcomes of the samples taken by this process, by seq
         self.restored = Ledger()  # outcomes before the checkpoint this run resumed from
-        self.sampler = ResumableSampler(rows, cfg.trainer.seed, cfg.data.shuffle, source=train_source(cfg.data))
+        self.sampler = data_sampler(self.cfg, rows)
         self.started_at: dict[int, float] = {}  # seq -> start time of the samples generating now
         if resume is not None:
             restore_rollouter(self, resume)
@@ -211,13 +272,13 @@ class CheckpointedRun:
     def _open_run_dir(self, run_dir: Path, resume: bool) -> None:
         from asyncrl.checkpoint import CheckpointManager
         from asyncrl.config import to_dict
-        from asyncrl.tracking import Tracking, run_id
+        from asyncrl.tracking import STEP_COLUMNS, Tracking, run_id
 
         tr = self.cfg.trainer
         self.checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_actor_ckpt_to_keep)
         self.tracking = Tracking(run_dir, tr.logger, tr.project_name, run_dir.name, to_dict(self.cfg),
                                  resume_step=self.global_steps if resume else None, wandb_mode=tr.wandb_mode,
-                                 run_id=run_id(run_dir.name))
+                                 run_id=run_id(run_dir.name), columns=STEP_COLUMNS)  # a header from the start
         self.history = self.tracking.history  # one stream: the dashboard reads what metrics.csv gets
 
     def ledger_dict(self) -> dict:

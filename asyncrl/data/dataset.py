@@ -272,17 +272,17 @@ def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str 
 
     Args:
         files: one path, or a list of paths (``.parquet``, ``.jsonl`` or ``.json``, mixed freely).
-        key: the config key ``files`` came from, named in the error for a missing file of a list.
+        key: the config key ``files`` came from, named in every error about one of its files.
 
     Returns:
         Every file's rows (see :func:`load_rows`), the first file's first. A file with no rows is logged as a
         WARNING naming it (a likely mistake: the other files train alone).
 
     Raises:
-        DatasetNotFoundError / DatasetIsADirectoryError: a path that does not exist / is a directory; for a list the
-            message names which one (``key[i]``, the i-th of n). A path given alone keeps :func:`load_rows`'s message.
+        DatasetNotFoundError / DatasetIsADirectoryError: a path that does not exist / is a directory.
         DatasetError: as :func:`load_rows` (its message names the file); an empty path or list (null, not ``''``,
-            is the built-in task); every file empty (no rows to train on).
+            is the built-in task); every file empty (no rows to train on). Every error about one file ends with
+            the key it came from: ``(key)`` for a path given alone, ``(key[i], file i+1 of n)`` for a list's.
     """
     single = isinstance(files, (str, os.PathLike))
     files = [files] if single else list(files)
@@ -291,13 +291,13 @@ def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str 
     rows: list[dict[str, Any]] = []
     empty = []
     for i, path in enumerate(files):
-        where = "" if single else f" ({key}[{i}], file {i + 1} of {len(files)})"
+        where = f" ({key})" if single else f" ({key}[{i}], file {i + 1} of {len(files)})"
         if not str(path).strip():
             raise DatasetError(f"{key}{'' if single else f'[{i}]'}={str(path)!r} is an empty path: give a file, "
                                f"or null (omit the key) to use data.task")
         try:
             got = load_rows(path)
-        except (DatasetNotFoundError, DatasetIsADirectoryError) as exc:
+        except DatasetError as exc:  # which key (and which of its files) the bad path came from
             raise type(exc)(f"{exc}{where}") from None
         if not got:
             empty.append((str(path), where))

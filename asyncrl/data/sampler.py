@@ -75,18 +75,20 @@ class ResumableSampler:
         return {**self.position.state_dict(), "rows": self.num_rows, "source": self.source, "seed": self.seed,
                 "shuffle": self.shuffle}
 
-    def restore(self, state: Optional[dict]) -> None:
+    def restore(self, state: Optional[dict], warn: bool = True) -> None:
         """Continue from a checkpoint's :meth:`state_dict` (or a bare :class:`DataPosition` one, from before the row
         count was saved: taken as it is). Users legitimately add data before resuming, so other data is never
         refused, but it is logged as a WARNING: with another row count every epoch's order is another permutation,
         so the offset no longer means the same rows and the checkpoint's epoch restarts from its start (each row
         once more in it); with the same row count but another source, seed or shuffle the position is kept and the
-        rows it points at may differ."""
+        rows it points at may differ. ``warn=False``: the same position, nothing logged (the driver warned already,
+        :func:`asyncrl.checkpoint.trainer_state.resume_data_order`)."""
         position = DataPosition.from_state(state)
         self._order = None
         saved_rows = (state or {}).get("rows")
+        log = logger.warning if warn else logger.debug
         if saved_rows is not None and saved_rows != self.num_rows:
-            logger.warning(
+            log(
                 "resume: the training data has %d rows where the checkpoint's had %d (data.train_files changed?): its "
                 "position (epoch %d, offset %d) no longer means the same rows, so the data order restarts from the "
                 "start of epoch %d%s", self.num_rows, saved_rows, position.epoch, position.offset, position.epoch,
@@ -95,7 +97,7 @@ class ResumableSampler:
             return
         changed = self._changes(state or {})
         if changed:
-            logger.warning("resume: the training data's order is not the checkpoint's%s: its position (epoch %d, "
+            log("resume: the training data's order is not the checkpoint's%s: its position (epoch %d, "
                            "offset %d) is kept, but the rows it points at may differ", changed, position.epoch,
                            position.offset)
         self.position = position

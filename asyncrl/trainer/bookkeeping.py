@@ -50,7 +50,7 @@ class TrainerBookkeeping:
         spans = [s.max_global_steps - s.min_global_steps for s in samples if None not in (s.max_global_steps, s.min_global_steps)]
         self._t_logged = time.time()
         wall = max(1e-9, self._t_logged - self.t_start)
-        row = {
+        row = {  # asyncrl.tracking.STEP_COLUMNS, in order (metrics.csv's header before the first row)
             "step": self.global_steps, "param_version": self.param_version, "time_s": wall,
             "reward/mean": float(batch.rewards.mean()),
             "response_length/mean": float(mask.sum(-1).mean()),
