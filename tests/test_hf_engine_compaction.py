@@ -59,13 +59,17 @@ def _alone(model, req: SlotRequest) -> Finished:
     return done[0]
 
 
-def _schedule(model, seed: int, slots: int):
+def _schedule(model, seed: int, slots: int, bucketed: bool):
     """Random admissions and aborts, one version per iteration; returns requests, results, and when each was
-    admitted / aborted, plus how many times each request moved."""
+    admitted / aborted, plus how many times each request moved. ``bucketed``: rows and kv lengths rounded up to
+    the CUDA-graph buckets (idle rows inside ``[0, r)``; moves only when the bucket drops), decoded eagerly."""
     rng = random.Random(seed)
     shared = [[rng.randrange(3, 96) for _ in range(rng.randint(1, 12))] for _ in range(3)]
     b = ContinuousBatcher(StaticCacheLM(model, slots, MAX_LEN), cuda_graphs=False,
                           max_prefill_tokens=rng.choice([12, 10000]))
+    if bucketed:
+        b.cuda_graphs = True
+        b._run_decode = lambda key, fn: fn()
     moved: dict[str, int] = {}
     compact = b.compact
 
@@ -102,11 +106,11 @@ def _schedule(model, seed: int, slots: int):
     return reqs, results, admitted, aborted, moved
 
 
-@pytest.mark.parametrize("slots", [5, 8, 16])
-def test_moved_requests_get_what_they_get_alone_under_random_schedules(tiny_model, slots):
+@pytest.mark.parametrize("slots,bucketed", [(5, False), (8, False), (16, False), (16, True)])
+def test_moved_requests_get_what_they_get_alone_under_random_schedules(tiny_model, slots, bucketed):
     total_moved, twice = 0, 0
     for seed in range(6):
-        reqs, results, admitted, aborted, moved = _schedule(tiny_model, 1000 * slots + seed, slots)
+        reqs, results, admitted, aborted, moved = _schedule(tiny_model, 1000 * slots + seed, slots, bucketed)
         total_moved += len(moved)
         twice += sum(v > 1 for v in moved.values())
         for rid, req in reqs.items():
