@@ -397,12 +397,13 @@ class ContinuousBatcher:
         self.count[slots] = c + 1
         hit = (toks[:, None] == self.stops[slots]).any(1)
         special = self._tops.keys() | self._stop_checks.keys()  # rows asking for top logprobs / stop strings
+        k_max = (packed.shape[0] - 2) // 2  # the batch's largest k: ids in rows [2, 2 + k_max), logprobs after
         for i, s in enumerate(slots.tolist() if special else ()):
             if s not in special:
                 continue
             if s in self._tops:
                 k = int(self.k_top[s])
-                ids, lps = packed[2:2 + k, i].astype(np.int64), packed[2 + k:2 + 2 * k, i]
+                ids, lps = packed[2:2 + k, i].astype(np.int64), packed[2 + k_max:2 + k_max + k, i]
                 self._tops[s].append([(int(t), float(v)) for t, v in zip(ids, lps) if v > -1e3])
             check = self._stop_checks.get(s)
             if check is not None and not hit[i] and check(self.out_tok[s, :c[i] + 1].tolist()):
