@@ -145,10 +145,9 @@ def _waiting_experiment(tmp_path, wait, calls, request_stop=None):
 
 
 def _in_child(scenario: str, tmp_path) -> None:
-    """Run ``scenario(tmp_path)`` of this module in a fresh interpreter, at most 60 s: the signals it sends and the
-    main thread it blocks in C must not meet the threads of the pytest process (Ray's, a loaded box's timers); the
-    suite's run of 2026-12-05 hung here once (the sender thread never woke from its 0.2 s sleep), and pytest-timeout's
-    thread method then ended the whole suite. A hang now fails this test alone."""
+    """Run ``scenario(tmp_path)`` of this module in a fresh interpreter with Python's own SIGINT handler, at most 60 s:
+    the pytest process may have SIGINT ignored (below) and its signal state is not this test's to change; a hang
+    fails this test alone."""
     import os
     import subprocess
     import sys
@@ -156,7 +155,11 @@ def _in_child(scenario: str, tmp_path) -> None:
 
     here = Path(__file__).resolve().parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
-    code = f"import {Path(__file__).stem} as m; m.{scenario}({str(tmp_path)!r})"
+    # a terminal's SIGINT handler: a shell starts a background job (`cmd &`, CI runners, nohup) with SIGINT ignored, and
+    # Python then leaves it ignored (the suite's background run of 2026-12-05: the sent signals vanished, the fake
+    # ray.wait was called forever and pytest-timeout's thread method ended the whole suite)
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"import {Path(__file__).stem} as m; m.{scenario}({str(tmp_path)!r})")
     try:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired as e:

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
+from asyncrl.rollout.hf_batch import ContinuousBatcher
+from asyncrl.rollout.hf_requests import Finished, SlotRequest
 from asyncrl.rollout.hf_forward import StaticCacheLM
 from test_hf_engine import PROMPTS, run
 

@@ -32,7 +32,8 @@ from asyncrl.api import InferenceEngine
 from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, eos_token_ids,
                                   request_priority)
 from asyncrl.rollout.engine_stats import IterationWindow
-from asyncrl.rollout.hf_batch import ContinuousBatcher, Finished, SlotRequest
+from asyncrl.rollout.hf_batch import ContinuousBatcher
+from asyncrl.rollout.hf_requests import Finished, SlotRequest
 from asyncrl.rollout.hf_forward import StaticCacheLM, num_kv_slots, resolve_device
 from asyncrl.rollout.hf_sampler import refuse_penalties
 from asyncrl.rollout.stop import StopStrings
