@@ -167,17 +167,22 @@ def _in_child(scenario: str, tmp_path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def _wait_raises(exp) -> KeyboardInterrupt:
+    """The KeyboardInterrupt ``exp.wait()`` raised (an AssertionError when it returned)."""
+    try:
+        exp.wait()
+    except KeyboardInterrupt as e:
+        return e
+    raise AssertionError("exp.wait() returned")
+
+
 def _two_ctrl_c_that_come_together(tmp_path):
     import signal
     from pathlib import Path
 
     calls = []
-    exp = _waiting_experiment(Path(tmp_path), _in_c_while(2), calls)
-    try:
-        exp.wait()
-        raise AssertionError("exp.wait() returned")
-    except KeyboardInterrupt as e:
-        assert not isinstance(e, RunInterrupted) and calls == [], calls  # aborted: no gentle stop began
+    e = _wait_raises(_waiting_experiment(Path(tmp_path), _in_c_while(2), calls))
+    assert not isinstance(e, RunInterrupted) and calls == [], calls  # aborted: no gentle stop began
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler and wakeup fd are back
     assert signal.set_wakeup_fd(-1) == -1
 
@@ -193,12 +198,7 @@ def _one_ctrl_c_then_another(tmp_path):
     from pathlib import Path
 
     calls = []
-    exp = _waiting_experiment(Path(tmp_path), _in_c_while(1), calls)
-    try:
-        exp.wait()
-        raise AssertionError("exp.wait() returned")
-    except RunInterrupted:
-        pass
+    assert isinstance(_wait_raises(_waiting_experiment(Path(tmp_path), _in_c_while(1), calls)), RunInterrupted)
     assert calls == [("request_stop", "interrupted by the user (Ctrl-C)"), ("mq.shutdown",), ("finish",)], calls
 
     def second_ctrl_c(reason):  # while the gentle stop runs
@@ -206,12 +206,8 @@ def _one_ctrl_c_then_another(tmp_path):
         signal.raise_signal(signal.SIGINT)
 
     calls.clear()
-    exp = _waiting_experiment(Path(tmp_path), _in_c_while(1), calls, second_ctrl_c)
-    try:
-        exp.wait()
-        raise AssertionError("exp.wait() returned")
-    except KeyboardInterrupt as e:
-        assert not isinstance(e, RunInterrupted) and calls == [("request_stop", "interrupted by the user (Ctrl-C)")]
+    e = _wait_raises(_waiting_experiment(Path(tmp_path), _in_c_while(1), calls, second_ctrl_c))
+    assert not isinstance(e, RunInterrupted) and calls == [("request_stop", "interrupted by the user (Ctrl-C)")]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 

@@ -101,25 +101,31 @@ class _FakeClock:
         return self.now
 
 
-@pytest.mark.timeout(30, method="thread")
-def test_the_first_warning_counts_from_half_the_timeout(monkeypatch):
-    """The watchdog reads the funnel once at half the timeout; its first overdue check counts the filtered groups
-    from there (it had no window on its first check before, so the first warning blamed generation)."""
-    clock = _FakeClock(1060.0)
+def _second_check(monkeypatch, timeout_s, first, second):
+    """A watchdog started at t=1000 s checked at ``first = (t, funnel)`` (no diagnosis yet: its window opens) and at
+    ``second``; returns the second check's diagnosis."""
+    clock = _FakeClock(first[0])
     monkeypatch.setattr("asyncrl.watchdog.time", clock)
-    states = iter([funnel(staleness_samples=48),
-                   funnel(time=1101.0, queue_gets=264, queue_drops={"dapo_no_signal": 114}, staleness_samples=48)])
+    states = iter([first[1], second[1]])
 
     async def read_funnel():
         return next(states)
 
     async def scenario():
-        wd = HangWatchdog(100.0, BUDGET, lambda: 1000.0, read_funnel)
-        assert await wd.check() is None  # 60 s of 100: the window opens
-        clock.now = 1101.0
+        wd = HangWatchdog(timeout_s, BUDGET, lambda: 1000.0, read_funnel)
+        assert await wd.check() is None
+        clock.now = second[0]
         return await wd.check()
 
-    d = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.mark.timeout(30, method="thread")
+def test_the_first_warning_counts_from_half_the_timeout(monkeypatch):
+    """The watchdog reads the funnel once at half the timeout; its first overdue check counts the filtered groups
+    from there (it had no window on its first check before, so the first warning blamed generation)."""
+    d = _second_check(monkeypatch, 100.0, (1060.0, funnel(staleness_samples=48)),  # 60 s of 100: the window opens
+                      (1101.0, funnel(time=1101.0, queue_gets=264, queue_drops={"dapo_no_signal": 114}, staleness_samples=48)))
     assert d is not None and d.binding == "filtered", d
     assert "dropped 64 of the 64 prompt groups generated and fetched by the trainer in those 101 s" in d.message
 
@@ -128,21 +134,8 @@ def test_the_first_warning_counts_from_half_the_timeout(monkeypatch):
 def test_the_first_warning_names_its_window_as_part_of_the_stall(monkeypatch):
     """A 30 s timeout warned "no trainer step for 30 s ...: ... dropped ... in the last 15 s", as if the watchdog
     looked at less than its own timeout: the count's window (from half the timeout) is named as a part of the stall."""
-    clock = _FakeClock(1016.0)
-    monkeypatch.setattr("asyncrl.watchdog.time", clock)
-    states = iter([funnel(time=1015.0, staleness_samples=48),
-                   funnel(time=1030.0, queue_gets=264, queue_drops={"dapo_no_signal": 114}, staleness_samples=48)])
-
-    async def read_funnel():
-        return next(states)
-
-    async def scenario():
-        wd = HangWatchdog(30.0, BUDGET, lambda: 1000.0, read_funnel)
-        assert await wd.check() is None  # 16 s of 30: the window opens
-        clock.now = 1030.0
-        return await wd.check()
-
-    d = asyncio.run(scenario())
+    d = _second_check(monkeypatch, 30.0, (1016.0, funnel(time=1015.0, staleness_samples=48)),  # 16 s of 30: opens
+                      (1030.0, funnel(time=1030.0, queue_gets=264, queue_drops={"dapo_no_signal": 114}, staleness_samples=48)))
     assert d is not None and d.message.startswith("no trainer step for 30 s "), d
     assert "fetched by the trainer in the last 15 s of those 30 s (" in d.message, d.message
     # a window as long as the stall is named as the stall
