@@ -945,6 +945,7 @@ def main() -> None:
         import gpu_sim
 
         result["trainer_layout"] = gpu_sim.TRAINER_LAYOUT  # which FSDP2 engine ran it (gpu_sim.simulate_measured)
+        result["rollout_slots"] = gpu_sim.ROLLOUT_SLOTS  # and which hf engine
         args.ideal = False  # and the simulator predicts from the H200 cost model instead (simulate_modes)
     replicas = {} if args.gpu else start_replicas(args, modes)
     try:

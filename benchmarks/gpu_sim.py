@@ -31,6 +31,10 @@ SIMULATED_FROM = ("asyncrl.sim with the documented H200 cost model h200_qwen25_0
 TRAINER_LAYOUT = "causal"
 """The FSDP2 engine's batch layout today (``h200_qwen25_05b_hf(trainer_layout=...)``), recorded in every ``--gpu``
 result as ``trainer_layout``; a result without it was made before session 10, with the ``masked`` layout."""
+ROLLOUT_SLOTS = "compact"
+"""The hf engine's slot layout today (``h200_qwen25_05b_hf(rollout_slots=...)``), recorded in every ``--gpu`` result
+as ``rollout_slots``; a result without it was made before session 26, when a step computed every slot up to the
+highest busy one (``highest``)."""
 
 
 def resources(mode: str, gpus: int) -> tuple[int, int, str]:
@@ -44,9 +48,10 @@ def resources(mode: str, gpus: int) -> tuple[int, int, str]:
 
 
 def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_config: Callable[..., Any],
-            trainer_layout: str = TRAINER_LAYOUT) -> dict:
+            trainer_layout: str = TRAINER_LAYOUT, rollout_slots: str = ROLLOUT_SLOTS) -> dict:
     """Simulate ``steps`` trainer steps of ``mode`` on ``gpus`` H200s with the benchmark's config of it
-    (``trainer_layout``: the FSDP2 engine's, ``causal`` today, ``masked`` for runs before session 10).
+    (``trainer_layout``: the FSDP2 engine's, ``causal`` today, ``masked`` for runs before session 10;
+    ``rollout_slots``: the hf engine's, ``compact`` today, ``highest`` for runs before session 26).
 
     Returns:
         One row: ``mode``, ``gpus``, ``samples_per_s`` (the whole run, the preset's ``H200_WARMUP_S`` of first-step
@@ -68,7 +73,7 @@ def predict(mode: str, gpus: int, steps: int, args: argparse.Namespace, mode_con
     # weights, so the 494M random-init checkpoint is not built (it was 2 GB written per call)
     cfg = mode_config(mode, argparse.Namespace(**{**vars(args), "gpus": gpus, "backend": "hf", "simulate_only": True}))
     cfg.trainer.total_training_steps, cfg.trainer.total_time_s = steps, 0.0
-    res = simulate(cfg, h200_qwen25_05b_hf(sync, trainer_layout), rollout_gpus=rollout_gpus, train_gpus=train_gpus,
+    res = simulate(cfg, h200_qwen25_05b_hf(sync, trainer_layout, rollout_slots), rollout_gpus=rollout_gpus, train_gpus=train_gpus,
                    name=f"{mode}@{gpus}", max_rows=cfg.data.train_size)
     rows = res.history[min(2, max(0, len(res.history) - 3)):]  # run_mode's steady window
 
@@ -95,9 +100,9 @@ def simulate_measured(result: dict, args: argparse.Namespace, mode_config: Calla
     if args.backend != "hf":
         print(f"not simulated: the H200 cost model is of the hf engine, this run used --backend {args.backend}")
         return {}
-    out, layout = {}, result.get("trainer_layout", "masked")
+    out, layout, slots = {}, result.get("trainer_layout", "masked"), result.get("rollout_slots", "highest")
     for m, measured in result["modes"].items():
-        row = predict(m, args.gpus, max(1, measured["steps"]), args, mode_config, layout)
+        row = predict(m, args.gpus, max(1, measured["steps"]), args, mode_config, layout, slots)
         got, steady = measured["samples_per_s"], measured.get("steady_samples_per_s")
         out[m] = {**row, "without_contention_samples_per_s": None,
                   "error": row["samples_per_s"] / got - 1 if got else None,

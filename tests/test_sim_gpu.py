@@ -156,6 +156,43 @@ def test_static_slots_price_the_rows_up_to_the_highest_occupied_slot():
     assert paged_attn == pytest.approx(1e-3 * (10 + 10 ** 2 / 2) + 1e-3 * (20 + 20 ** 2 / 2))
 
 
+def test_compact_slots_price_the_bucket_above_the_running_count():
+    """Since session 26 the hf engine moves running requests to the lowest slots before each step
+    (``ContinuousBatcher.compact``): a long request left in slot 2 after two short ones finished runs alone."""
+    cost = RolloutCostModel(step_s=0.0, per_seq_s=1e-3, per_ctx_token_s=0.0, max_num_seqs=8, static_slots=True,
+                            compact_slots=True)
+    tail_high, _ = _generate(cost, 1, [10, 10, 20])  # 3 running: R = 4 for 10 iterations, then R = 1 for 10
+    five, _ = _generate(cost, 1, [10] * 4 + [20])  # 5 running: R = 8, then 1
+    assert tail_high == pytest.approx(0.050) and five == pytest.approx(0.090)
+    attn = replace(cost, per_seq_s=0.0, per_ctx_token_s=1e-3)  # every row still attends the longest context
+    t, _ = _generate(attn, 1, [10, 20, 20])  # R = 4 for 10 iterations, then R = 2 for 10
+    assert t == pytest.approx(1e-3 * (4 * (10 + 10 ** 2 / 2) + 2 * (10 + (20 ** 2 - 10 ** 2) / 2)))
+
+
+def test_rollout_slots_pick_the_engine_a_recorded_run_was_measured_on(bench, tmp_path):
+    """A ``--gpu`` result records ``rollout_slots`` since session 26; one without it ran the engine that
+    computed every slot up to the highest busy one, and is simulated so; today's is predicted faster on a long tail."""
+    import gpu_sim  # benchmarks/ is on the path (the bench fixture)
+
+    assert gpu_sim.ROLLOUT_SLOTS == "compact"
+    assert h200_qwen25_05b_hf("cuda_ipc").rollout.compact_slots
+    old = h200_qwen25_05b_hf("cuda_ipc", rollout_slots="highest")
+    assert not old.rollout.compact_slots and old.name == "h200-qwen2.5-0.5b-hf-cuda_ipc-highest-slot"
+    with pytest.raises(ValueError, match="rollout_slots must be one of"):
+        h200_qwen25_05b_hf("cuda_ipc", rollout_slots="lowest")
+    result = json.loads((REPO / "tests" / "data" / "avc_gpu_colocated_h200_s19_m192_1536.json").read_text())
+    assert "rollout_slots" not in result
+    argv = result["argv"]
+    args = _gpu_args(bench, tmp_path, gpus=1, simulate_only=False, gpu_max_tokens=1536, gpu_median_tokens=192, steps=8)
+    before = gpu_sim.simulate_measured({**result, "modes": {"colocated": result["modes"]["colocated"]}}, args,
+                                       bench.mode_config)["colocated"]
+    now = gpu_sim.simulate_measured({**result, "rollout_slots": "compact",
+                                     "modes": {"colocated": result["modes"]["colocated"]}}, args,
+                                    bench.mode_config)["colocated"]
+    assert "--gpu-max-tokens" in argv and before["gen_s"] == pytest.approx(7.65, rel=0.02)  # session 19's prediction
+    assert now["gen_s"] < 0.95 * before["gen_s"]
+
+
 def test_fsdp_updates_pad_every_row_to_the_steps_longest():
     from asyncrl.trainer.engine import Batch
 

@@ -220,10 +220,12 @@ def test_an_assignment_after_construction_is_checked_and_leaves_the_model_as_it_
 
 
 def test_every_preset_still_constructs():
-    from asyncrl.sim.presets import PRESETS, SYNC_S, TRAINER_LAYOUTS, cpu_embedded_vllm, h200_qwen25_05b_hf
+    from asyncrl.sim.presets import (PRESETS, ROLLOUT_SLOTS, SYNC_S, TRAINER_LAYOUTS, cpu_embedded_vllm,
+                                    h200_qwen25_05b_hf)
 
     built = [make() for make in PRESETS.values()] + [cpu_embedded_vllm(2)]
-    built += [h200_qwen25_05b_hf(s, layout) for s in SYNC_S for layout in TRAINER_LAYOUTS]
+    built += [h200_qwen25_05b_hf(s, layout, slots) for s in SYNC_S for layout in TRAINER_LAYOUTS
+              for slots in ROLLOUT_SLOTS]
     assert all(isinstance(c, ClusterCostModel) for c in built) and len(built) >= 7
 
 

@@ -164,6 +164,12 @@ class RolloutCostModel(_Checked):
     and every row attends over the longest running context ``K``, so it costs
     ``step_s + per_seq_s * R + per_ctx_token_s * R * K`` (``B`` and ``S`` of the paged form above
     replaced by ``R`` and ``R * K``). False: vLLM's paged form."""
+    compact_slots: bool = False
+    """With ``static_slots``: the engine moves its running requests down to the lowest slots before every
+    step (:meth:`asyncrl.rollout.hf_batch.ContinuousBatcher.compact`, since session 26), so ``R`` is the
+    power-of-two bucket above the *number* of running requests, wherever their slots were. False: the
+    engine before that change (a long request kept its slot, ``R`` followed the highest occupied one), for
+    the runs recorded with it."""
 
     per_iteration_s: Optional[dict] = None
     """Measured seconds per decode iteration by batch size ``{B: s}`` (a probe, prefill taken out), used

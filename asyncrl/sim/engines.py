@@ -140,12 +140,14 @@ class CostModelInferenceEngine:
     def _shape(self) -> tuple[int, float]:
         """``(rows, context)`` a decode iteration is priced at (:meth:`RolloutCostModel.decode_time`): the
         running sequences and their summed context; with ``static_slots`` (the hf engine) the rows up to
-        the power-of-two bucket above the highest occupied slot, each attending over the longest running
+        the power-of-two bucket above the highest occupied slot (``compact_slots``: above the number of running
+        requests, which the engine has moved to the lowest slots), each attending over the longest running
         context (``rows x longest``, which grows by ``rows`` per iteration: the same closed form)."""
         if not self.cost.static_slots or not self.running:
             return len(self.running), self._ctx
         reqs = self.running.values()
-        rows = min(self.cost.max_num_seqs, 1 << max(r.slot for r in reqs).bit_length())
+        top = len(reqs) - 1 if self.cost.compact_slots else max(r.slot for r in reqs)
+        rows = min(self.cost.max_num_seqs, 1 << top.bit_length())
         return rows, rows * (max(r.ctx0 - r.g0 for r in reqs) + self._g)
 
     def _reschedule(self) -> None:

@@ -163,6 +163,10 @@ row, session 5" run 3 (pause 5 ms + pack and load 107 ms + resume 7 ms; the load
 transfer 83.4 ms, then load + resume 8.7 ms."""
 TRAINER_LAYOUTS = tuple(_FSDP_UPDATES_S)
 """The FSDP2 engine's batch layouts the H200 preset can price (``causal``: today's engine)."""
+ROLLOUT_SLOTS = ("compact", "highest")
+"""The hf engine's slot layouts the H200 preset can price (:attr:`RolloutCostModel.compact_slots`): ``compact``
+(today's engine: running requests moved to the lowest slots each step, session 26) or ``highest`` (before: a
+step computed every slot up to the highest busy one; the recorded runs of sessions 5-19)."""
 
 
 def _fsdp_train(layout: str) -> TrainCostModel:
@@ -184,7 +188,8 @@ def _fsdp_train(layout: str) -> TrainCostModel:
                           padded=True, pad_to_step=True)
 
 
-def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal") -> ClusterCostModel:
+def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal",
+                       rollout_slots: str = "compact") -> ClusterCostModel:
     """The GPU workload of ``benchmarks/async_vs_colocate.py --gpu``: random-init Qwen2.5-0.5B shape (bf16),
     the ``hf`` rollout engine with CUDA-graph decode (one replica per H200, 256 KV slots) and the FSDP2
     trainer (one rank per H200, micro-batches of ``ppo_micro_batch_size`` rows padded to the step's longest,
@@ -220,24 +225,30 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal
     Args:
         sync_backend: ``cuda_ipc`` (colocated: trainer rank and replica on one GPU) or ``nccl``.
         trainer_layout: ``causal`` (the FSDP2 engine since session 10) or ``masked`` (before it).
+        rollout_slots: ``compact`` (the hf engine since session 26: a decode step computes the power-of-two bucket
+            above the running requests' count) or ``highest`` (before it: above the highest busy slot; every
+            constant above was measured on that engine, whose steps were full batches where they were measured).
 
     Raises:
-        ValueError: an unknown ``sync_backend`` or ``trainer_layout``.
+        ValueError: an unknown ``sync_backend``, ``trainer_layout`` or ``rollout_slots``.
     """
     if sync_backend not in SYNC_S:
         raise ValueError(f"sync_backend must be one of {sorted(SYNC_S)}, got {sync_backend!r}")
     if trainer_layout not in _FSDP_UPDATES_S:
         raise ValueError(f"trainer_layout must be one of {list(TRAINER_LAYOUTS)}, got {trainer_layout!r}")
+    if rollout_slots not in ROLLOUT_SLOTS:
+        raise ValueError(f"rollout_slots must be one of {list(ROLLOUT_SLOTS)}, got {rollout_slots!r}")
     attn = _HF_ATTN_SLOPE_S * _HF_KV_BUCKET_PAD
     step_s = _HF_STEP_256_S - 256 * 448 * _HF_ATTN_S - 256 * _HF_ROW_S
     per_row = _HF_ROW_S + 448 * (_HF_ATTN_S - _HF_ATTN_SLOPE_S)  # the attention's fixed part per row
     transfer, load = SYNC_S[sync_backend]
     suffix = "" if trainer_layout == "causal" else f"-{trainer_layout}"
+    suffix += "" if rollout_slots == "compact" else "-highest-slot"
     return ClusterCostModel(
         name=f"h200-qwen2.5-0.5b-hf-{sync_backend}{suffix}",
         rollout=RolloutCostModel(step_s=step_s, per_seq_s=per_row, per_ctx_token_s=attn,
                                  per_prefill_token_s=0.19 / 65536, weight_load_s=load, max_num_seqs=256,
-                                 static_slots=True),
+                                 static_slots=True, compact_slots=rollout_slots == "compact"),
         train=_fsdp_train(trainer_layout),
         sync=SyncCostModel(fixed_s=transfer),
         prompt_tokens=33,
