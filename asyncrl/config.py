@@ -315,6 +315,10 @@ def validate(cfg: ExperimentConfig) -> None:
     if "scheduling_policy" in vllm_kwargs:  # the config key's twin, passed to vLLM as it is: checked the same way
         check_choice("actor_rollout_ref.rollout.engine_kwargs.vllm.scheduling_policy", vllm_kwargs["scheduling_policy"],
                      CHOICES["actor_rollout_ref.rollout.scheduling_policy"])
+    threads = ((ro.engine_kwargs or {}).get("hf") or {}).get("decode_threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads={threads!r} is not valid: "
+                          "a whole number >= 1 (torch threads of a CPU decode step), or null for the process's")
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
     files_problem = validate_data_files(cfg.data)

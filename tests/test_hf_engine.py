@@ -461,3 +461,43 @@ def test_hf_backend_trains_end_to_end(ray_session, tmp_path):
     bound = sample_budget(cfg).staleness_bound
     assert versions and all(tv - lo <= bound for tv, lo, hi in versions), (bound, versions)
     assert stats[0]["backend"] == "hf" and stats[0]["weight_updates"] >= summary.param_version > 0
+
+
+def test_decode_steps_run_on_decode_threads_and_restore_the_process_setting(random_model_dir):
+    """CPU decode steps use ``decode_threads`` torch threads (default 1), prefill and the caller keep theirs;
+    the config key reaches the engine and a bad value is refused before any engine starts."""
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.rollout.backends import engine_kwargs_from_config
+    from asyncrl.rollout.hf_batch import ContinuousBatcher
+
+    seen: list[int] = []
+    step = ContinuousBatcher.step
+
+    def spy(self, *a, **k):
+        seen.append(torch.get_num_threads())
+        return step(self, *a, **k)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    ContinuousBatcher.step = spy
+    try:
+        counts = {}
+        for threads in (1, None, 2):
+            seen.clear()
+            run(dict(model_path=str(random_model_dir), max_num_seqs=4, max_model_len=64, decode_threads=threads),
+                lambda eng: _gather(eng, PROMPTS[:3], sp))
+            counts[threads] = set(seen)
+            assert torch.get_num_threads() == 2  # restored after every step
+    finally:
+        ContinuousBatcher.step = step
+        torch.set_num_threads(before)
+    assert counts == {1: {1}, None: {2}, 2: {2}}
+    with pytest.raises(ValueError, match="decode_threads"):
+        HFEngine(model_path=str(random_model_dir), decode_threads=0)
+    base = ["actor_rollout_ref.rollout.name=hf"]
+    assert "decode_threads" not in engine_kwargs_from_config(load_config(overrides=base))  # the engine's default, 1
+    kw = engine_kwargs_from_config(load_config(overrides=base + ["actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads=2"]))
+    assert kw["decode_threads"] == 2
+    with pytest.raises(ConfigError, match="engine_kwargs.hf.decode_threads=0 is not valid"):
+        load_config(overrides=base + ["actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads=0"])

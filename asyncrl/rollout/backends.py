@@ -66,6 +66,7 @@ def engine_kwargs_from_config(cfg: Any, replica_rank: int = 0, max_model_len: Op
             kw["device"] = "cuda"
         if arr.rollout.load_format != "auto":
             kw["load_format"] = arr.rollout.load_format
+        kw.update(dict((arr.rollout.engine_kwargs or {}).get("hf") or {}))  # HFEngine's own settings (decode_threads)
     if arr.rollout.name == "vllm":
         extra = {} if arr.rollout.load_format == "auto" else {"load_format": arr.rollout.load_format}
         extra.update(dict((arr.rollout.engine_kwargs or {}).get("vllm") or {}))  # verl's rollout.engine_kwargs.vllm

@@ -29,6 +29,7 @@ from typing import Any, Literal, Optional, Sequence
 import torch
 
 from asyncrl.api import InferenceEngine
+from asyncrl.compute_thread import run_compute
 from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, eos_token_ids,
                                   request_priority)
 from asyncrl.rollout.engine_stats import IterationWindow
@@ -66,6 +67,13 @@ class HFEngine(InferenceEngine):
         max_prefill_tokens: padded prompt tokens per prefill forward.
         load_format: ``auto`` reads the checkpoint; ``dummy`` random-inits from its config.json
             (vLLM's name; the first weight sync delivers the weights).
+        decode_threads: torch intra-op threads of a decode step on CPU (``None``: the process's). Default 1:
+            on the embedded models a decode step's ops are microseconds long, and a second OpenMP thread
+            gains nothing on a quiet box (7.3 ms per step at 256 rows either way) while each of its ~100
+            barriers per step waits whenever anything else holds the other core: the colocated trainer
+            decoded at 2.2 ms per step with 2 threads, 1.4-1.6 ms with 1 (``benchmarks/RESULTS.md``, session
+            27). Prefill and the trainer's passes keep the process's threads. Ignored on CUDA. Set it from a
+            config with ``actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads``.
     """
 
     num_weight_workers = 1
@@ -75,13 +83,16 @@ class HFEngine(InferenceEngine):
                  max_model_len: Optional[int] = None,
                  kv_cache_gb: Optional[float] = None, gpu_memory_utilization: Optional[float] = None,
                  cuda_graphs: bool = True, max_prefill_tokens: int = 16384, load_format: str = "auto",
-                 iteration_stats: bool = True, **_: Any):
+                 iteration_stats: bool = True, decode_threads: Optional[int] = 1, **_: Any):
         self.model_path = str(model_path)
         self.load_format = load_format
         self.dtype = getattr(torch, dtype)
         self.device = resolve_device(device)
         self.seed = seed
         self.torch_threads = torch_threads
+        if decode_threads is not None and (isinstance(decode_threads, bool) or int(decode_threads) < 1):
+            raise ValueError(f"decode_threads must be a whole number >= 1 or None, got {decode_threads!r}")
+        self.decode_threads = None if decode_threads is None else int(decode_threads)
         self.max_num_seqs = max(1, int(max_num_seqs or 256))
         self.scheduling_policy = check_scheduling_policy(scheduling_policy)
         self.max_model_len = max_model_len
@@ -141,7 +152,7 @@ class HFEngine(InferenceEngine):
             lm = StaticCacheLM(self.model, self._num_slots(), self.max_model_len)
             self.batcher = ContinuousBatcher(lm, cuda_graphs=self.cuda_graphs, max_prefill_tokens=self.max_prefill_tokens)
 
-        await asyncio.to_thread(load)
+        await run_compute(load)
         self._ensure_loop()
         logger.info("HF engine ready: %s on %s, %d slots x %d positions, cuda_graphs=%s", self.model_path,
                     self.device, self.batcher.lm.num_slots, self.max_model_len, self.batcher.cuda_graphs)
@@ -272,7 +283,7 @@ class HFEngine(InferenceEngine):
                     stepping = not self._frozen and (self.batcher.num_active > 0 or bool(admit))
                     if stepping:
                         try:
-                            finished = await asyncio.to_thread(self._iterate, admit)
+                            finished = await run_compute(self._iterate, admit)
                         except Exception as exc:  # a failed step fails its requests, not the engine
                             logger.exception("HF engine step failed")
                             self._fail(admit, exc)
@@ -289,11 +300,22 @@ class HFEngine(InferenceEngine):
         t0, active = time.perf_counter(), self.batcher.num_active
         finished = self.batcher.add(admit, version) if admit else []
         stepped = self.batcher.num_active  # the admitted rows' first tokens came from their prefill
-        finished += self.batcher.step(version)
+        finished += self._decode(version)
         if self.iteration_window is not None:
             self.iteration_window.record(time.perf_counter() - t0, active + len(admit), len(admit) + stepped,
                                          sum(len(r.prompt_ids) for r in admit))
         return finished
+
+    def _decode(self, version: int) -> list[Finished]:
+        """One decode step, on ``decode_threads`` torch threads on CPU (the calling thread's setting restored)."""
+        threads = torch.get_num_threads()
+        if self.decode_threads is None or self.device.type != "cpu" or self.decode_threads == threads:
+            return self.batcher.step(version)
+        torch.set_num_threads(self.decode_threads)
+        try:
+            return self.batcher.step(version)
+        finally:
+            torch.set_num_threads(threads)
 
     def _fail(self, admit: list[SlotRequest], exc: Exception) -> None:
         ids = {r.request_id for r in admit} | set(self.batcher.active_ids())

@@ -38,6 +38,7 @@ from typing import Any, Optional
 import torch
 
 from asyncrl.accounting import Ledger
+from asyncrl.compute_thread import on_compute_thread, run_compute
 from asyncrl.config import ExperimentConfig
 from asyncrl.cpu_affinity import pin_process
 from asyncrl.failures import raise_if_rollout_stopped
@@ -95,18 +96,21 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         actor, al = config.actor_rollout_ref.actor, config.algorithm
         self.with_reference = actor.use_kl_loss or al.use_kl_in_reward
         # strategy cpu: TrainEngine here; fsdp2: a TrainWorkerGroup (also the sender). Checkpoint engine from config.
-        self.engine, self.weight_sender = build_train_engine(config, list(replicas.values()), worker_options)
+        # the models are built on the compute thread, where their passes run: one OpenMP team (compute_thread.py)
+        self.engine, self.weight_sender = on_compute_thread(build_train_engine, config, list(replicas.values()),
+                                                            worker_options)
         if local_rollout is not None:  # hybrid_engine + hf on CPU: rollout in this process (trainer/hybrid_rollout.py)
             from asyncrl.trainer.hybrid_rollout import build_local_rollout
 
-            self.rollouter, self.replicas, self.weight_sender = build_local_rollout(self, message_queue, **local_rollout)
+            self.rollouter, self.replicas, self.weight_sender = on_compute_thread(build_local_rollout, self, message_queue,
+                                                                                  **local_rollout)
             replicas = self.replicas
         self.critic = None
         if al.adv_estimator == "gae":
             from asyncrl.trainer.critic import CriticEngine
 
             cr = config.critic
-            self.critic = CriticEngine(cr.model.path or config.actor_rollout_ref.model.path,
+            self.critic = on_compute_thread(CriticEngine, cr.model.path or config.actor_rollout_ref.model.path,
                                        **optim_kwargs(self.cfg, cr.optim, cr.ppo_epochs),
                                        dtype=config.actor_rollout_ref.model.dtype,
                                        micro_batch_size=cr.ppo_micro_batch_size, seed=config.trainer.seed)
@@ -229,7 +233,8 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         # trainer's path when asked after the sync) are answered while the update runs
         rollout_metrics = asyncio.ensure_future(self._rollout_metrics())
         rollout_metrics.add_done_callback(lambda t: t.cancelled() or t.exception())  # a step that raises never awaits it
-        batch = collate([o for s in samples for o in s.outputs], [s.uid for s in samples for _ in s.outputs])
+        batch = await run_compute(collate, [o for s in samples for o in s.outputs],
+                                  [s.uid for s in samples for _ in s.outputs])
         t_collated = time.time()
         metrics: dict[str, float] = {}
         # 2. reward: the rollouter's rule scores, plus the overlong penalty (DAPO) when enabled
@@ -238,7 +243,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         if al.rollout_correction.bypass_mode:
             old_log_probs = batch.rollout_log_probs
         else:
-            old_log_probs = await asyncio.to_thread(self.engine.compute_log_probs, batch)
+            old_log_probs = await run_compute(self.engine.compute_log_probs, batch)
             is_weights, keep, corr = rollout_correction(old_log_probs, batch.rollout_log_probs,
                                                         batch.response_mask, al.rollout_correction)
             batch.response_mask = batch.response_mask * keep  # rejected tokens leave the loss
@@ -246,9 +251,9 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                 batch.extras["is_weights"] = is_weights
             metrics.update(corr)
         # 4. reference log-probs (KL loss / KL in the reward) and values (critic, gae)
-        ref_log_probs = (await asyncio.to_thread(self.engine.compute_ref_log_probs, batch)
+        ref_log_probs = (await run_compute(self.engine.compute_ref_log_probs, batch)
                          if self.with_reference else None)
-        values = await asyncio.to_thread(self.critic.compute_values, batch) if self.critic else None
+        values = await run_compute(self.critic.compute_values, batch) if self.critic else None
         # 5. advantages from token-level rewards (minus beta * KL(old || ref) with use_kl_in_reward)
         token_rewards, kl_metrics = token_level_rewards(scores, batch.response_mask, old_log_probs, ref_log_probs,
                                                         self.kl_ctrl, al.kl_penalty)
@@ -265,7 +270,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         updates_before = self.updates
         t_adv = time.time()
         async with self._weights_lock:  # a replica rejoining now waits for the step's weights
-            metrics.update(await asyncio.to_thread(self._update, batch))
+            metrics.update(await run_compute(self._update, batch))
         t_actor = time.time()
         if self.global_steps >= cfg.trainer.critic_warmup:  # the actor was updated (see _update)
             n_updates = cfg.async_training.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs

@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import torch
 
+from asyncrl.compute_thread import run_compute
 from asyncrl.rollout.hf_backend import HFEngine
 from asyncrl.rollout.hf_batch import ContinuousBatcher
 from asyncrl.rollout.hf_forward import StaticCacheLM
@@ -104,7 +105,7 @@ class SharedModuleHFEngine(HFEngine):
         """The module's weights become parameter version ``version`` (between engine steps)."""
         self._ensure_loop()
         async with self._lock:
-            self.refresh()
+            await run_compute(self.refresh)  # on the thread the steps run on (asyncrl.compute_thread)
             self.param_version = int(version)
 
     async def shutdown(self) -> None:
@@ -157,8 +158,9 @@ def build_local_rollout(trainer: Any, message_queue: Any, train_rows: list[dict]
 
     cfg = trainer.cfg
     kw = engine_kwargs_from_config(cfg)
+    keys = ("seed", "max_num_seqs", "max_model_len", "kv_cache_gb", "iteration_stats", "decode_threads")
     engine = SharedModuleHFEngine(trainer.engine.model, cfg.actor_rollout_ref.model.path,
-                                  **{k: kw[k] for k in ("seed", "max_num_seqs", "max_model_len", "kv_cache_gb", "iteration_stats")})
+                                  **{k: kw[k] for k in keys if k in kw})
     replicas = {SERVER_ID: LocalActorHandle(LocalReplica(engine))}
     rollouter = FullyAsyncRollouter(cfg, train_rows, val_rows, replicas, LocalRequestLoadBalancer(replicas),
                                     message_queue, resume)
