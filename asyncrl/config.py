@@ -318,7 +318,7 @@ def validate(cfg: ExperimentConfig) -> None:
     threads = ((ro.engine_kwargs or {}).get("hf") or {}).get("decode_threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads={threads!r} is not valid: "
-                          "a whole number >= 1 (torch threads of a CPU decode step), or null for the process's")
+                          "a whole number >= 1 (torch threads of a CPU decode step), or null (one thread for small steps)")
     if at.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
     files_problem = validate_data_files(cfg.data)

@@ -171,7 +171,7 @@ class RolloutConfig:
     fields passed as they are (e.g. ``max_num_batched_tokens: 4096``); they win over the keys above. An unknown
     field is vLLM's ``TypeError`` at the replica's start. vLLM-CPU overrides some (``distributed_executor_backend:
     uni`` runs as ``mp`` there). ``hf`` holds :class:`asyncrl.rollout.hf_backend.HFEngine` settings the keys above do
-    not set, e.g. ``decode_threads`` (torch threads of a CPU decode step, default 1)."""
+    not set, e.g. ``decode_threads`` (torch threads of a CPU decode step; default null: one for small steps)."""
     gpu_memory_utilization: float = 0.5
     """GPU memory fraction of a replica, in (0, 1] (vLLM; hf: weights + KV-cache slots). Ignored on CPU."""
     cpu_kvcache_space_gb: float = 1.0

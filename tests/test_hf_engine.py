@@ -464,10 +464,12 @@ def test_hf_backend_trains_end_to_end(ray_session, tmp_path):
 
 
 def test_decode_steps_run_on_decode_threads_and_restore_the_process_setting(random_model_dir):
-    """CPU decode steps use ``decode_threads`` torch threads (default 1), prefill and the caller keep theirs;
-    the config key reaches the engine and a bad value is refused before any engine starts."""
+    """CPU decode steps use ``decode_threads`` torch threads; by default (None) one thread for a step under
+    DECODE_SERIAL_FLOPS (every step of a tiny model), the process's above it; the caller's setting is restored
+    after every step; the config key reaches the engine and a bad value is refused before any engine starts."""
     from asyncrl.config import ConfigError, load_config
     from asyncrl.rollout.backends import engine_kwargs_from_config
+    from asyncrl.rollout.hf_backend import DECODE_SERIAL_FLOPS
     from asyncrl.rollout.hf_batch import ContinuousBatcher
 
     seen: list[int] = []
@@ -477,26 +479,32 @@ def test_decode_steps_run_on_decode_threads_and_restore_the_process_setting(rand
         seen.append(torch.get_num_threads())
         return step(self, *a, **k)
 
+    async def big_model(eng):  # priced as a model whose every step is over the bound
+        eng._n_params = int(DECODE_SERIAL_FLOPS)
+        return await _gather(eng, PROMPTS[:3], sp)
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     ContinuousBatcher.step = spy
     try:
         counts = {}
-        for threads in (1, None, 2):
+        for threads, body in ((1, None), (None, None), (2, None), ("auto, large", big_model)):
             seen.clear()
-            run(dict(model_path=str(random_model_dir), max_num_seqs=4, max_model_len=64, decode_threads=threads),
-                lambda eng: _gather(eng, PROMPTS[:3], sp))
+            kw = dict(model_path=str(random_model_dir), max_num_seqs=4, max_model_len=64)
+            if not isinstance(threads, str):
+                kw["decode_threads"] = threads
+            run(kw, body or (lambda eng: _gather(eng, PROMPTS[:3], sp)))
             counts[threads] = set(seen)
             assert torch.get_num_threads() == 2  # restored after every step
     finally:
         ContinuousBatcher.step = step
         torch.set_num_threads(before)
-    assert counts == {1: {1}, None: {2}, 2: {2}}
+    assert counts == {1: {1}, None: {1}, 2: {2}, "auto, large": {2}}
     with pytest.raises(ValueError, match="decode_threads"):
         HFEngine(model_path=str(random_model_dir), decode_threads=0)
     base = ["actor_rollout_ref.rollout.name=hf"]
-    assert "decode_threads" not in engine_kwargs_from_config(load_config(overrides=base))  # the engine's default, 1
+    assert "decode_threads" not in engine_kwargs_from_config(load_config(overrides=base))  # the engine's default
     kw = engine_kwargs_from_config(load_config(overrides=base + ["actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads=2"]))
     assert kw["decode_threads"] == 2
     with pytest.raises(ConfigError, match="engine_kwargs.hf.decode_threads=0 is not valid"):

@@ -43,6 +43,14 @@ from asyncrl.sync.receiver import ModelWeightReceiver, model_tensors
 
 logger = logging.getLogger(__name__)
 
+DECODE_SERIAL_FLOPS = 2e9
+"""A CPU decode step below this many FLOPs (``2 x parameters x rows``) runs on one torch thread
+(``HFEngine(decode_threads=None)``). Measured (``benchmarks/RESULTS.md``, session 27): the embedded 0.56M-parameter
+models decode at the same speed on one and two threads at 4-256 rows (up to 0.29 GFLOP a step) on a quiet box,
+and inside the colocated trainer one thread decoded at 1.4-1.6 ms per step against 2.1-2.2 (each of a step's ~100
+microsecond-long OpenMP regions waits at its barrier when the other core is busy); SmolLM2-135M-Instruct decodes
+alike at 4 rows (1.1 GFLOP) and 1.2x / 1.35x / 1.85x faster on two threads at 16 / 64 / 128 rows (4.3+ GFLOP)."""
+
 
 class HFEngine(InferenceEngine):
     """A transformers ``AutoModelForCausalLM`` serving token ids with continuous batching.
@@ -67,13 +75,10 @@ class HFEngine(InferenceEngine):
         max_prefill_tokens: padded prompt tokens per prefill forward.
         load_format: ``auto`` reads the checkpoint; ``dummy`` random-inits from its config.json
             (vLLM's name; the first weight sync delivers the weights).
-        decode_threads: torch intra-op threads of a decode step on CPU (``None``: the process's). Default 1:
-            on the embedded models a decode step's ops are microseconds long, and a second OpenMP thread
-            gains nothing on a quiet box (7.3 ms per step at 256 rows either way) while each of its ~100
-            barriers per step waits whenever anything else holds the other core: the colocated trainer
-            decoded at 2.2 ms per step with 2 threads, 1.4-1.6 ms with 1 (``benchmarks/RESULTS.md``, session
-            27). Prefill and the trainer's passes keep the process's threads. Ignored on CUDA. Set it from a
-            config with ``actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads``.
+        decode_threads: torch intra-op threads of a decode step on CPU. ``None`` (default): one thread for a step
+            of fewer than :data:`DECODE_SERIAL_FLOPS` (``2 x parameters x rows``), else the process's; a number:
+            always that many. Prefill and the trainer keep the process's threads. Ignored on CUDA. Config:
+            ``actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads``.
     """
 
     num_weight_workers = 1
@@ -83,7 +88,7 @@ class HFEngine(InferenceEngine):
                  max_model_len: Optional[int] = None,
                  kv_cache_gb: Optional[float] = None, gpu_memory_utilization: Optional[float] = None,
                  cuda_graphs: bool = True, max_prefill_tokens: int = 16384, load_format: str = "auto",
-                 iteration_stats: bool = True, decode_threads: Optional[int] = 1, **_: Any):
+                 iteration_stats: bool = True, decode_threads: Optional[int] = None, **_: Any):
         self.model_path = str(model_path)
         self.load_format = load_format
         self.dtype = getattr(torch, dtype)
@@ -93,6 +98,7 @@ class HFEngine(InferenceEngine):
         if decode_threads is not None and (isinstance(decode_threads, bool) or int(decode_threads) < 1):
             raise ValueError(f"decode_threads must be a whole number >= 1 or None, got {decode_threads!r}")
         self.decode_threads = None if decode_threads is None else int(decode_threads)
+        self._n_params: Optional[int] = None  # the model's, counted at the first decode step
         self.max_num_seqs = max(1, int(max_num_seqs or 256))
         self.scheduling_policy = check_scheduling_policy(scheduling_policy)
         self.max_model_len = max_model_len
@@ -309,9 +315,16 @@ class HFEngine(InferenceEngine):
     def _decode(self, version: int) -> list[Finished]:
         """One decode step, on ``decode_threads`` torch threads on CPU (the calling thread's setting restored)."""
         threads = torch.get_num_threads()
-        if self.decode_threads is None or self.device.type != "cpu" or self.decode_threads == threads:
+        if self.device.type != "cpu":
             return self.batcher.step(version)
-        torch.set_num_threads(self.decode_threads)
+        want = self.decode_threads
+        if want is None:
+            if self._n_params is None:
+                self._n_params = sum(p.numel() for p in self.model.parameters())
+            want = 1 if 2 * self._n_params * self.batcher.num_active < DECODE_SERIAL_FLOPS else threads
+        if want == threads:
+            return self.batcher.step(version)
+        torch.set_num_threads(want)
         try:
             return self.batcher.step(version)
         finally:
