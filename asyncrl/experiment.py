@@ -120,7 +120,7 @@ class Experiment:
         from asyncrl.rollout.replica import RolloutReplica
         from asyncrl.rollouter import FullyAsyncRollouter
         from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
-        from asyncrl.trainer.hybrid_rollout import RolloutForward, in_process_rollout
+        from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
         cfg = self.config
         self.t_start = time.time()
@@ -140,7 +140,7 @@ class Experiment:
             self.lb = GlobalRequestLoadBalancer(self.replicas)
         else:  # agent loops run inside the rollouter: route in-process, no actor hop per request
             self.lb = LocalRequestLoadBalancer(self.replicas)
-        self.mq = MessageQueue(self.budget.max_required_samples)
+        self.mq = None if local else MessageQueue(self.budget.max_required_samples)  # local: the trainer's own
         resume = None
         if self.resume_from is not None:
             from asyncrl.checkpoint.trainer_state import rollouter_resume
@@ -157,9 +157,11 @@ class Experiment:
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64, **trainer_env(cfg)).remote(
             cfg, self.mq, self.rollouter, self.replicas, worker_opts, str(self.run_dir),
             str(self.resume_from) if self.resume_from else None, logging.getLogger("asyncrl").getEffectiveLevel(),
-            {"train_rows": train, "val_rows": val, "resume": resume} if local else None)
-        if local:  # the rollouter body lives in the trainer actor: calls go through it
+            {"train_rows": train, "val_rows": val, "resume": resume, "queue_maxsize": self.budget.max_required_samples}
+            if local else None)
+        if local:  # the rollouter and queue bodies live in the trainer actor: calls go through it
             self.rollouter = RolloutForward(self.trainer)
+            self.mq = MessageQueue.from_handle(QueueForward(self.trainer), self.budget.max_required_samples)
         else:
             ray.get(self.rollouter.attach_trainer.remote(self.trainer))  # restarted replicas rejoin through it
         if (self._external_replicas or cfg.actor_rollout_ref.rollout.load_format == "dummy"

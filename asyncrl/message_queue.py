@@ -136,9 +136,13 @@ class MessageQueue:
         maxsize: capacity in samples (prompt groups); the rollouter's ``max_required_samples``.
         actor_options: extra ``ray.remote`` options (``name``, ``namespace``, ...).
 
-    Producers call :meth:`put_sample_async` with an object ref (``ray.put(sample)``); consumers
-    call :meth:`get_samples_async` and ``ray.get`` the returned refs.
+    Producers call :meth:`put_payload_async` with the sample (or :meth:`put_sample_async` with an object ref,
+    ``ray.put(sample)``); consumers call :meth:`get_samples_async`, which returns the payloads.
     """
+
+    in_process = False
+    """True for a queue whose producer and consumer share its process (:meth:`from_handle`): samples are handed
+    over as the objects themselves, nothing serialized."""
 
     def __init__(self, maxsize: int, actor_options: Optional[dict] = None):
         opts = {"num_cpus": 0, "max_concurrency": 1000}
@@ -147,12 +151,27 @@ class MessageQueue:
         self.actor = ray.remote(_MessageQueueActor).options(**opts).remote(maxsize)
 
     @classmethod
-    def from_handle(cls, handle: Any, maxsize: int) -> "MessageQueue":
+    def from_handle(cls, handle: Any, maxsize: int, in_process: bool = False) -> "MessageQueue":
+        """A client on an existing queue: a Ray actor handle, or any object with the same ``.method.remote()``
+        calls (an in-process body: ``asyncrl.sim.handles.LocalActorHandle``; a driver's forwarder). ``in_process``:
+        the rollouter and trainer using this client run in the queue's process and event loop (see
+        :attr:`in_process`)."""
         self = cls.__new__(cls)
-        self.actor, self.maxsize = handle, maxsize
+        self.actor, self.maxsize, self.in_process = handle, maxsize, in_process
         return self
 
     # producer side
+    async def put_payload_async(self, sample: Any, timeout: Optional[float] = None) -> bool:
+        """Enqueue one sample: put in Ray's object store once here and fetched once by the consumer, or, on an
+        :attr:`in_process` queue, handed over as the object (an already-resolved future: no ``ray.put``, no
+        copy). Waits while full; returns False on timeout; raises :class:`QueueShutdown` after shutdown."""
+        if self.in_process:
+            ref: Any = asyncio.get_running_loop().create_future()
+            ref.set_result(sample)
+        else:
+            ref = ray.put(sample)
+        return await self.put_sample_async(ref, timeout)
+
     async def put_sample_async(self, sample_ref: ray.ObjectRef, timeout: Optional[float] = None) -> bool:
         """Enqueue a sample ref; waits while full. Raises :class:`QueueShutdown` after shutdown."""
         return await self.actor.put_sample.remote([sample_ref], timeout)

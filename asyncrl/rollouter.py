@@ -9,7 +9,7 @@
                                             admission not closed (the trainer's last batch fetched)]
                                        --spawn--> active_tasks
     process_sample n x agent loop (generate via FullyAsyncLLMServerClient) -> reward
-                   --ray.put--> MessageQueue.put_sample  (waits while the queue is full)
+                   --put_payload--> MessageQueue.put_sample  (waits while the queue is full)
 
     trainer sync:  pause_for_sync()   partial_rollout: replicas pause(partial_rollout_mode: abort -> clients
                                       wait + resubmit; keep -> requests frozen with their KV cache)
@@ -276,7 +276,7 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
             sample.timings["enqueued"] = time.time()
             putting = True  # from here the queue accounts for it: queued (trained / unconsumed) or queue_shutdown
             self.failures.success()
-            await self.mq.put_sample_async(ray.put(sample))
+            await self.mq.put_payload_async(sample)
             self.counts["enqueued"] += 1
             self.ledger.record("enqueued", seq)
             self.recent_trajectories.append(sample)  # decoded for the inspector when asked, not per sample
@@ -302,7 +302,8 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
             self._drop("aborted_no_partial_rollout", seq)
             await self.release_budget()
         except Exception as exc:  # reported and accounted, never silently lost
-            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.as_instanceof_cause(), QueueShutdown):
+            cause = exc.as_instanceof_cause() if isinstance(exc, ray.exceptions.RayTaskError) else exc
+            if isinstance(cause, QueueShutdown):  # from the queue actor, or raised in process (an in-process queue)
                 self._drop("queue_shutdown", seq, count=False)  # the MessageQueue counted it
                 return
             key = self.failures.record(exc, uid, index=index, **_group(exc))

@@ -10,7 +10,7 @@ import ray
 import torch
 
 from asyncrl.rollout.base import SamplingParams
-from asyncrl.trainer.hybrid_rollout import RolloutForward, SharedModuleHFEngine, SharedWeightsSender, in_process_rollout
+from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, SharedModuleHFEngine, SharedWeightsSender, in_process_rollout
 
 
 def _greedy_reference(model, prompt: list[int], n: int) -> list[int]:
@@ -82,14 +82,17 @@ def test_hybrid_engine_hf_trains_in_the_trainer_process(ray_session, tmp_path):
     try:
         exp.start()
         assert isinstance(exp.rollouter, RolloutForward) and exp.replicas == {}
+        assert isinstance(exp.mq.actor, QueueForward)  # the queue body is the trainer's too: no queue actor
         summary = exp.wait(progress=False)
         history = ray.get(exp.trainer.status.remote())["history"]
+        queue = exp.status()["message_queue"]  # its counters reach the driver through the trainer
         trajectories = ray.get(exp.rollouter.trajectories.remote(8))
     finally:
         exp.stop()
     acc = summary.accounting
     assert acc["balanced"] and acc["failed_total"] == 0, acc
     assert acc["trained"] == 3 * sample_budget(cfg).required_samples
+    assert queue["gets"] == acc["trained"] and queue["puts"] >= queue["gets"] and queue["shutdown"], queue
     assert summary.param_version == 3 and set(summary.lag_counts) == {0}  # every token on-policy
     assert all(r["timing/gen_s"] > 0 and "sync/refresh_s" in r for r in history), history[-1]
     assert trajectories and summary.accuracy_after is not None  # the final evaluation ran on the shared engine

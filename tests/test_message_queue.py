@@ -86,3 +86,45 @@ def test_async_api(ray_up):
 
     assert asyncio.run(main()) == [7]
     q.shutdown()
+
+
+def test_put_payload_goes_through_the_object_store_of_an_actor_queue(ray_up):
+    q = MessageQueue(maxsize=2)
+
+    async def main():
+        await q.put_payload_async({"group": [1, 2, 3]})
+        return (await q.actor.get_samples.remote(1))[0][0]
+
+    inner = asyncio.run(main())
+    value = ray.get(inner)
+    assert isinstance(inner, ray.ObjectRef) and value == {"group": [1, 2, 3]}
+    q.shutdown()
+
+
+def test_an_in_process_queue_hands_over_the_object_itself(monkeypatch):
+    """trainer/hybrid_rollout.in_process_queue: producer and consumer in the queue's process; the consumer gets
+    the producer's object (no ray.put, no copy), with the actor body's bound, FIFO, counters and shutdown."""
+    import asyncrl.message_queue as mq_mod
+    from asyncrl.trainer.hybrid_rollout import in_process_queue
+
+    def no_put(*_, **__):
+        raise AssertionError("an in-process queue must not ray.put")
+
+    monkeypatch.setattr(mq_mod.ray, "put", no_put)
+    q = in_process_queue(2)
+    a, b, c = {"uid": "a"}, {"uid": "b"}, {"uid": "c"}
+
+    async def main():
+        await q.put_payload_async(a)
+        await q.put_payload_async(b)
+        assert await q.put_payload_async(c, timeout=0.05) is False  # full
+        got = await q.get_samples_async(2)
+        await q.put_payload_async(c)
+        assert await q.shutdown_async() == 1  # c: unconsumed
+        with pytest.raises(QueueShutdown):
+            await q.put_payload_async(c)
+        return got, await q.stats_async()
+
+    got, st = asyncio.run(main())
+    assert got[0] is a and got[1] is b
+    assert (st.puts, st.gets, st.shutdown) == (3, 2, True) and st.drop_reasons == {"unconsumed_at_shutdown": 1, "queue_shutdown": 1}

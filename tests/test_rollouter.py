@@ -52,13 +52,13 @@ class FakePool:
 
 
 class FakeQueue:
-    """In-process stand-in for the MessageQueue client (stores the refs)."""
+    """In-process stand-in for the MessageQueue client (stores the samples)."""
 
     def __init__(self):
         self.items = []
 
-    async def put_sample_async(self, ref):
-        self.items.append(ref)
+    async def put_payload_async(self, sample):
+        self.items.append(sample)
         return True
 
     async def size_async(self):
@@ -224,7 +224,7 @@ class FakeFullQueue(FakeQueue):
         self.space = asyncio.Event()
         self.pending = []
 
-    async def put_sample_async(self, ref):
+    async def put_payload_async(self, ref):
         task = asyncio.ensure_future(self._put(ref))  # the remote call, independent of the caller
         self.pending.append(task)
         return await asyncio.shield(task)
@@ -251,6 +251,26 @@ def test_cancelled_while_the_queue_is_full_is_counted_once(ray_session):
     acc, queued = asyncio.run(main())
     assert queued == 3 and acc["dropped"].get("aborted_at_shutdown", 0) == 0, acc
     assert acc["taken"] == queued + sum(acc["dropped"].values()) + sum(acc["failed"].values()), acc
+
+
+def test_a_shutdown_in_process_queue_drops_the_waiting_puts_as_queue_shutdown_not_failures():
+    """The colocated hf run's queue lives in the trainer's process (trainer/hybrid_rollout.in_process_queue): its
+    QueueShutdown reaches the rollouter as itself, not inside a RayTaskError, and is the same drop."""
+    from asyncrl.trainer.hybrid_rollout import in_process_queue
+
+    async def main():
+        cfg, ro, replica, _ = _make()  # budget: 3 groups may be out
+        q = ro.mq = in_process_queue(1)  # room for one: two puts wait
+        await ro.start()
+        await _settle(ro, lambda: q.actor.body.waiting_putters == 2)
+        assert await q.shutdown_async() == 1
+        await _settle(ro, lambda: q.actor.body.waiting_putters == 0)
+        acc = await ro.stop()
+        return acc, await q.stats_async()
+
+    acc, st = asyncio.run(main())
+    assert acc["failed"] == {} and acc["enqueued"] == 1, acc
+    assert st.drop_reasons == {"unconsumed_at_shutdown": 1, "queue_shutdown": 2} and st.puts == 1, st
 
 
 class FakeBrokenReplica(FakeGatedReplica):

@@ -313,7 +313,7 @@ async def _simulate(cfg: ExperimentConfig, cost: ClusterCostModel, n_replicas: i
         replicas = {f"replica_{i}": LocalActorHandle(_ReplicaActor("sim", {**kwargs, "name": f"replica_{i}"}, i))
                     for i in range(n_replicas)}
         mq = MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(budget.max_required_samples)),
-                                      budget.max_required_samples)
+                                      budget.max_required_samples, in_process=True)
         rollouter = FullyAsyncRollouter(cfg, train, val, replicas, LocalRequestLoadBalancer(replicas), mq)
         uids = random.Random(cfg.trainer.seed)  # request ids (which draw the lengths) repeat from run to run
         rollouter.new_uid = lambda: f"{uids.getrandbits(48):012x}"

@@ -67,14 +67,15 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
 
     Args:
         config: experiment config.
-        message_queue: :class:`~asyncrl.message_queue.MessageQueue`.
+        message_queue: :class:`~asyncrl.message_queue.MessageQueue`; ``None`` with ``local_rollout``: one in this
+            process (:func:`asyncrl.trainer.hybrid_rollout.in_process_queue`).
         rollouter: FullyAsyncRollouter actor handle (pause/resume/reset_staleness).
         replicas: ``{server_id: RolloutReplica handle}`` receiving weights.
         worker_options: ``ray.remote`` options of the fsdp2 ranks (placement, GPUs); see
             :func:`asyncrl.trainer.factory.build_train_engine`.
         run_dir: artifact directory: ``metrics.csv`` and the loggers stream there, checkpoints go to
             ``<run_dir>/checkpoints``; ``None`` keeps the rows in memory only.
-        local_rollout: ``{"train_rows", "val_rows", "resume"}``: build the rollouter and an hf engine over
+        local_rollout: ``{"train_rows", "val_rows", "resume", "queue_maxsize"}``: build the rollouter and an hf engine over
             the actor module in this process (:mod:`asyncrl.trainer.hybrid_rollout`; ``rollouter`` is then None).
         resume_dir: a ``global_step_<N>`` checkpoint to continue from (step ``N + 1`` is next).
         log_level: level of the ``asyncrl`` loggers in this actor (the driver's, so ``console``
@@ -100,9 +101,13 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         self.engine, self.weight_sender = on_compute_thread(build_train_engine, config, list(replicas.values()),
                                                             worker_options)
         if local_rollout is not None:  # hybrid_engine + hf on CPU: rollout in this process (trainer/hybrid_rollout.py)
-            from asyncrl.trainer.hybrid_rollout import build_local_rollout
+            from asyncrl.trainer.hybrid_rollout import build_local_rollout, in_process_queue
 
-            self.rollouter, self.replicas, self.weight_sender = on_compute_thread(build_local_rollout, self, message_queue,
+            local_rollout = dict(local_rollout)
+            maxsize = local_rollout.pop("queue_maxsize", None)
+            if self.mq is None:  # the queue body here too: groups reach the trainer without a ray.put
+                self.mq = in_process_queue(maxsize or self.budget.max_required_samples)
+            self.rollouter, self.replicas, self.weight_sender = on_compute_thread(build_local_rollout, self, self.mq,
                                                                                   **local_rollout)
             replicas = self.replicas
         self.critic = None
@@ -396,6 +401,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
     async def call_rollouter(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``rollouter.<name>(...)`` for the driver when the rollouter lives in this process (``local_rollout``)."""
         return await getattr(self.rollouter, name).remote(*args, **kwargs)
+
+    async def call_message_queue(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``message_queue.<name>(...)`` for the driver when the queue lives in this process (``local_rollout``)."""
+        return await getattr(self.mq.actor, name).remote(*args, **kwargs)
 
     async def initial_sync(self) -> dict:
         """Push the starting weights as the current version (0, or a resumed checkpoint's): for

@@ -11,14 +11,18 @@
                            │                                       ─► SharedModuleHFEngine over the SAME module
                            └─ sync: SharedWeightsSender.send(v) = refresh the fused q/k/v, gate/up copies
                                                                   + param_version = v   (no transfer)
-                      samples still go through the MessageQueue actor (one ray.put per prompt group)
+                      MessageQueue body in this process too: groups handed over as objects (no ray.put)
+    driver ──QueueForward──► trainer actor .call_message_queue(name, ...)  (stats, shutdown)
 
 With ``actor_rollout_ref.hybrid_engine=True``, ``rollout.name=hf``, ``actor.strategy=cpu`` and agent
 loops in the rollouter (``rollout.agent.num_workers=0``; :func:`in_process_rollout`), :class:`~asyncrl.experiment.Experiment` starts no replica actor and no
 rollouter actor: the trainer builds the rollouter body and an hf engine over its own actor module, as
 verl's ``ActorRolloutRefWorker`` with ``hybrid_engine=True`` does (the rollout shares the actor's
 weights in the actor's process, so the weight "sync" is free and no Ray hop sits between a request
-and the engine). The control flow is the colocated one of :mod:`asyncrl.hybrid_engine`; the async
+and the engine). The MessageQueue lives there as well (:func:`in_process_queue`): a finished group reaches
+the trainer as the object itself, where a ``ray.put`` and a queue-actor call per group took a third of the
+event loop's busy time in a colocated arith step (session 28's profile), time the engine's decode waits
+for (both need the GIL). The control flow is the colocated one of :mod:`asyncrl.hybrid_engine`; the async
 modes are untouched. The engine's step runs under ``torch.no_grad`` (:mod:`asyncrl.rollout.hf_forward`),
 so generation leaves no autograd state on the actor's parameters.
 """
@@ -145,6 +149,16 @@ class LocalReplica(_ReplicaActor):
         self.restarted, self.weights_current = False, True
 
 
+def in_process_queue(maxsize: int) -> Any:
+    """The MessageQueue body in the trainer's process (:class:`asyncrl.message_queue.MessageQueue` with
+    ``in_process=True`` over a :class:`asyncrl.sim.handles.LocalActorHandle`): the same waits, counters and
+    shutdown as the actor, on the trainer's event loop; the driver reaches it through :class:`QueueForward`."""
+    from asyncrl.message_queue import MessageQueue, _MessageQueueActor
+    from asyncrl.sim.handles import LocalActorHandle
+
+    return MessageQueue.from_handle(LocalActorHandle(_MessageQueueActor(maxsize)), maxsize, in_process=True)
+
+
 def build_local_rollout(trainer: Any, message_queue: Any, train_rows: list[dict], val_rows: list[dict],
                         resume: Optional[dict] = None) -> tuple[Any, dict, SharedWeightsSender]:
     """The trainer's in-process rollout: ``(rollouter handle, {server_id: replica handle}, weight sender)``.
@@ -170,16 +184,18 @@ def build_local_rollout(trainer: Any, message_queue: Any, train_rows: list[dict]
 
 
 class _Forwarded:
-    def __init__(self, trainer: Any, name: str):
-        self._trainer, self._name = trainer, name
+    def __init__(self, trainer: Any, via: str, name: str):
+        self._trainer, self._via, self._name = trainer, via, name
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self._trainer.call_rollouter.remote(self._name, *args, **kwargs)
+        return getattr(self._trainer, self._via).remote(self._name, *args, **kwargs)
 
 
 class RolloutForward:
     """The driver's handle on a rollouter that lives in the trainer actor: ``h.method.remote(...)`` is
     ``trainer.call_rollouter.remote("method", ...)`` (an ``ObjectRef``, as from the rollouter actor)."""
+
+    _via = "call_rollouter"
 
     def __init__(self, trainer: Any):
         self._trainer = trainer
@@ -187,4 +203,11 @@ class RolloutForward:
     def __getattr__(self, name: str) -> _Forwarded:
         if name.startswith("_"):
             raise AttributeError(name)
-        return _Forwarded(self._trainer, name)
+        return _Forwarded(self._trainer, self._via, name)
+
+
+class QueueForward(RolloutForward):
+    """The driver's handle on the :func:`in_process_queue` of the trainer actor: ``h.stats.remote()`` is
+    ``trainer.call_message_queue.remote("stats")``; wrap it with ``MessageQueue.from_handle``."""
+
+    _via = "call_message_queue"
