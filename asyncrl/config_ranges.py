@@ -208,6 +208,7 @@ RANGES: dict[str, tuple[Range, str]] = {
                                                "engine's start (a replica's seed + rank wraps: derived_seed); torch "
                                                "overflows at 2**64"),
     "trainer.torch_threads": (at_least(1), "torch refuses fewer threads when the trainer starts"),
+    "trainer.omp_spin_count": (at_least(0), "GOMP_SPINCOUNT: libgomp ignores a negative count, null = libgomp's own"),
     "trainer.max_actor_ckpt_to_keep": (at_least(1), "checkpoints kept, null = all"),
     "trainer.watchdog_timeout_s": (at_least(0), "seconds without a step before the watchdog reports, 0 = off"),
     "ray.num_cpus": (at_least(0), "CPUs of a local Ray, null = all (every asyncrl actor asks for 0)"),

@@ -296,11 +296,19 @@ class TrainerConfig:
     """Global seed (data order, sampling, init), >= 0."""
     torch_threads: int = 1
     """torch intra-op threads in the trainer actor (>= 1)."""
-    omp_wait_policy: str = "passive"
+    omp_wait_policy: str = ""
     """``OMP_WAIT_POLICY`` of the trainer actor's process (``passive`` | ``active``; ``""`` = OpenMP's default,
-    which spins): idle OpenMP threads sleep instead of spinning. On a shared CPU box the spinning threads
-    of ``torch_threads > 1`` took the cores from the work (benchmarks/RESULTS.md, session 9). The driver's
-    own ``OMP_WAIT_POLICY``, when set, wins."""
+    how long an idle thread spins then set by :attr:`omp_spin_count`). ``passive``: idle OpenMP threads sleep at
+    once; ``active``: they never sleep (on a shared CPU box the spinning threads of ``torch_threads > 1`` took the
+    cores from the work: benchmarks/RESULTS.md, session 9). The driver's own ``OMP_WAIT_POLICY``, when set, wins."""
+    omp_spin_count: Optional[int] = 1000
+    """``GOMP_SPINCOUNT`` of the trainer actor's process under ``omp_wait_policy=""``: busy-wait iterations (about
+    100 per microsecond, libgomp's estimate) an idle OpenMP thread spins before it sleeps; ``null`` = libgomp's own
+    (300,000, ~3 ms), ``0`` = the passive policy. 1000 (libgomp's own figure for an oversubscribed process) keeps the
+    second thread of a training pass awake between its small parallel regions: the embedded model's update 0.31-0.34 s
+    against 0.37-0.39 s passive on a quiet 2-core box, +8% against passive with two busy processes beside it, where
+    libgomp's 3 ms spin took minutes (benchmarks/RESULTS.md, session 28). Ignored under ``passive`` / ``active``; the
+    driver's own ``GOMP_SPINCOUNT``, when set, wins."""
     cpu_affinity: str = ""
     """CPU cores of the trainer process, e.g. ``"1"``; ``""`` pins nothing (:mod:`asyncrl.cpu_affinity`)."""
     progress_bar: bool = True

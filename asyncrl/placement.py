@@ -11,7 +11,7 @@
                                           that rank (0.5 GPU) and one replica (0.5 GPU)
         CPU sides get no bundle: their actors are scheduled as before (num_cpus=0)
     Placement(layout)                  Ray: creates the groups, gives each Slot its actor options
-    trainer_env(cfg)                   the trainer actor's runtime environment (OMP_WAIT_POLICY)
+    trainer_env(cfg)                   the trainer actor's runtime environment (OMP_WAIT_POLICY, GOMP_SPINCOUNT)
 
 The split follows verl's fully-async recipe (``trainer.nnodes`` x ``trainer.n_gpus_per_node`` for the
 trainer, top-level ``rollout.nnodes`` x ``rollout.n_gpus_per_node`` for the replicas: seed ``003``
@@ -34,11 +34,20 @@ COLOCATED_SHARE = 0.5
 
 
 def trainer_env(cfg: ExperimentConfig) -> dict:
-    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``,
-    or the driver's own setting); OpenMP reads it when the process loads it, so it goes in the actor's
-    runtime environment."""
+    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``)
+    and, under OpenMP's default policy, ``GOMP_SPINCOUNT`` (``trainer.omp_spin_count``), or the driver's own
+    settings of either; OpenMP reads them when the process loads it, so they go in the actor's runtime
+    environment."""
+    env = {}
     policy = os.environ.get("OMP_WAIT_POLICY", cfg.trainer.omp_wait_policy)
-    return {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": policy}}} if policy else {}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
+    spin = os.environ.get("GOMP_SPINCOUNT")
+    if spin is None and not policy and cfg.trainer.omp_spin_count is not None:
+        spin = str(int(cfg.trainer.omp_spin_count))
+    if spin is not None:
+        env["GOMP_SPINCOUNT"] = spin
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 def trainer_gpus(cfg: ExperimentConfig) -> int:

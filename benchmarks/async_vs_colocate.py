@@ -18,7 +18,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   (at most 8 / 16 prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores), ``d_c24``,
   ``d_dyn`` (verl's ``use_dynamic_bsz``), ``d_unpinned`` (nothing pinned, as ``make demo`` places it);
 * the A/B modes of colocated: ``colocated_replica`` (hf: the engine in a replica actor, not the trainer's
-  process), ``colocated_1t`` (one torch thread), ``colocated_spin`` (OpenMP's spinning wait policy),
+  process), ``colocated_1t`` (one torch thread), ``colocated_spin`` / ``colocated_passive`` (the trainer's idle
+  OpenMP threads spin libgomp's ~3 ms / sleep at once; the default spins ~10 us: ``trainer.omp_spin_count``),
   ``colocated_dyn`` (``use_dynamic_bsz``). ``MODES`` below holds each one's config keys.
 
 Then rollout-only (the replica alone generates the workload at mode d's concurrency, and at every other
@@ -84,9 +85,12 @@ MODES = {
     # colocated with one torch thread (on a loaded 2-core box two OpenMP threads can lose more than they give)
     "colocated_1t": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
                      "trainer.torch_threads": 1},
-    # colocated with OpenMP's default wait policy in the trainer (its idle threads spin; before session 9)
+    # colocated with libgomp's own spin in the trainer (idle threads spin ~3 ms; before session 9)
     "colocated_spin": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
-                       "trainer.omp_wait_policy": "''"},
+                       "trainer.omp_spin_count": "null"},
+    # colocated with idle OpenMP threads asleep at once (the trainer's default in sessions 9-27)
+    "colocated_passive": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
+                          "trainer.omp_wait_policy": "passive"},
     "a": {"async_training.trigger_parameter_sync_step": 1, "async_training.staleness_threshold": 0.0},
     "b": {"async_training.trigger_parameter_sync_step": 2, "async_training.staleness_threshold": 0.0},
     "c": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": False},
@@ -480,6 +484,7 @@ def ideal_bound(replica: Any, args: argparse.Namespace, modes: Sequence[str] = (
 
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.rollout.engine_stats import merge_windows, window_metrics
+    from asyncrl.placement import trainer_env
     from asyncrl.sim.calibrate import measure_rollout, measure_train
     from asyncrl.staleness import sample_budget
 
@@ -502,7 +507,8 @@ def ideal_bound(replica: Any, args: argparse.Namespace, modes: Sequence[str] = (
             g = max(groups, 2 * conc)
             s, _, e = rollout_only(mode_config(m, args), g)
             measured.append({"mode": m, "concurrency": conc, "groups": g, "s_per_sample": s / g, "engine": e})
-    train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker: it pins itself
+    # a fresh worker: it pins itself; the trainer actor's OpenMP settings (placement.trainer_env)
+    train = ray.remote(num_cpus=0, max_calls=1)(measure_train).options(**trainer_env(cfg))
     t = ray.get(train.remote(cfg, outputs))
     best = min(measured, key=lambda x: x["s_per_sample"])
     rollout_s_per_sample, train_s_per_sample = gen_s / groups, t["s_per_sample"]
@@ -531,6 +537,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.agent_loop.single_turn import render_prompt_ids
     from asyncrl.data.dataset import get_task_rows
     from asyncrl.models import load_tokenizer
+    from asyncrl.placement import trainer_env
     from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode, rollout_only
     from asyncrl.staleness import sample_budget
 
@@ -556,8 +563,8 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
         cal["rollout_only_shared"] = [rollout_only(ccfg, *asyncio.run(measure_rollout(replicas["shared"], ccfg, rows, batch)))
                                       for _ in range(2)]
     train = ray.remote(num_cpus=0, max_calls=1)(measure_train)  # a fresh worker per placement
-    for kind, mode in (("split", "d"), ("shared", "colocated")):
-        t = ray.get(train.remote(mode_config(mode, args), outputs))
+    for kind, mode in (("split", "d"), ("shared", "colocated")):  # each with its trainer's OpenMP settings
+        t = ray.get(train.options(**trainer_env(mode_config(mode, args))).remote(mode_config(mode, args), outputs))
         cal[f"train_s_per_token_{kind}"], cal[f"train_s_per_priced_token_{kind}"] = t["s_per_token"], t["s_per_priced_token"]
         cal[f"train_s_per_trained_priced_token_{kind}"] = t["s_per_trained_priced_token"]
         cal[f"train_rows_frac_{kind}"] = t["trained_rows_frac"]

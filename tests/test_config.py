@@ -97,16 +97,28 @@ def test_multi_turn_keys_reach_the_tool_loop():
 
 
 def test_trainer_omp_wait_policy(monkeypatch):
-    """The trainer actor's OpenMP threads sleep when idle unless told otherwise (the driver's setting wins)."""
+    """The trainer actor's idle OpenMP threads spin 1000 iterations (~10 us) then sleep, unless told otherwise;
+    the driver's own settings win."""
     from asyncrl.placement import trainer_env
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     cfg = arith_grpo_cpu()
+    assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"GOMP_SPINCOUNT": "1000"}}}
+    cfg.trainer.omp_spin_count = None
+    assert trainer_env(cfg) == {}  # OpenMP's own default (libgomp: ~3 ms of spinning)
+    cfg.trainer.omp_spin_count = 0
+    assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"GOMP_SPINCOUNT": "0"}}}
+    cfg.trainer.omp_wait_policy = "passive"  # a named policy sets its own spin (none / unbounded)
     assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "passive"}}}
-    cfg.trainer.omp_wait_policy = ""
-    assert trainer_env(cfg) == {}  # OpenMP's own default
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "ACTIVE"}}}
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "50")
+    cfg.trainer.omp_wait_policy = ""
+    assert trainer_env(cfg) == {"runtime_env": {"env_vars": {"GOMP_SPINCOUNT": "50"}}}
+    with pytest.raises(ConfigError, match="omp_spin_count"):
+        load_config(overrides=["trainer.omp_spin_count=-1"])
 
 
 BOOL_KEYS = [k for k, t in __import__("asyncrl.config", fromlist=["_leaf_types"])._leaf_types().items() if t is bool]
