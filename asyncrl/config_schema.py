@@ -296,19 +296,20 @@ class TrainerConfig:
     """Global seed (data order, sampling, init), >= 0."""
     torch_threads: int = 1
     """torch intra-op threads in the trainer actor (>= 1)."""
-    omp_wait_policy: str = ""
-    """``OMP_WAIT_POLICY`` of the trainer actor's process (``passive`` | ``active``; ``""`` = OpenMP's default,
-    how long an idle thread spins then set by :attr:`omp_spin_count`). ``passive``: idle OpenMP threads sleep at
-    once; ``active``: they never sleep (on a shared CPU box the spinning threads of ``torch_threads > 1`` took the
-    cores from the work: benchmarks/RESULTS.md, session 9). The driver's own ``OMP_WAIT_POLICY``, when set, wins."""
+    omp_wait_policy: str = "active"
+    """``OMP_WAIT_POLICY`` of the trainer actor's process (``passive`` | ``active``; ``""`` = OpenMP's default). With
+    :attr:`omp_spin_count` (default 1000) an idle OpenMP thread of ``active`` spins ~10 us, then sleeps; without it
+    (``null``) ``active`` spins for minutes. ``passive``: idle threads sleep at once. libgomp spins less in a process
+    with more OpenMP threads than cores (as the trainer's is): 1000 iterations under ``active``, 100 under ``""``, 0
+    under ``passive``, so only ``active`` keeps the second thread of a training pass awake between its small
+    parallel regions there. The driver's own ``OMP_WAIT_POLICY``, when set, wins (with its ``GOMP_SPINCOUNT``)."""
     omp_spin_count: Optional[int] = 1000
-    """``GOMP_SPINCOUNT`` of the trainer actor's process under ``omp_wait_policy=""``: busy-wait iterations (about
-    100 per microsecond, libgomp's estimate) an idle OpenMP thread spins before it sleeps; ``null`` = libgomp's own
-    (300,000, ~3 ms), ``0`` = the passive policy. 1000 (libgomp's own figure for an oversubscribed process) keeps the
-    second thread of a training pass awake between its small parallel regions: the embedded model's update 0.31-0.34 s
-    against 0.37-0.39 s passive on a quiet 2-core box, +8% against passive with two busy processes beside it, where
-    libgomp's 3 ms spin took minutes (benchmarks/RESULTS.md, session 28). Ignored under ``passive`` / ``active``; the
-    driver's own ``GOMP_SPINCOUNT``, when set, wins."""
+    """``GOMP_SPINCOUNT`` of the trainer actor's process: busy-wait iterations (about 100 per microsecond, libgomp's
+    estimate) an idle OpenMP thread spins before it sleeps; ``null`` = the policy's own (``active``: 3 x 10^10,
+    ``""``: 300,000, ``passive``: 0). Measured on the embedded arith model's colocated hf step (2 cores,
+    benchmarks/RESULTS.md, session 28): update 0.29-0.30 s with ``active`` + 1000, 0.34-0.37 s with ``passive`` or
+    ``""`` + 1000; beside two busy processes a 1000 spin cost +8% against ``passive`` where libgomp's own 3 ms spin
+    (session 9: any spin policy) took minutes."""
     cpu_affinity: str = ""
     """CPU cores of the trainer process, e.g. ``"1"``; ``""`` pins nothing (:mod:`asyncrl.cpu_affinity`)."""
     progress_bar: bool = True

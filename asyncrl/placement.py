@@ -34,17 +34,19 @@ COLOCATED_SHARE = 0.5
 
 
 def trainer_env(cfg: ExperimentConfig) -> dict:
-    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` (``trainer.omp_wait_policy``)
-    and, under OpenMP's default policy, ``GOMP_SPINCOUNT`` (``trainer.omp_spin_count``), or the driver's own
-    settings of either; OpenMP reads them when the process loads it, so they go in the actor's runtime
-    environment."""
+    """``ray.remote`` options of the trainer actor: its process's ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT``
+    (``trainer.omp_wait_policy`` / ``trainer.omp_spin_count``), or the driver's own settings (a driver that sets
+    ``OMP_WAIT_POLICY`` sets both: its ``GOMP_SPINCOUNT`` or none); OpenMP reads them when the process loads it,
+    so they go in the actor's runtime environment."""
     env = {}
-    policy = os.environ.get("OMP_WAIT_POLICY", cfg.trainer.omp_wait_policy)
+    if "OMP_WAIT_POLICY" in os.environ:
+        policy, spin = os.environ["OMP_WAIT_POLICY"], os.environ.get("GOMP_SPINCOUNT")
+    else:
+        policy = cfg.trainer.omp_wait_policy
+        spin = os.environ.get("GOMP_SPINCOUNT",
+                              None if cfg.trainer.omp_spin_count is None else str(int(cfg.trainer.omp_spin_count)))
     if policy:
         env["OMP_WAIT_POLICY"] = policy
-    spin = os.environ.get("GOMP_SPINCOUNT")
-    if spin is None and not policy and cfg.trainer.omp_spin_count is not None:
-        spin = str(int(cfg.trainer.omp_spin_count))
     if spin is not None:
         env["GOMP_SPINCOUNT"] = spin
     return {"runtime_env": {"env_vars": env}} if env else {}

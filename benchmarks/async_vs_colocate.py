@@ -19,7 +19,7 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   ``d_dyn`` (verl's ``use_dynamic_bsz``), ``d_unpinned`` (nothing pinned, as ``make demo`` places it);
 * the A/B modes of colocated: ``colocated_replica`` (hf: the engine in a replica actor, not the trainer's
   process), ``colocated_1t`` (one torch thread), ``colocated_spin`` / ``colocated_passive`` (the trainer's idle
-  OpenMP threads spin libgomp's ~3 ms / sleep at once; the default spins ~10 us: ``trainer.omp_spin_count``),
+  OpenMP threads spin OpenMP's default ~3 ms / sleep at once; the default: ``active`` for ~10 us, ``trainer.omp_*``),
   ``colocated_dyn`` (``use_dynamic_bsz``). ``MODES`` below holds each one's config keys.
 
 Then rollout-only (the replica alone generates the workload at mode d's concurrency, and at every other
@@ -85,9 +85,9 @@ MODES = {
     # colocated with one torch thread (on a loaded 2-core box two OpenMP threads can lose more than they give)
     "colocated_1t": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
                      "trainer.torch_threads": 1},
-    # colocated with libgomp's own spin in the trainer (idle threads spin ~3 ms; before session 9)
+    # colocated with OpenMP's default wait policy in the trainer (idle threads spin ~3 ms; before session 9)
     "colocated_spin": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
-                       "trainer.omp_spin_count": "null"},
+                       "trainer.omp_wait_policy": "''", "trainer.omp_spin_count": "null"},
     # colocated with idle OpenMP threads asleep at once (the trainer's default in sessions 9-27)
     "colocated_passive": {"actor_rollout_ref.hybrid_engine": True, "async_training.staleness_threshold": 0.0,
                           "trainer.omp_wait_policy": "passive"},
