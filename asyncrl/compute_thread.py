@@ -12,9 +12,12 @@ engine steps and trainer updates ran there built one team per executor thread. l
 every team: once it manages more than the process's cores, it throttles every idle worker's spin-wait to a
 short count, and each of the many small parallel regions of a decode step waits for a worker to wake from
 sleep (``benchmarks/RESULTS.md``, session 27). Running every such call on one thread keeps one team, whose
-workers wait between regions as ``trainer.omp_wait_policy`` / ``omp_spin_count`` say. The colocated trainer's
-process still counts as oversubscribed (session 28: a 1000 spin helped its update only under ``active``, the one
-policy whose throttled count is not below 1000); which other thread holds a team was not found.
+workers wait between regions as ``trainer.omp_wait_policy`` / ``omp_spin_count`` say. The trainer's step keeps its
+bookkeeping maths there too (advantages, lag metrics, the step's row): on the event loop's thread an index op of
+``advantage_metrics`` started a second team (session 28, found with an ``LD_PRELOAD`` shim on ``GOMP_parallel``).
+The colocated trainer's process still counts as oversubscribed after that (a 1000 spin helps its update only under
+``active``, the one policy whose throttled count is not below 1000); the one other caller left is MKL's vector maths
+(``vmsCos``, the rotary embedding's) opening a nested region on the team's worker thread, not verified as the cause.
 
 The virtual-time loop of :mod:`asyncrl.sim.clock` runs ``run_in_executor`` calls inline, so the simulator's
 engines keep working through :func:`run_compute` unchanged.

@@ -259,18 +259,21 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         ref_log_probs = (await run_compute(self.engine.compute_ref_log_probs, batch)
                          if self.with_reference else None)
         values = await run_compute(self.critic.compute_values, batch) if self.critic else None
-        # 5. advantages from token-level rewards (minus beta * KL(old || ref) with use_kl_in_reward)
-        token_rewards, kl_metrics = token_level_rewards(scores, batch.response_mask, old_log_probs, ref_log_probs,
-                                                        self.kl_ctrl, al.kl_penalty)
-        advantages, returns = compute_advantages(al.adv_estimator, token_rewards, batch.response_mask,
-                                                 batch.group_ids, al, values)
-        batch.extras.update(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
+        # 5. advantages from token-level rewards (minus beta * KL(old || ref) with use_kl_in_reward), on the compute
+        # thread: a parallel torch op on this event loop's thread starts a second OpenMP team (compute_thread.py)
+        def advantages_step() -> dict[str, float]:
+            token_rewards, kl_metrics = token_level_rewards(scores, batch.response_mask, old_log_probs, ref_log_probs,
+                                                            self.kl_ctrl, al.kl_penalty)
+            advantages, returns = compute_advantages(al.adv_estimator, token_rewards, batch.response_mask,
+                                                     batch.group_ids, al, values)
+            batch.extras.update(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
+            return {**kl_metrics, **advantage_metrics(batch.response_mask, scores, advantages, returns)}
+
+        metrics.update(await run_compute(advantages_step))
         if ref_log_probs is not None:
             batch.extras["ref_log_probs"] = ref_log_probs
         if values is not None:
             batch.extras["values"] = values
-        metrics.update(kl_metrics)
-        metrics.update(advantage_metrics(batch.response_mask, scores, advantages, returns))
         # 6. update the critic, then the actor: require_batches mini-batches x ppo_epochs
         updates_before = self.updates
         t_adv = time.time()
@@ -282,10 +285,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             self.updates += n_updates
             if metrics.get("perf/tokens") and self.critic is None:  # the engine's price in this run (module docstring)
                 metrics["perf/update_s_per_token"] = (t_actor - t_adv) / (metrics["perf/tokens"] * n_updates)
-        metrics.update(update_lag_metrics(batch.response_versions, batch.response_mask, self.updates_at_version,
-                                          updates_before, self.updates))
+        metrics.update(await run_compute(update_lag_metrics, batch.response_versions, batch.response_mask,
+                                         self.updates_at_version, updates_before, self.updates))
         self.global_steps += 1
-        lags = self._record_versions(samples, batch)  # versions at training time, before the sync
+        lags = await run_compute(self._record_versions, samples, batch)  # versions at training time, before the sync
         self.ledger.extend("trained", self._in_step)
         self._in_step = []
         t_updated = time.time()
@@ -294,7 +297,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
         if self.global_steps % cfg.async_training.trigger_parameter_sync_step == 0:
             self._set_phase("sync")
             sync_metrics = await self._sync_weights()
-        self._log_step(samples, batch, lags, {**metrics, **await rollout_metrics}, sync_metrics,
+        await run_compute(self._log_step, samples, batch, lags, {**metrics, **await rollout_metrics}, sync_metrics,
                        {"timing/fetch_s": t_fetched - t0, "timing/update_s": t_updated - t_fetched,
                         "timing/collate_s": t_collated - t_fetched, "timing/adv_s": t_adv - t_collated,
                         "timing/update_actor_s": t_actor - t_adv, "timing/update_post_s": t_updated - t_actor,
