@@ -75,8 +75,20 @@ def test_oracle_agent_scores_one_on_every_example_task(tmp_path):
 
     for name, res in asyncio.run(go()):
         assert res.error is None, (name, res.error)
+        assert res.agent_exit_code is None, (name, res)  # the solution ran (session 29: 127, setpriv not found)
         assert res.reward == 1.0, (name, res)
         assert res.timings["verifier"] > 0 and res.timings["total"] >= res.timings["verifier"]
+
+
+@needs_harbor
+def test_a_failing_solution_script_is_reported_not_silent(tmp_path):
+    """Harbor's oracle agent records a non-zero solution exit in agent/exit-code.txt and goes on to the
+    verifier; the runner's result carries it (it was how a half-built sandbox root showed, session 29)."""
+    task = tmp_path / "task"
+    shutil.copytree(HELLO.path, task)
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho broken >&2\nexit 3\n")
+    res = asyncio.run(HarborRunner().run_trial(task, agent="oracle", trials_dir=tmp_path / "trials"))
+    assert res.error is None and res.agent_exit_code == 3 and res.reward == 0.0
 
 
 @needs_harbor

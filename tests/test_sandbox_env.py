@@ -7,6 +7,7 @@ import os
 import json
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,27 @@ def test_container_keeps_background_processes_between_commands_and_stop_kills_th
     gone = not status.exists() or "State:\tZ" in status.read_text()  # dead (maybe not yet reaped by pid 1)
     assert gone, "the container's init must be gone after stop()"
     assert not (tmp_path / "trial").exists()
+
+
+def test_a_process_that_only_carries_the_init_command_in_its_argv_is_not_the_init_shell():
+    """bwrap's own argv (and its child's before the exec) holds the init's command line: the readiness check
+    matched it at once (session 29: one oracle trial in 120 ran its solution in a half-built root, exit 127)."""
+    import subprocess
+    import sys
+    like_bwrap = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--", "/bin/sh", "-c",
+                                   f"while :; do {isolation.INIT_MARK.decode()}; done"])
+    shell = subprocess.Popen([isolation.INIT_SHELL.decode(), "-c", f"read x; : '{isolation.INIT_MARK.decode()}'"],
+                             stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not isolation._runs_init_shell(shell.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the shell has exec'd
+        assert isolation._runs_init_shell(shell.pid)
+        assert not isolation._runs_init_shell(like_bwrap.pid)
+    finally:
+        for p in (like_bwrap, shell):
+            p.kill()
+            p.wait()
 
 
 @needs_bwrap

@@ -62,6 +62,8 @@ class HarborTrialResult:
         timings: seconds per phase: ``env_setup``, ``agent_setup``, ``agent_execute``, ``verifier``, ``total``.
         trial_dir: Harbor's trial directory (logs, result.json, agent trajectory).
         agent: the Harbor agent name.
+        agent_exit_code: the agent's non-zero exit code where Harbor recorded one and went on (its oracle
+            agent: a solution script that failed), else ``None``.
     """
 
     reward: Optional[float]
@@ -70,6 +72,7 @@ class HarborTrialResult:
     timings: dict[str, float] = field(default_factory=dict)
     trial_dir: str = ""
     agent: str = ""
+    agent_exit_code: Optional[int] = None
 
 
 def find_harbor_python(explicit: Optional[str] = None) -> Optional[str]:
@@ -183,4 +186,5 @@ class HarborRunner:
         if error is not None and error.kind is ErrorKind.OTHER:
             logger.warning("harbor trial %s failed: %s", name, error)
         return HarborTrialResult(reward=data.get("reward"), rewards=data.get("rewards"), error=error,
-                                 timings=data.get("timings", {}), trial_dir=data.get("trial_dir", ""), agent=agent)
+                                 timings=data.get("timings", {}), trial_dir=data.get("trial_dir", ""), agent=agent,
+                                 agent_exit_code=data.get("agent_exit_code"))

@@ -7,7 +7,8 @@ Run with the Harbor env's Python (>= 3.12)::
 ``SPEC.json``: ``{"task_dir", "trials_dir", "trial_name", "agent", "model_name", "base_url",
 "agent_kwargs", "agent_timeout_sec", "environment_kwargs"}``. ``RESULT.json``: ``{"reward",
 "rewards", "exception_type", "exception_message", "timings" (seconds per phase), "trial_dir",
-"agent"}``. This file imports only the standard library, Harbor, and this directory (as the
+"agent", "agent_exit_code"}`` (the last from Harbor's ``agent/exit-code.txt``, which its oracle agent writes
+when the solution exits non-zero and otherwise ignores; ``None`` when absent). This file imports only the standard library, Harbor, and this directory (as the
 synthetic package ``asyncrl_sandbox``), never the rest of asyncrl.
 """
 
@@ -59,6 +60,8 @@ async def run_trial(spec: dict) -> dict:
     if rewards:
         reward = float(rewards["reward"]) if "reward" in rewards else sum(map(float, rewards.values())) / len(rewards)
     exc = result.exception_info
+    exit_code_file = Path(spec["trials_dir"]) / spec["trial_name"] / "agent" / "exit-code.txt"
+    agent_exit_code = int(exit_code_file.read_text().strip()) if exit_code_file.is_file() else None
     total = _seconds(result)  # TrialResult has started_at / finished_at like a TimingInfo
     return {
         "reward": reward,
@@ -70,6 +73,7 @@ async def run_trial(spec: dict) -> dict:
                     "total": total},
         "trial_dir": str(Path(spec["trials_dir"]) / spec["trial_name"]),
         "agent": spec["agent"],
+        "agent_exit_code": agent_exit_code,
     }
 
 

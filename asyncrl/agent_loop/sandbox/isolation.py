@@ -117,12 +117,21 @@ def bwrap_argv(binds: Sequence[tuple[str, str]], network: bool, env: dict[str, s
 
 
 INIT_MARK = b"sleep 3600 & wait"
-"""A piece of the container init's command line (``Container.start``): its shell runs once the root is final."""
+"""A piece of the container init's command line (``Container.start``): its shell runs once the root is final.
+bwrap's own argv holds the same text (the command it will exec), so only a process whose ``argv[0]`` is the
+shell counts (:func:`_runs_init_shell`)."""
+INIT_SHELL = b"/bin/sh"
 
 
 def _runs_init_shell(pid: Optional[int]) -> bool:
     """Whether bwrap's pid-1 process ``pid`` (or a child of it) runs the container's init shell yet (Linux
-    ``/proc``: ``task/<pid>/children``, else a scan of every process's parent)."""
+    ``/proc``: ``task/<pid>/children``, else a scan of every process's parent).
+
+    The shell is a process whose ``argv[0]`` is :data:`INIT_SHELL` and whose command line holds
+    :data:`INIT_MARK`. bwrap itself (and its forked child before the ``exec``) also has the mark in its
+    argv: matching on the mark alone (sessions 19-28) said "ready" at once, the probe then could run in the
+    host root before bwrap's pivot_root, pass, and leave later commands to land mid-setup (``setpriv`` or
+    ``/app`` not found: exit 127 / 125, one oracle trial in 120 under concurrent starts, session 29)."""
     if pid is None:
         return False
 
@@ -146,7 +155,10 @@ def _runs_init_shell(pid: Optional[int]) -> bool:
                             kids.append(int(d))
                 except (OSError, ValueError, IndexError):
                     pass
-    return any(INIT_MARK in cmdline(p) for p in (pid, *kids))
+    def is_shell(cmd: bytes) -> bool:
+        return cmd.split(b"\0", 1)[0] == INIT_SHELL and INIT_MARK in cmd
+
+    return any(is_shell(cmdline(p)) for p in (pid, *kids))
 
 
 class Container:
@@ -173,7 +185,7 @@ class Container:
         r, w = os.pipe()
         try:
             argv = self.prefix + namespace_argv(self.binds, self.network) + [
-                "--info-fd", str(w), "--", "/bin/sh", "-c", f"trap 'exit 0' TERM; while :; do {INIT_MARK.decode()}; done"]
+                "--info-fd", str(w), "--", INIT_SHELL.decode(), "-c", f"trap 'exit 0' TERM; while :; do {INIT_MARK.decode()}; done"]
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(w,), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
