@@ -7,9 +7,10 @@ Run with the Harbor env's Python (>= 3.12)::
 ``SPEC.json``: ``{"task_dir", "trials_dir", "trial_name", "agent", "model_name", "base_url",
 "agent_kwargs", "agent_timeout_sec", "environment_kwargs"}``. ``RESULT.json``: ``{"reward",
 "rewards", "exception_type", "exception_message", "timings" (seconds per phase), "trial_dir",
-"agent", "agent_exit_code"}`` (the last from Harbor's ``agent/exit-code.txt``, which its oracle agent writes
-when the solution exits non-zero and otherwise ignores; ``None`` when absent). This file imports only the standard library, Harbor, and this directory (as the
-synthetic package ``asyncrl_sandbox``), never the rest of asyncrl.
+"agent", "agent_exit_code"}`` (the last from Harbor's ``agent/exit-code.txt``, which its oracle agent
+writes when the solution exits non-zero and otherwise ignores; ``None`` when absent). This file imports
+only the standard library, Harbor, and this directory (as the synthetic package ``asyncrl_sandbox``),
+never the rest of asyncrl.
 """
 
 from __future__ import annotations

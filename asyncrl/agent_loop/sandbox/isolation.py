@@ -155,6 +155,7 @@ def _runs_init_shell(pid: Optional[int]) -> bool:
                             kids.append(int(d))
                 except (OSError, ValueError, IndexError):
                     pass
+
     def is_shell(cmd: bytes) -> bool:
         return cmd.split(b"\0", 1)[0] == INIT_SHELL and INIT_MARK in cmd
 
@@ -185,7 +186,8 @@ class Container:
         r, w = os.pipe()
         try:
             argv = self.prefix + namespace_argv(self.binds, self.network) + [
-                "--info-fd", str(w), "--", INIT_SHELL.decode(), "-c", f"trap 'exit 0' TERM; while :; do {INIT_MARK.decode()}; done"]
+                "--info-fd", str(w), "--", INIT_SHELL.decode(), "-c",
+                f"trap 'exit 0' TERM; while :; do {INIT_MARK.decode()}; done"]
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(w,), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
