@@ -31,7 +31,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
 from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, range_hint, resolved_max_model_len  # noqa: F401
-from asyncrl.config_types import (_check_raw, _get, _leaf_types, _plain_leaves, check_copyable,  # noqa: F401
+from asyncrl.config_types import (_check_raw, _get, _leaf_types, section_names, _plain_leaves, check_copyable,  # noqa: F401
                                   check_structure, check_types)
 
 
@@ -58,11 +58,19 @@ def valid_keys() -> list[str]:
 
 
 def _closest(key: str) -> str:
-    keys = valid_keys()
-    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.0)
-    leaf = key.rsplit(".", 1)[-1]
-    by_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
-    return by_leaf[0] if by_leaf else (match[0] if match else "")
+    """The settable key ``key`` most likely means: one with the same last name, else a close spelling of its last
+    name in its section (of the whole key where its section does not exist; difflib's 0.6 cutoff), else ``""`` (a
+    word like ``foo`` is close to nothing and gets no guess)."""
+    leaves = list(_leaf_types())
+    section, _, name = key.rpartition(".")
+    by_leaf = [k for k in leaves if k.rsplit(".", 1)[-1] == name]
+    if by_leaf:
+        return by_leaf[0]
+    if section in section_names():
+        match = difflib.get_close_matches(name, section_names()[section], n=1)
+        return f"{section}.{match[0]}" if match else ""
+    match = difflib.get_close_matches(key, leaves, n=1)
+    return match[0] if match else ""
 
 
 KEY_HINTS = {
@@ -120,8 +128,21 @@ def _base_hint(key: str, value: Any) -> str:
 
 
 def unknown_key_hint(key: str) -> str:
-    """What to write instead of the unknown key ``key``: :data:`KEY_HINTS`' words, else the closest valid key."""
-    return KEY_HINTS.get(key) or f"did you mean {_closest(key)!r}?"
+    """What to write instead of the unknown key ``key``: :data:`KEY_HINTS`' words, else the closest valid key, else
+    the names its section holds (the top-level sections for a key in none)."""
+    if key in KEY_HINTS:
+        return KEY_HINTS[key]
+    close = _closest(key)
+    if close:
+        return f"did you mean {close!r}?"
+    section = key.rpartition(".")[0]
+    while section and section not in section_names():
+        section = section.rpartition(".")[0]
+    if section:
+        return f"{section} holds: {', '.join(section_names()[section])}"
+    tops = [name for name in section_names() if "." not in name]
+    return (f"the config's top-level sections are {', '.join(tops)} (set a key inside one, e.g. "
+            f"trainer.total_training_steps=40)")
 
 
 def _merge(base, other, what: str):

@@ -35,6 +35,20 @@ def _leaf_types(cls: type = None, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def section_names() -> dict[str, list[str]]:
+    """Dotted name of every config section (a dataclass field of the schema: ``trainer``,
+    ``actor_rollout_ref.rollout``) -> the names directly inside it, in schema order. Read-only."""
+    out: dict[str, list[str]] = {}
+    for key in _leaf_types():
+        parts = key.split(".")
+        for i in range(1, len(parts)):
+            names = out.setdefault(".".join(parts[:i]), [])
+            if parts[i] not in names:
+                names.append(parts[i])
+    return out
+
+
 _BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
 
 
@@ -45,9 +59,14 @@ def _check_raw(raw: Any, what: str) -> Any:
     for a list key (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns
     the container (a dict); raises :class:`ConfigError`."""
     types = _leaf_types()
+    sections = section_names()
 
     def walk(node: Any, prefix: str) -> Any:
         t = types.get(prefix)
+        if prefix in sections and node is not None and not isinstance(node, dict):  # OmegaConf's error says "None"
+            under = sections[prefix]
+            raise ConfigError(f"{prefix!r} in {what} is a config section, not a value: set a key inside it, e.g. "
+                              f"{prefix}.{under[0]}=... ({prefix} holds: {', '.join(under)})")
         if isinstance(node, dict):
             return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
         if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:

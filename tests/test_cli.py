@@ -39,6 +39,18 @@ def run_cli(capsys, *argv):
      "valid names: hf, vllm; did you mean 'vllm'?"),
     (["train", "actor_rollout_ref.rollout.agent.default_agent_loop=tool"],
      "config error: actor_rollout_ref.rollout.agent.default_agent_loop='tool' is not valid: unknown agent loop 'tool'"),
+    # a section given a value (OmegaConf's own words: 'invalid value for "override ..." ...: None'), session 30
+    (["train", "trainer=1"], "config error: 'trainer' in override 'trainer=1' is a config section, not a value: set a "
+                             "key inside it, e.g. trainer.total_training_steps=... (trainer holds: total_training_steps, "),
+    (["train", "actor_rollout_ref.rollout=[1]"], "config error: 'actor_rollout_ref.rollout' in override "
+                                                 "'actor_rollout_ref.rollout=[1]' is a config section, not a value"),
+    # a key close to nothing gets no guess (it was 'did you mean rollout?' for foo, a section one cannot set)
+    (["train", "foo=1"], "config error: unknown config key 'foo' in override 'foo=1'; the config's top-level sections "
+                         "are data, actor_rollout_ref, async_training, algorithm, critic, reward_model, trainer, rollout, ray"),
+    (["train", "trainer.fooo=1"], "config error: unknown config key 'trainer.fooo' in override 'trainer.fooo=1'; "
+                                  "trainer holds: total_training_steps, total_time_s, "),
+    (["train", "actor_rollout_ref.rolout.n=2"], "config error: unknown config key 'actor_rollout_ref.rolout' in override "
+                                                "'actor_rollout_ref.rolout.n=2'; did you mean 'actor_rollout_ref.rollout'?"),
 ])
 def test_config_errors(capsys, argv, want):
     code, err = run_cli(capsys, *argv)
