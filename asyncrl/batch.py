@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncrl.batch_params import BatchParameterError, check_parameters, parse_value  # noqa: F401  (re-exported)
+from asyncrl.batch_params import BatchParameterError, check_kernel, check_parameters, parse_value  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,8 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
     Raises:
         FileNotFoundError: ``notebook`` does not exist.
         BatchParameterError: a parameter the notebook does not declare, or of a type papermill cannot
-            pass (see :mod:`asyncrl.batch_params`); checked before anything runs.
+            pass (see :mod:`asyncrl.batch_params`), or a kernel that is not installed
+            (:func:`~asyncrl.batch_params.check_kernel`); checked before anything runs.
         ImportError: papermill / nbformat are not installed (``pip install -e .[notebooks]``).
     """
     import nbformat
@@ -216,6 +217,7 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
     if not src.is_file():
         raise FileNotFoundError(f"notebook not found: {src}")
     parameters = check_parameters(src, dict(parameters or {}))
+    kernel_name = check_kernel(src, kernel_name)
     rd = Path(run_dir) if run_dir is not None else default_run_dir(src)
     rd = rd.resolve()
     rd.mkdir(parents=True, exist_ok=True)

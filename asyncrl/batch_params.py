@@ -119,3 +119,30 @@ def check_parameters(notebook: str | Path, parameters: dict[str, Any]) -> dict[s
             raise BatchParameterError(f"unknown parameter {key!r} for {Path(notebook).name}{hint} "
                                       f"(declared: {', '.join(declared or [])})")
     return {k: to_papermill(v, k) for k, v in parameters.items()}
+
+
+def check_kernel(notebook: str | Path, kernel_name: Optional[str]) -> str:
+    """The Jupyter kernel a batch run of ``notebook`` starts: ``kernel_name``, else the notebook's own kernelspec
+    (``python3`` when it names none), checked to be installed before anything runs (papermill's
+    ``NoSuchKernel`` came after the run directory was made, as two tracebacks).
+
+    Raises:
+        BatchParameterError: no installed kernel has that name; the message lists the installed ones and the
+            command that registers this environment's Python under the name.
+    """
+    import json
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    name = kernel_name
+    if not name:
+        meta = json.loads(Path(notebook).read_text(encoding="utf-8")).get("metadata", {})
+        name = (meta.get("kernelspec") or {}).get("name") or "python3"
+    installed = sorted(KernelSpecManager().find_kernel_specs())
+    if name not in installed:
+        near = difflib.get_close_matches(name, installed, n=1)
+        raise BatchParameterError(
+            f"no Jupyter kernel named {name!r}" + (" (the notebook's kernelspec)" if not kernel_name else "")
+            + f"; installed: {', '.join(installed) or 'none'}" + (f"; did you mean {near[0]!r}?" if near else "")
+            + f" (register this environment's Python as it: python -m ipykernel install --user --name {name})")
+    return name

@@ -135,6 +135,29 @@ def test_tuple_reaches_the_notebook_as_a_list_not_a_string(tmp_path):
     assert check_parameters(tmp_path / "bare.ipynb", {"snapshot_dir": "s"}) == {"snapshot_dir": "s"}
 
 
+def test_a_kernel_that_is_not_installed_is_refused_before_the_run_directory(capsys, tmp_path):
+    """The README's ``-k asyncrl`` on a machine that never registered it: papermill's ``NoSuchKernel`` came as two
+    tracebacks after the run directory was made (session 30). Now a ``batch error`` names the installed kernels and
+    the command that registers one, for ``-k`` and for a notebook whose own kernelspec is missing."""
+    import nbformat
+
+    from asyncrl.batch_params import check_kernel
+
+    run_dir = tmp_path / "run"
+    code, err = run_cli(capsys, "batch", str(NOTEBOOK), "-k", "no-such-kernel", "--run-dir", str(run_dir))
+    assert code == 2 and err.startswith("batch error: no Jupyter kernel named 'no-such-kernel'; installed: "), err
+    assert "python3" in err and "python -m ipykernel install --user --name no-such-kernel" in err, err
+    assert "Traceback" not in err and not run_dir.exists()
+    with pytest.raises(BatchParameterError, match=r"named 'python'; installed: .*did you mean 'python3'\?"):
+        check_kernel(NOTEBOOK, "python")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "asyncrl-missing", "language": "python", "display_name": "x"}
+    nbformat.write(nb, tmp_path / "k.ipynb")
+    with pytest.raises(BatchParameterError, match=r"named 'asyncrl-missing' \(the notebook's kernelspec\)"):
+        check_kernel(tmp_path / "k.ipynb", None)
+    assert check_kernel(NOTEBOOK, None) == "python3" == check_kernel(tmp_path / "k.ipynb", "python3")
+
+
 def test_train_dry_run_checks_and_prints_the_config_and_starts_nothing(capsys, tmp_path, monkeypatch):
     """``asyncrl train`` had no way to check a config without starting a run: ``--dry-run`` (Hydra: ``--cfg job``)
     makes the pre-start checks, prints the resolved config as YAML (which ``asyncrl train`` takes back) and exits 0."""
