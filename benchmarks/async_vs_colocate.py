@@ -1088,6 +1088,14 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             sys.exit(2)
+    if args.gpu and not args.simulate_only:  # last: the checks above hold on any machine (tests run them on CPU)
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < args.gpus:
+            p.error(f"--gpu --gpus {args.gpus}: this machine has {have} CUDA GPU(s)"
+                    + (": add --simulate-only for the predicted GPU rows, or drop --gpu for the CPU run" if not have
+                       else f": lower --gpus to {have} (async modes need 2)"))
     return modes
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -284,6 +285,11 @@ SIM = ["--gpu", "--simulate-only"]  # no GPU, no Ray: the checks run before eith
     (["--ideal-groups", "0"], "--ideal-groups must be at least 1"),
     (["--reference", "/nonexistent"], "not the rlproto reference loop's directory"),
     (SIM + ["--json", "/nonexistent/x.json"], "its directory does not exist"),
+    # session 30's fresh user: --gpu --backend hf on a machine without a GPU started Ray and wrote the model's shards,
+    # then asked to lower config keys the benchmark sets itself
+    pytest.param(["--gpu", "--backend", "hf", "--modes", "colocated,d", "--steps", "4", "--out", "/nonexistent/x"],
+                 "--gpu --gpus 2: this machine has 0 CUDA GPU(s): add --simulate-only for the predicted GPU rows",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
 ])
 def test_bad_arguments_end_in_one_line_before_anything_starts(argv, says):
     """A fresh user's mistakes (session 18): each one error line and exit status 2, no traceback, before Ray starts."""
