@@ -236,17 +236,25 @@ class NotebookSession:
         return RunResult(summary=summary, history=history, dashboard=dash, trajectories=recent, wall_s=summary.wall_s)
 
     # -- claims
-    def claim(self, text: str, ok: Any, evidence: Any = "") -> None:
+    def claim(self, text: str, ok: Any, evidence: Any = "", unchecked: str = "") -> None:
         """Check one claim of the chapter on this run: shows ``✓ text (evidence)``, or raises.
 
         Args:
             text: the claim, in the words of the markdown beside it.
             ok: truthy when the run shows it.
             evidence: the measured value(s) (shown with the claim).
+            unchecked: when not empty, why this run cannot decide the claim (e.g. a measured speed-up from a run
+                too short to show one): it is shown as ``– text (not checked: why)``, ``ok`` is ignored and
+                nothing is raised. A parameter that shrinks a run decides this, never the measured value.
 
         Raises:
             ClaimFailed: the run contradicts the text (the notebook, and its test, fail here).
         """
+        if unchecked:
+            c = Claim(text=text, ok=False, evidence=str(evidence), unchecked=unchecked)
+            self.checked.append(c)
+            show(c.line(), "#8c8c8c")
+            return
         c = Claim(text=text, ok=bool(ok), evidence=str(evidence))
         self.checked.append(c)
         if not c.ok:
@@ -292,7 +300,7 @@ class NotebookSession:
 
     def __repr__(self) -> str:
         return (f"NotebookSession({self.name!r}, smoke={self.smoke}, started_ray={self.started_ray}, "
-                f"claims={sum(c.ok for c in self.checked)}/{len(self.checked)})")
+                f"claims={sum(c.ok for c in self.checked)}/{sum(not c.unchecked for c in self.checked)})")
 
 
 def _close_one(obj: Any) -> None:

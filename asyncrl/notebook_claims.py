@@ -21,13 +21,18 @@ class Claim:
         text: the claim as the markdown states it.
         ok: whether the run shows it.
         evidence: the measured value(s) that decide it.
+        unchecked: why this run cannot decide it (too short a run for a measured speed, say); the claim is
+            shown as not checked, neither passed nor failed (``ok`` is False).
     """
 
     text: str
     ok: bool
     evidence: str = ""
+    unchecked: str = ""
 
     def line(self, evidence: bool = True) -> str:
+        if self.unchecked:
+            return f"– {self.text}  (not checked: {self.unchecked})"
         mark = "✓" if self.ok else "✗"
         return f"{mark} {self.text}" + (f"  ({self.evidence})" if evidence and self.evidence else "")
 

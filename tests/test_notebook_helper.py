@@ -20,6 +20,20 @@ def test_claim_passes_with_evidence_and_fails_with_the_text_and_the_measurement(
     assert [x.ok for x in nb.checked] == [True, False]
 
 
+def test_a_claim_the_run_cannot_decide_is_shown_unchecked_not_failed(capsys):
+    """Notebook 06 with ``-p measured_steps 4``: the measured speed-up of a 4-step run (mostly warm-up) read 1.00x
+    and stopped the chapter before its last four sections (session 30). A claim the run is too small to decide
+    says so instead, whatever its value; the summary keeps it apart from the passed ones."""
+    nb = NotebookSession("t")
+    assert nb.claim("async is faster", False, "1.00x", unchecked="4 steps are too few") is None
+    assert "– async is faster  (not checked: 4 steps are too few)" in capsys.readouterr().out
+    nb.claim("b", True)
+    assert repr(nb.claims()) == "– async is faster  (not checked: 4 steps are too few)\n✓ b"
+    assert "claims=1/1)" in repr(nb)
+    with pytest.raises(ClaimFailed):
+        nb.claim("async is faster", False, "1.00x", unchecked="")
+
+
 def test_claims_summary_is_stable_text_without_evidence():
     nb = NotebookSession("t")
     nb.claim("a", True, "1.23 s")
