@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from asyncrl.batch_params import BatchParameterError, check_kernel, check_parameters, parse_value  # noqa: F401  (re-exported)
+from asyncrl.batch_params import (CLOSE_ON_ERROR_ENV, BatchParameterError, check_kernel,  # noqa: F401  (re-exported)
+                                  check_parameters, parse_value)
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +231,9 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
     saved_env = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     os.environ["ASYNCRL_BATCH_RUN_DIR"] = str(rd)
+    # the first error ends the run unless a cell is tagged to raise: start_ray then closes Ray at that error
+    expected = any("raises-exception" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
+    os.environ[CLOSE_ON_ERROR_ENV] = "0" if expected else "1"
     t0 = time.time()
     error = None
     try:
@@ -245,6 +249,7 @@ def run_notebook(notebook: str | Path, parameters: Optional[dict[str, Any]] = No
             else:
                 os.environ[k] = v
         os.environ.pop("ASYNCRL_BATCH_RUN_DIR", None)
+        os.environ.pop(CLOSE_ON_ERROR_ENV, None)
     wall = time.time() - t0
     executed = nbformat.read(out_nb, as_version=4)
     error = error or _first_error(executed)

@@ -22,6 +22,10 @@ from typing import Any, Optional
 ALWAYS_ALLOWED = ("snapshot_dir",)
 """Injected by the batch runner itself."""
 
+CLOSE_ON_ERROR_ENV = "ASYNCRL_BATCH_CLOSE_ON_ERROR"
+"""Set to ``1`` by ``asyncrl batch`` for a notebook with no cell tagged ``raises-exception`` (there, the first cell
+that raises ends the run): :func:`asyncrl.notebook.start_ray` then closes its session at that error."""
+
 
 class BatchParameterError(ValueError):
     """A batch parameter is not declared by the notebook, or has a value papermill cannot pass."""

@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from asyncrl.batch_params import CLOSE_ON_ERROR_ENV
 from asyncrl.notebook_claims import Claim, ClaimFailed, Claims  # noqa: F401 - part of this module's API
 from asyncrl.notebook_progress import Progress, RunLine, in_notebook, show  # noqa: F401 - part of this module's API
 
@@ -94,7 +95,31 @@ def start_ray(ray_address: Optional[str] = None, *, snapshot_dir: Optional[str] 
         cpus = ray.cluster_resources().get("CPU", 0)
         p.done(f"Ray {'started' if session.started_ray else 'attached'} ({cpus:g} CPUs) in {p.elapsed_s:.0f} s;"
                f" start-up log: {session.log_dir / 'ray_start.log'}")
+    if os.environ.get(CLOSE_ON_ERROR_ENV) == "1":
+        close_on_cell_error(session)
     return session
+
+
+def close_on_cell_error(session: "NotebookSession") -> bool:
+    """Close ``session`` (its engines, then Ray) as soon as a cell of this kernel raises; for batch runs, where the
+    first error ends the notebook. Without it, the kernel's exit shut Ray down (Ray's atexit hook), which outlasted
+    jupyter_client's 2.5 s of grace, and Ray's signal handler printed a stack dump per process at the SIGTERM, like a
+    crash, before the real error. Returns whether a hook was registered (``False`` outside IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+
+    def _after_cell(result: Any) -> None:
+        if result.error_in_exec is not None or result.error_before_exec is not None:
+            shell.events.unregister("post_run_cell", _after_cell)
+            session.close()
+
+    shell.events.register("post_run_cell", _after_cell)
+    return True
 
 
 # ---------------------------------------------------------------------- the session

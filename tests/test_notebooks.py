@@ -148,6 +148,45 @@ def test_asyncrl_batch_cli(tmp_path):
     assert meta["ok"] and meta["parameters"]["staleness_threshold"] == 0.5 and meta["env"] == {"CI": "1"}
 
 
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+def test_a_failed_batch_run_closes_ray_at_the_error_without_stack_dumps(tmp_path):
+    """Session 30's fresh user: a notebook stopped by an error left its Ray up; the kernel's exit shut Ray down past
+    jupyter_client's 2.5 s of grace, and the SIGTERM made Ray print ``*** SIGTERM received ... epoll_wait`` stack
+    dumps, like a crash, before the real error. Now ``start_ray`` closes the session at the failing cell (batch runs
+    only), and a notebook with a cell tagged ``raises-exception`` (papermill goes on past it) keeps its Ray."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("snapshot_dir = None")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "import ray\nfrom asyncrl.notebook import start_ray\nnb = start_ray(None, snapshot_dir=snapshot_dir, "
+        "name='fails', num_cpus=1)\n@ray.remote\nclass A:\n    def f(self):\n        return 1\n"
+        "a = A.remote()\nassert ray.get(a.f.remote()) == 1"),
+        nbformat.v4.new_code_cell("raise ValueError('boom')"), nbformat.v4.new_code_cell("nb.close()")]
+    nbformat.write(nb, tmp_path / "fails.ipynb")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "batch", str(tmp_path / "fails.ipynb"), "--run-dir",
+                           str(run_dir)], capture_output=True, text=True, timeout=280, cwd=REPO)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "FAILED: ValueError: boom" in out, out[-3000:]
+    assert "SIGTERM" not in out and "logging.cc" not in out, out[-3000:]
+    # a cell expected to raise: papermill goes on, so Ray must stay up for the cells after it
+    expected = nbformat.v4.new_code_cell("raise ValueError('expected')")
+    expected.metadata["tags"] = ["raises-exception"]
+    nb.cells = [params, nb.cells[1], expected, nbformat.v4.new_code_cell("print(ray.is_initialized())"),
+                nbformat.v4.new_code_cell("nb.close()")]
+    nbformat.write(nb, tmp_path / "expects.ipynb")
+    from asyncrl.batch import run_notebook
+
+    result = run_notebook(tmp_path / "expects.ipynb", run_dir=tmp_path / "run2")
+    assert result.error == "ValueError: expected"  # papermill still reports the run failed, at the end
+    after, = [c for c in nbformat.read(result.notebook, as_version=4).cells if c.source == "print(ray.is_initialized())"]
+    assert _text(after, "stream").strip() == "True"
+
+
 def test_parse_value():
     from asyncrl.batch import parse_value
 
