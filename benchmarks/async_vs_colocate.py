@@ -519,7 +519,7 @@ def ideal_bound(replica: Any, args: argparse.Namespace, modes: Sequence[str] = (
            "groups": [[len(o.token_ids) for o in outs] for _, _, outs, _ in sorted(outputs, key=lambda x: x[0])],
            "engine": engine, "rollout_only": measured}
     for x in measured:
-        print(f"  rollout-only at {x['concurrency']} groups at once ({x['mode']}'s budget, {x['groups']} groups): "
+        print(f"  rollout-only, {x['groups']} groups with at most {x['concurrency']} at once ({x['mode']}'s budget): "
               f"{1 / x['s_per_sample']:.3f} samples/s" + (f"; engine {format_engine(x['engine'])}" if x["engine"] else ""),
               flush=True)
     print(f"  train-only {1 / train_s_per_sample:.3f} samples/s -> ideal {out['ideal_samples_per_s']:.3f} samples/s"
@@ -878,21 +878,24 @@ def start_replicas(args: argparse.Namespace, modes: list[str]) -> dict[str, Any]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="longtail", choices=["longtail", "arith"])
-    p.add_argument("--modes", default="colocated,a,b,c,d")
-    p.add_argument("--steps", type=int, default=30)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--task", default="longtail", choices=["longtail", "arith"],
+                   help="longtail: lognormal answer lengths (the async case); arith: the embedded demo's task")
+    p.add_argument("--modes", default="colocated,a,b,c,d", help="comma-separated modes (the list above)")
+    p.add_argument("--steps", type=int, default=30, help="trainer steps per mode")
     p.add_argument("--time", type=float, default=0.0, help="training seconds per mode (0 = only --steps)")
-    p.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
-    p.add_argument("--target-reward", type=float, default=0.5)
+    p.add_argument("--backend", default="vllm", choices=["vllm", "hf"], help="rollout engine (hf: transformers)")
+    p.add_argument("--target-reward", type=float, default=0.5,
+                   help="'to target' column: wall seconds until the mean reward first reaches this (a short run may "
+                        "not reach it: 'not reached' is no error)")
     p.add_argument("--ideal", action=argparse.BooleanOptionalAction, default=True, help="measure the ideal bound")
-    p.add_argument("--ideal-groups", type=int, default=96)
+    p.add_argument("--ideal-groups", type=int, default=96, help="prompt groups of the rollout-only measurement")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the modes this many rounds (rounds 2, 4, ... in reverse order) and measure the ideal bound "
                         "after each: every ratio is printed per round with its median and range (one run's ratio on "
                         "a shared 2-core box moves by tens of percent); the main table shows each mode's median run")
     p.add_argument("--reference", default=None, help="rlproto directory: time the reference loop too")
-    p.add_argument("--reference-seconds", type=float, default=60.0)
+    p.add_argument("--reference-seconds", type=float, default=60.0, help="--reference: seconds of the reference loop")
     p.add_argument("--simulate", action=argparse.BooleanOptionalAction, default=True,
                    help="calibrate the simulator on engine micro-measurements and predict every mode")
     p.add_argument("--gpu", action="store_true",
@@ -918,8 +921,9 @@ def main() -> None:
     p.add_argument("--actor-logs", action="store_true",
                    help="stream the actors' output (vLLM and Ray start-up warnings) to this console; by default it "
                         "stays in Ray's session logs, so the console shows the benchmark's own lines")
-    p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"))
-    p.add_argument("--json", default=None)
+    p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"),
+                   help="directory of the runs' checkpoints, logs and metrics (one folder per mode)")
+    p.add_argument("--json", default=None, help="write the whole result (modes, calibration, simulation) to this file")
     args = p.parse_args()
     modes = check_args(p, args)
     if args.simulate_only and args.calibration:  # CPU: the modes of a saved result, re-simulated, no Ray
@@ -1016,6 +1020,10 @@ def print_split_beside(sim: dict, measured: dict) -> None:
     if run_price and sim_price and sim.get("gradient_rows_frac") is not None:  # both per token of the trained rows
         print(f"{'':10s} train price (us per token through the model, measured in the run / simulated): "
               f"{run_price * 1e6:.1f} / {sim_price * 1e6:.1f} ({run_price / sim_price:.2f}x)")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``--help``: the module docstring as written, and every option's default."""
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
