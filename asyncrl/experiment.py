@@ -67,8 +67,14 @@ class Experiment:
             (engine start costs ~35 s on CPU); they get the trainer's starting weights as version 0
             and are left running by :meth:`stop`. ``None`` builds ``rollout.num_replicas`` new ones.
 
+    An Experiment runs once: :meth:`start` a second time, or after :meth:`stop`, raises (a second start ran a
+    second copy of the run into the same run directory, and a start after stop cut the finished run's
+    ``metrics.csv`` back to its header); make a new one for another run.
+
     Raises:
-        asyncrl.config.ConfigError: on an invalid config (at construction).
+        TypeError: ``config`` is not an ``ExperimentConfig`` (a dict, a path, a recipe function not called), or
+            ``replicas`` is not a list of ``RolloutReplica``.
+        asyncrl.config.ConfigError: on an invalid config (at construction, and again at :meth:`start`).
         asyncrl.checkpoint.CheckpointError: ``resume_mode=resume_path`` names a missing or
             incomplete checkpoint.
     """
@@ -76,7 +82,16 @@ class Experiment:
     def __init__(self, config: Optional[ExperimentConfig] = None, replicas: Optional[list] = None):
         from asyncrl.config import validate
 
-        self.config = config or ExperimentConfig()
+        if config is not None and not isinstance(config, ExperimentConfig):
+            what = "a recipe function: call it" if callable(config) else f"a {type(config).__name__}"
+            raise TypeError(f"Experiment(config): expected an ExperimentConfig, got {what} (build one with a recipe, "
+                            "e.g. asyncrl.recipes.arith_grpo_cpu(), or asyncrl.config.load_config(path_or_dict, "
+                            "overrides))")
+        if replicas is not None and (isinstance(replicas, (str, bytes)) or not hasattr(replicas, "__iter__") or not all(
+                hasattr(r, "server_id") and hasattr(r, "actor") for r in replicas)):
+            raise TypeError(f"Experiment(replicas=...): expected a list of running RolloutReplica objects "
+                            f"(e.g. from NotebookSession.replica(cfg)), got {replicas!r}")
+        self.config = config if config is not None else ExperimentConfig()
         validate(self.config)
         self.budget = sample_budget(self.config)
         from asyncrl.checkpoint import find_resume_checkpoint
@@ -101,6 +116,15 @@ class Experiment:
         self._fit_ref = None
         self.summary: Optional[Summary] = None
         self.t_start = 0.0
+        self._phase = "new"  # -> "started" (start) -> "stopped" (stop): an Experiment runs once
+
+    def _require_run(self, method: str) -> None:
+        """Raise a clear RuntimeError for ``method`` called before :meth:`start` or after :meth:`stop`."""
+        if self._phase == "new":
+            raise RuntimeError(f"Experiment.{method}() before start(): call exp.start() first (or exp.run())")
+        if self._phase == "stopped" or self.trainer is None:
+            raise RuntimeError(f"Experiment.{method}() after stop(): the run's actors are gone; its results are in "
+                               f"exp.summary and {self.run_dir}")
 
     # ------------------------------------------------------------------ build
     def start(self) -> "Experiment":
@@ -122,7 +146,16 @@ class Experiment:
         from asyncrl.trainer.fully_async_trainer import FullyAsyncTrainer
         from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
+        from asyncrl.config import validate
+
+        if self._phase != "new":
+            raise RuntimeError(f"Experiment {self.name} was already started{' and stopped' if self._phase == 'stopped' else ''}:"
+                               f" an Experiment runs once (a second start would write into {self.run_dir} beside "
+                               "it); make a new Experiment(config) for another run")
         cfg = self.config
+        validate(cfg)  # the config may have been changed since the constructor checked it
+        self.budget = sample_budget(cfg)
+        self._phase = "started"
         self.t_start = time.time()
         train, val = self.preflight()
         if not ray.is_initialized():
@@ -210,18 +243,29 @@ class Experiment:
         return train, val
 
     # ------------------------------------------------------------------ live state
-    async def status_async(self) -> dict:
-        """Snapshot of every actor (never blocks the event loop)."""
-        if self.rollouter is None:
+    def _idle_status(self) -> Optional[dict]:
+        """The status before start (``not started``) or after stop (``stopped``, with the summary's run dir)."""
+        if self._phase == "new" or (self.rollouter is None and self._phase == "started"):
             return {"state": "not started"}
+        if self._phase == "stopped":
+            return {"state": "stopped", "name": self.name, "run_dir": str(self.run_dir), "finished": self.summary is not None}
+        return None
+
+    async def status_async(self) -> dict:
+        """Snapshot of every actor (never blocks the event loop); ``{"state": "not started"}`` before :meth:`start`,
+        ``{"state": "stopped", ...}`` after :meth:`stop`."""
+        idle = self._idle_status()
+        if idle is not None:
+            return idle
         ro, tr, mq = await asyncio.gather(self.rollouter.snapshot.remote(), self.trainer.status.remote(),
                                           self.mq.stats_async())
         return self._status(ro, tr, mq)
 
     def status(self) -> dict:
         """Blocking variant of :meth:`status_async` for scripts."""
-        if self.rollouter is None:
-            return {"state": "not started"}
+        idle = self._idle_status()
+        if idle is not None:
+            return idle
         ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
         return self._status(ro, tr, self.mq.stats())
 
@@ -241,6 +285,7 @@ class Experiment:
         """Block until training ends (tqdm progress bar), then :meth:`finish`."""
         from tqdm.auto import tqdm
 
+        self._require_run("wait")
         show = self.config.trainer.progress_bar if progress is None else progress
         total = self.config.trainer.total_training_steps
         bar = tqdm(total=total, desc=self.name, unit="step", disable=not show)
@@ -271,6 +316,7 @@ class Experiment:
         """Stop a running run as a normal end: the trainer finishes its running step and starts no other, a fetch
         waiting for a batch returns (the MessageQueue shuts down), then :meth:`finish`. Returns the summary, whose
         ``stop_reason`` is ``reason`` and the step reached."""
+        self._require_run("interrupt")
         logger.warning("%s: stopping after the running step, then final sync, evaluation and artifacts "
                        "(Ctrl-C again aborts them)", reason)  # also a second one that came before this line
         ray.get(self.trainer.request_stop.remote(reason))
@@ -289,6 +335,7 @@ class Experiment:
     async def wait_async(self, poll_s: float = 1.0) -> Summary:
         """Notebook-friendly :meth:`wait`: awaits the trainer without blocking the kernel's event loop
         (widgets keep updating), then runs :meth:`finish` in a worker thread."""
+        self._require_run("wait_async")
         while not (await self.trainer.status.remote())["done"]:
             await asyncio.sleep(poll_s)
         return await asyncio.to_thread(self._finish_or_raise)
@@ -297,6 +344,7 @@ class Experiment:
         """Stop rollout, push the last weights, evaluate, account every prompt, checkpoint (with
         ``trainer.save_freq > 0``), write artifacts. ``failed``: the trainer raised, so its state is
         not trusted: no final sync, evaluation or checkpoint; the last checkpoint stays the one to use."""
+        self._require_run("finish")
         ray.get(self.rollouter.stop.remote())
         ray.get(self.rollouter.wait_evaluation.remote())
         self._abort_live_replicas()  # orphaned training requests (a dead replica is skipped)
@@ -343,12 +391,16 @@ class Experiment:
         """Invariant 1 from the per-sample ledger: ``taken == trained + dropped + failed``, every drop
         and failure with a reason, no seq lost or accounted twice (see :mod:`asyncrl.accounting`).
         Exact once the run is stopped; while it runs, samples in flight show as ``lost``."""
+        self._require_run("accounting")
         ro_parts, tr_part, taken = ray.get([self.rollouter.ledger_parts.remote(), self.trainer.ledger_dict.remote(),
                                             self.rollouter.taken.remote()])
         return final_accounting(taken, [*ro_parts, tr_part])
 
     def stop(self) -> None:
-        """Shut everything down: no actors, engine processes or ports left behind. Idempotent."""
+        """Shut everything down: no actors, engine processes or ports left behind. Idempotent; the Experiment
+        cannot be started again (make a new one)."""
+        if self._phase == "started":
+            self._phase = "stopped"
         if self.rollouter is not None:
             try:  # an aborted run's loops still generate: stopped first, else their samples fail on released workers
                 ray.get(self.rollouter.stop.remote(), timeout=60)

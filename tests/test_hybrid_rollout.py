@@ -97,6 +97,14 @@ def test_hybrid_engine_hf_trains_in_the_trainer_process(ray_session, tmp_path):
     assert all(r["timing/gen_s"] > 0 and "sync/refresh_s" in r for r in history), history[-1]
     assert trajectories and summary.accuracy_after is not None  # the final evaluation ran on the shared engine
     assert summary.last_checkpoint and "global_step_3" in summary.last_checkpoint
+    # an Experiment runs once (session 30: a start after stop cut the finished run's metrics.csv to its header)
+    rows = (tmp_path / exp.name / "metrics.csv").read_text()
+    with pytest.raises(RuntimeError, match=r"was already started and stopped: an Experiment runs once"):
+        exp.start()
+    with pytest.raises(RuntimeError, match=r"Experiment.wait\(\) after stop\(\): the run's actors are gone"):
+        exp.wait(progress=False)
+    assert exp.status() == {"state": "stopped", "name": exp.name, "run_dir": str(exp.run_dir), "finished": True}
+    assert (tmp_path / exp.name / "metrics.csv").read_text() == rows and len(rows.splitlines()) == 4
 
 
 def test_skipping_zero_advantage_rows_gives_the_same_update(model_dir):

@@ -232,3 +232,30 @@ def test_status_elapsed_stops_at_the_summarys_wall_time():
     exp.summary = Summary(run_dir="", steps=3, param_version=3, accuracy_before=None, accuracy_after=None,
                           accounting={}, wall_s=21.46)
     assert exp._status({}, tr, mq)["elapsed_s"] == 21.46
+
+
+def test_an_experiment_refuses_what_is_not_a_config_and_calls_before_start():
+    """Session 30's fresh user: ``Experiment({...})`` / ``Experiment(arith_grpo_cpu)`` raised AttributeError deep in
+    validate, ``Experiment({})`` ran the default config, ``replicas="abc"`` set num_replicas=3; before start(),
+    wait() started a local Ray and failed inside it, finish() / interrupt() / accounting() raised AttributeError."""
+    from asyncrl.experiment import Experiment
+    from asyncrl.recipes import arith_grpo_cpu
+
+    for bad, says in (({"trainer": {}}, "got a dict"), ({}, "got a dict"), ("x.yaml", "got a str"),
+                      (arith_grpo_cpu, "got a recipe function: call it")):
+        with pytest.raises(TypeError, match=f"expected an ExperimentConfig, {says}"):
+            Experiment(bad)
+    for bad in ("abc", [1]):
+        with pytest.raises(TypeError, match="expected a list of running RolloutReplica objects"):
+            Experiment(arith_grpo_cpu(), replicas=bad)
+    exp = Experiment(arith_grpo_cpu())
+    assert exp.status() == {"state": "not started"}
+    for call in (lambda: exp.wait(progress=False), exp.finish, exp.interrupt, exp.accounting,
+                 lambda: asyncio.run(exp.wait_async())):
+        with pytest.raises(RuntimeError, match=r"Experiment\.\w+\(\) before start\(\): call exp.start\(\) first"):
+            call()
+    exp.config.actor_rollout_ref.rollout.n = 0  # changed after the constructor's check: start() checks again
+    from asyncrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.n"):
+        exp.start()

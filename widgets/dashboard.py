@@ -185,10 +185,10 @@ class Dashboard(SnapshotView):
         return snap
 
     def _finished(self, snap: dict) -> bool:
-        """Stop after Experiment.stop() ("not started" again), or after ``done_polls`` polls of a
-        finished run (long enough to catch ``finish()``'s final evaluation)."""
+        """Stop after Experiment.stop() (``stopped``), or after ``done_polls`` polls of a finished run (long enough
+        to catch ``finish()``'s final evaluation)."""
         self._done_polls = self._done_polls + 1 if snap.get("state") == "done" else 0
-        return (snap.get("state") == "not started" and self._seen_running) or self._done_polls >= self.done_polls
+        return (snap.get("state") in ("not started", "stopped") and self._seen_running) or self._done_polls >= self.done_polls
 
     # ---------------------------------------------------------------- model
     def _compute(self, snapshot: dict) -> dict:
