@@ -350,3 +350,66 @@ def range_hint(key: str, value: Any) -> str:
     off = off_value(why)
     limit = "" if off or not any(v == math.inf for v in items) else "; it has no 'no limit' value: use a large one"
     return f", {rng} ({why}){limit}"
+
+
+def check_local_resources(cfg: ExperimentConfig) -> None:
+    """What a run reads from this machine, checked before any process starts (each failed late, after Ray and the
+    engines had started, as a traceback; session 30's fresh user): the model, tokenizer and critic directories exist
+    and hold a model's ``config.json`` (tokenizer: its files), the CPU cores named by ``*.cpu_affinity`` exist here
+    (a local Ray only: on a cluster the cores are the nodes'), and a ``wandb`` / ``tensorboard`` logger can start
+    (its package imports; ``wandb`` online has an API key).
+
+    Raises:
+        ConfigError: naming the key, the value and what to do.
+    """
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    m = cfg.actor_rollout_ref.model
+    dirs = [("actor_rollout_ref.model.path", m.path, ("config.json",)),
+            ("actor_rollout_ref.model.tokenizer_path", m.tokenizer_path,
+             ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))]
+    if cfg.algorithm.adv_estimator == "gae":
+        dirs.append(("critic.model.path", cfg.critic.model.path, ("config.json",)))
+    for key, path, needs in dirs:
+        if not path:
+            continue
+        if not Path(path).is_dir():
+            raise ConfigError(f"{key}={path!r}: no such directory (a local Hugging Face model directory: `asyncrl models "
+                              "fetch NAME` downloads a known one; nothing is fetched from a hub at run time)")
+        if not any((Path(path) / f).is_file() for f in needs):
+            raise ConfigError(f"{key}={path!r} holds no {' or '.join(needs)}: not a Hugging Face model directory")
+    if cfg.ray.address is None:
+        from asyncrl.cpu_affinity import parse_cores
+
+        here = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)) if hasattr(os, "sched_getaffinity") else None
+        for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
+                          ("trainer.cpu_affinity", cfg.trainer.cpu_affinity)):
+            missing = [c for c in parse_cores(spec) if c not in here] if spec and here is not None else []
+            if missing:
+                raise ConfigError(f"{key}={spec!r}: CPU core(s) {missing} do not exist on this machine (cores "
+                                  f"{min(here)}-{max(here)})")
+    loggers = list(cfg.trainer.logger or [])
+    for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if name in loggers and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"trainer.logger={name} needs the {package} package: pip install 'asyncrl[loggers]', or "
+                              f"drop {name} from trainer.logger")
+    mode = cfg.trainer.wandb_mode or os.environ.get("WANDB_MODE") or "online"
+    if "wandb" in loggers and mode == "online" and not _wandb_api_key():
+        raise ConfigError("trainer.logger=wandb is online but this machine has no W&B API key (WANDB_API_KEY or "
+                          "`wandb login`): log in, or set trainer.wandb_mode=offline (sync later with `wandb sync`)")
+
+
+def _wandb_api_key() -> bool:
+    """Whether W&B would find an API key: ``WANDB_API_KEY`` or a ``~/.netrc`` entry for its host (``wandb login``)."""
+    import netrc
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False

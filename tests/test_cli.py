@@ -190,3 +190,35 @@ def test_train_dry_run_checks_and_prints_the_config_and_starts_nothing(capsys, t
     code, err = run_cli(capsys, "train", "--dry-run", "task=longtail", "actor_rollout_ref.rollout.response_length=512")
     assert code == 2 and "max_position_embeddings=512" in err and "576" in err, err
     assert ray.is_initialized() == ray_before
+
+
+def test_what_a_run_reads_from_this_machine_is_checked_before_anything_starts(capsys, tmp_path, monkeypatch):
+    """Session 30's fresh user: a missing model / tokenizer / critic directory, CPU cores this machine lacks and a
+    wandb logger without a key passed ``--dry-run`` ("config ok") and failed ~45 s later, after Ray and vLLM had
+    started, as tracebacks. Now ``Experiment.preflight`` (which ``--dry-run`` runs) refuses each in one line."""
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.config_ranges import check_local_resources
+
+    (tmp_path / "empty").mkdir()
+    for argv, says in (
+            (["actor_rollout_ref.model.path=/nonexistent"], "config error: actor_rollout_ref.model.path='/nonexistent': "
+                                                            "no such directory"),
+            ([f"actor_rollout_ref.model.path={tmp_path / 'empty'}"], "holds no config.json: not a Hugging Face model"),
+            (["actor_rollout_ref.model.tokenizer_path=/nonexistent"], "actor_rollout_ref.model.tokenizer_path="),
+            (["algorithm.adv_estimator=gae", "critic.model.path=/nonexistent"], "critic.model.path='/nonexistent'"),
+            (["actor_rollout_ref.rollout.cpu_affinity=99"], "actor_rollout_ref.rollout.cpu_affinity='99': CPU core(s) "
+                                                            "[99] do not exist on this machine"),
+    ):
+        code, err = run_cli(capsys, "train", "--dry-run", *argv)
+        assert code == 2 and says in err and "Traceback" not in err, (argv, err)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no `wandb login`
+    online = load_config(overrides=["trainer.logger=[console,wandb]"])
+    with pytest.raises(ConfigError, match="no W&B API key .* set trainer.wandb_mode=offline"):
+        check_local_resources(online)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    check_local_resources(online)
+    check_local_resources(load_config(overrides=["trainer.logger=[wandb]", "trainer.wandb_mode=offline"]))
+    cluster = load_config(overrides=["trainer.cpu_affinity=99", "ray.address=auto"])  # a cluster's cores are its nodes'
+    check_local_resources(cluster)
