@@ -113,6 +113,40 @@ def test_loader_error_names_file_row_and_field(tmp_path):
         load_rows(tmp_path / "missing.parquet")
 
 
+@pytest.mark.parametrize("change, says", [
+    (lambda r: r["prompt"][0].update(content=None), r"row 1: field 'prompt\[0\]\.content' must be a string, got null"),
+    (lambda r: r["prompt"][0].update(content=12345), r"row 1: field 'prompt\[0\]\.content' must be a string, got int"),
+    (lambda r: r["prompt"][0].update(content=[{"type": "text", "text": "hi"}]),
+     r"got list \(a list of content parts is not supported: join their text into one string\)"),
+    (lambda r: r["prompt"][0].update(role=3), r"row 1: field 'prompt\[0\]\.role' must be a string, got int"),
+    (lambda r: r.update(tools="notalist"), r"row 1: field 'tools' must be a list of JSON-schema tool objects, got str"),
+])
+def test_a_message_the_chat_template_cannot_render_is_named_by_its_row(tmp_path, change, says):
+    """Session 30's fresh user: a null / int / content-part-list message content and a ``tools`` string reached the
+    chat template and failed inside it as a Jinja or transformers traceback naming no file or row."""
+    rows = make_arith_rows(2, seed=0)
+    change(rows[1])
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DatasetError, match=says):
+        load_rows(p)
+    rows = make_arith_rows(1, seed=0)  # an assistant turn of tool calls may have no content (OpenAI's form)
+    rows[0]["prompt"].append({"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]})
+    p.write_text(json.dumps(rows[0]) + "\n")
+    assert load_rows(p)[0]["prompt"][-1]["content"] is None
+
+
+def test_a_file_that_is_not_text_or_not_parquet_is_a_dataset_error(tmp_path):
+    """A stray 0xff byte raised UnicodeDecodeError, a corrupt parquet pyarrow's ArrowInvalid, as tracebacks."""
+    row = json.dumps(make_arith_rows(1, seed=0)[0]).encode()
+    (tmp_path / "bad8.jsonl").write_bytes(row + b"\n" + b'{"a": "\xff"}\n')
+    with pytest.raises(DatasetError, match=r"bad8\.jsonl: not UTF-8 text \(byte b'\\xff' at offset \d+\); save it"):
+        load_rows(tmp_path / "bad8.jsonl")
+    (tmp_path / "corrupt.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(DatasetError, match=r"corrupt\.parquet: cannot parse as parquet: ArrowInvalid: "):
+        load_rows(tmp_path / "corrupt.parquet")
+
+
 def test_get_task_rows_and_registry():
     rows = get_task_rows("arith", "test", 20, seed=0, operators="+")
     assert rows == make_arith_rows(20, 0, "+", "test")

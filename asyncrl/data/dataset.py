@@ -182,6 +182,18 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
     for j, msg in enumerate(prompt):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
             raise DatasetError(f"{where}: field 'prompt[{j}]' must be a message with 'role' and 'content'")
+        for key in ("role", "content"):  # the chat template concatenates them: a null or a number failed inside it
+            if key == "content" and msg[key] is None and msg.get("tool_calls"):  # an assistant turn of tool calls
+                continue
+            if not isinstance(msg[key], str):
+                kind = "null" if msg[key] is None else type(msg[key]).__name__
+                parts = " (a list of content parts is not supported: join their text into one string)" \
+                    if key == "content" and isinstance(msg[key], list) else ""
+                raise DatasetError(f"{where}: field 'prompt[{j}].{key}' must be a string, got {kind}{parts}")
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise DatasetError(f"{where}: field 'tools' must be a list of JSON-schema tool objects, got "
+                           f"{type(tools).__name__}")
     rm = row["reward_model"]
     if not isinstance(rm, dict) or rm.get("ground_truth") is None:
         raise DatasetError(f"{where}: missing required field 'reward_model.ground_truth'")
@@ -260,6 +272,14 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
         raw = reader(p)
     except OSError as exc:  # unreadable (permissions, ...): named, not a traceback
         raise DatasetError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except DatasetError:
+        raise
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{p}: not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at offset {exc.start}); "
+                           "save it as UTF-8") from None
+    except ValueError as exc:  # pyarrow's ArrowInvalid (a file that is not parquet) is one
+        raise DatasetError(f"{p}: cannot parse as {p.suffix.lower()[1:]}: {type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}") from None
     rows = [validate_row(r, str(p), i) for i, r in enumerate(raw)]
     logger.info("loaded %d rows from %s", len(rows), p)
     return rows
