@@ -225,6 +225,14 @@ def load_config(
             the wrong Python type, see :func:`check_types`; an int for a float key is fine), a YAML file or
             override value that is not valid YAML (naming line and column), or a file whose top level is not a mapping.
     """
+    if yaml_path is not None and not isinstance(yaml_path, (str, Path)):
+        hint = (" (a mapping of keys: write it to a YAML file, or give its keys as overrides)" if isinstance(yaml_path, dict)
+                else "")
+        raise ConfigError(f"load_config(yaml_path): expected a YAML file's path, got a {type(yaml_path).__name__}{hint}")
+    if isinstance(overrides, (str, bytes)) or (overrides is not None and (
+            not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides))):
+        raise ConfigError(f"load_config(overrides=...): expected a list of 'key=value' strings, got {overrides!r} "
+                          "(e.g. overrides=['trainer.total_training_steps=3'])")
     if base is not None:  # the caller's object stays as it is
         where = " in the base config"
         check_structure(base, where, unknown_key_hint)  # a section replaced by a dict / None, a misspelt attribute
@@ -244,8 +252,9 @@ def load_config(
     if yaml_path is not None:
         cfg = _merge(cfg, _load_yaml(yaml_path), str(yaml_path))
     for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+        if "=" not in item or not item.partition("=")[0].strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value" + (
+                " (its key is empty)" if "=" in item else ""))
         key, _, value = item.partition("=")
         if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
             value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task

@@ -63,10 +63,11 @@ def _check_raw(raw: Any, what: str) -> Any:
 
     def walk(node: Any, prefix: str) -> Any:
         t = types.get(prefix)
-        if prefix in sections and node is not None and not isinstance(node, dict):  # OmegaConf's error says "None"
+        if prefix in sections and not isinstance(node, dict):  # OmegaConf's error said "None" / "is not Optional"
             under = sections[prefix]
-            raise ConfigError(f"{prefix!r} in {what} is a config section, not a value: set a key inside it, e.g. "
-                              f"{prefix}.{under[0]}=... ({prefix} holds: {', '.join(under)})")
+            raise ConfigError(f"{prefix!r} in {what} is a config section, not a value"
+                              + (" (here null: nothing under it)" if node is None else "")
+                              + f": set a key inside it, e.g. {prefix}.{under[0]}=... ({prefix} holds: {', '.join(under)})")
         if isinstance(node, dict):
             return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
         if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:

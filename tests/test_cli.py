@@ -8,6 +8,7 @@ kernel starts; the parameter tests use papermill's real parameter injection.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,9 @@ def run_cli(capsys, *argv):
                                   "trainer holds: total_training_steps, total_time_s, "),
     (["train", "actor_rollout_ref.rolout.n=2"], "config error: unknown config key 'actor_rollout_ref.rolout' in override "
                                                 "'actor_rollout_ref.rolout.n=2'; did you mean 'actor_rollout_ref.rollout'?"),
+    (["train", "=5"], "config error: override '=5' is not of the form key=value (its key is empty)"),  # OmegaConf's text
+    (["train", "trainer=null"], "config error: 'trainer' in override 'trainer=null' is a config section, not a value "
+                                "(here null: nothing under it)"),
 ])
 def test_config_errors(capsys, argv, want):
     code, err = run_cli(capsys, *argv)
@@ -222,3 +226,17 @@ def test_what_a_run_reads_from_this_machine_is_checked_before_anything_starts(ca
     check_local_resources(load_config(overrides=["trainer.logger=[wandb]", "trainer.wandb_mode=offline"]))
     cluster = load_config(overrides=["trainer.cpu_affinity=99", "ray.address=auto"])  # a cluster's cores are its nodes'
     check_local_resources(cluster)
+
+
+def test_load_config_names_an_argument_of_the_wrong_kind():
+    """``overrides="k=v"`` was walked character by character ("override 't' is not of the form key=value"),
+    ``overrides=[5]`` raised TypeError, a dict for the path "cannot read config file \"{...}\"" (session 30)."""
+    from asyncrl.config import ConfigError, load_config
+
+    for kw, says in (({"overrides": "trainer.total_training_steps=3"}, "expected a list of 'key=value' strings, got "
+                                                                        "'trainer.total_training_steps=3'"),
+                     ({"overrides": [5]}, "expected a list of 'key=value' strings, got [5]"),
+                     ({"yaml_path": {"trainer": {}}}, "expected a YAML file's path, got a dict (a mapping of keys")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_config(**kw)
+    assert load_config(overrides=("trainer.total_training_steps=3",)).trainer.total_training_steps == 3
