@@ -71,7 +71,11 @@ def to_papermill(value: Any, name: str = "value") -> Any:
 def _parameters_cell(notebook: Path) -> Optional[str]:
     import nbformat
 
-    nb = nbformat.read(notebook, as_version=4)
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except (nbformat.reader.NotJSONError, ValueError, KeyError, AttributeError) as exc:  # README.md, a broken file
+        raise BatchParameterError(f"{notebook} is not a Jupyter notebook ({type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())[:120]})") from None
     for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in (cell.metadata.get("tags") or []):
             return cell.source

@@ -240,3 +240,16 @@ def test_load_config_names_an_argument_of_the_wrong_kind():
         with pytest.raises(ConfigError, match=re.escape(says)):
             load_config(**kw)
     assert load_config(overrides=("trainer.total_training_steps=3",)).trainer.total_training_steps == 3
+
+
+def test_a_file_that_is_no_notebook_or_no_gguf_is_a_user_error(capsys, tmp_path):
+    """``asyncrl batch README.md`` raised nbformat's NotJSONError and ``asyncrl models fetch some.jsonl`` the gguf
+    reader's ValueError, as tracebacks (session 30)."""
+    code, err = run_cli(capsys, "batch", str(REPO / "README.md"), "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and err.startswith(f"batch error: {REPO / 'README.md'} is not a Jupyter notebook (NotJSONError"), err
+    assert not (tmp_path / "run").exists()
+    fake = tmp_path / "model.gguf"
+    fake.write_text('{"not": "a model"}\n')
+    code, err = run_cli(capsys, "models", "fetch", str(fake), "--cache-dir", str(tmp_path / "cache"))
+    assert code == 2 and err.startswith(f"models fetch error: {fake} is not a GGUF file (it does not start with the "
+                                        "GGUF magic bytes)"), err

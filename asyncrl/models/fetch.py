@@ -321,6 +321,10 @@ def fetch_model(source: str = "smollm2-135m-instruct", cache_dir: str | Path | N
         gguf: Optional[Path] = Path(source).expanduser()
         if not gguf.is_file():
             raise ModelFetchError(f"GGUF file not found: {gguf}")
+        with gguf.open("rb") as f:  # else the gguf reader's ValueError came as a traceback
+            if f.read(4) != b"GGUF":
+                raise ModelFetchError(f"{gguf} is not a GGUF file (it does not start with the GGUF magic bytes); "
+                                      f"give a .gguf model file or a known name: {sorted(KNOWN_MODELS)}")
         name = _name_of_file(gguf)
     else:
         gguf, name = None, source
