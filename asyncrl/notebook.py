@@ -78,10 +78,15 @@ def start_ray(ray_address: Optional[str] = None, *, snapshot_dir: Optional[str] 
         A :class:`NotebookSession`; ``session.smoke`` tells whether ``CI`` asks for smoke sizes.
 
     Raises:
+        ValueError: ``name`` empty or not a string, ``num_cpus`` not a whole number >= 1.
         Exception: Ray's own start error after 5 attempts (local) or at once (an address).
     """
     import ray
 
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"start_ray(name=...): a non-empty notebook name (its runs/ directory), got {name!r}")
+    if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1):
+        raise ValueError(f"start_ray(num_cpus=...): a whole number >= 1 (or None: all of them), got {num_cpus!r}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _quiet_library_progress_bars()
     session = NotebookSession(name=name, snapshot_dir=snapshot_dir, ray_address=ray_address)
@@ -171,6 +176,13 @@ class NotebookSession:
         self.checked: list[Claim] = []
         self._owned: list[Any] = []  # closed in reverse order
         self._lines: dict[int, RunLine] = {}  # id(experiment) -> its status line
+        self.closed = False
+
+    def _require_open(self, method: str) -> None:
+        """A session that :meth:`close` ended starts nothing more (it started a new Ray, untracked, session 30)."""
+        if self.closed:
+            raise RuntimeError(f"NotebookSession.{method}(): this session is closed (nb.close() ran, or a batch run's "
+                               "cell failed): start a new one with start_ray(...)")
 
     # -- things to close
     def track(self, obj: Any) -> Any:
@@ -188,8 +200,12 @@ class NotebookSession:
             server_id: the replica's name.
             **kwargs: passed to ``RolloutReplica`` (``replica_rank``, ``actor_options`` ...).
         """
+        from asyncrl.config import ExperimentConfig
         from asyncrl.rollout.replica import RolloutReplica
 
+        self._require_open("replica")
+        if not isinstance(cfg, ExperimentConfig):
+            raise TypeError(f"NotebookSession.replica(cfg): expected an ExperimentConfig, got a {type(cfg).__name__}")
         backend = cfg.actor_rollout_ref.rollout.name
         async with Progress(f"starting the {backend} engine {server_id}") as p:  # the line ticks the measured time
             replica = self.track(RolloutReplica(cfg, server_id=server_id, **kwargs))
@@ -203,6 +219,7 @@ class NotebookSession:
         The line reads "running" while the run trains and, once it ends (whoever waits for it), "done"
         with its steps, final version and wall time, or the failure (:class:`~asyncrl.notebook_progress.RunLine`).
         """
+        self._require_open("start")
         n = len(exp._external_replicas or []) or exp.config.actor_rollout_ref.rollout.num_replicas
         what = ("starting the queue, rollouter and trainer, pushing version 0"
                 if exp._external_replicas else f"starting {n} engine(s), the queue, rollouter and trainer")
@@ -232,6 +249,7 @@ class NotebookSession:
 
         from asyncrl.experiment import Experiment
 
+        self._require_open("run")
         exp = await self.start(Experiment(cfg, replicas=replicas))
         dash = None
         if dashboard:
@@ -294,9 +312,12 @@ class NotebookSession:
     def close(self) -> None:
         """Stop live widgets, then everything tracked (newest first), then Ray if this session started it.
 
-        Idempotent; a cluster attached to with ``ray_address`` is left running.
+        Idempotent; a cluster attached to with ``ray_address`` is left running. A closed session starts nothing
+        more (:meth:`replica`, :meth:`start`, :meth:`run` raise RuntimeError).
         """
         import ray
+
+        self.closed = True
 
         try:
             from widgets.poller import Poller

@@ -259,3 +259,23 @@ def test_an_experiment_refuses_what_is_not_a_config_and_calls_before_start():
 
     with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.n"):
         exp.start()
+
+
+def test_a_closed_session_starts_nothing_and_start_ray_checks_its_arguments():
+    """Session 30's fresh user: after ``nb.close()``, ``nb.run(cfg)`` started a new Ray and a whole run the session no
+    longer tracked; ``nb.replica(dict)`` raised AttributeError; ``start_ray(name=None)`` a TypeError from os.path.join
+    and ``num_cpus=-1`` Ray's own ValueError after its start-up began."""
+    from asyncrl.notebook import start_ray
+    from asyncrl.recipes import arith_grpo_cpu
+
+    nb = NotebookSession("t")
+    with pytest.raises(TypeError, match="replica\\(cfg\\): expected an ExperimentConfig, got a dict"):
+        asyncio.run(nb.replica({"trainer": {}}))
+    nb.close()
+    for call in (lambda: nb.run(arith_grpo_cpu()), lambda: nb.replica(arith_grpo_cpu())):
+        with pytest.raises(RuntimeError, match=r"this session is closed \(nb.close\(\) ran"):
+            asyncio.run(call())
+    with pytest.raises(ValueError, match=r"start_ray\(name=...\): a non-empty notebook name .* got None"):
+        start_ray(name=None)
+    with pytest.raises(ValueError, match=r"start_ray\(num_cpus=...\): a whole number >= 1 .* got -1"):
+        start_ray(name="t", num_cpus=-1)
