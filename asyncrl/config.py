@@ -310,6 +310,7 @@ CHOICES: dict[str, Any] = {
     "actor_rollout_ref.rollout.scheduling_policy": ("fcfs", "priority"),
     "async_training.partial_rollout_mode": ("abort", "keep"),
     "trainer.device": ("cuda", "cpu"),
+    "trainer.omp_wait_policy": ("active", "passive", ""),  # OpenMP ignores another word without a sound
     "trainer.resume_mode": ("auto", "disable", "resume_path"),
     "trainer.wandb_mode": (None, "online", "offline", "disabled"),
     **ALGORITHM_CHOICES,
@@ -402,6 +403,9 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.logger: unknown logger(s) {bad}; valid: {list(LOGGERS)} (e.g. trainer.logger=[console,tensorboard])")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<run dir>/checkpoints/global_step_N")
+    if tr.resume_from_path and tr.resume_mode != "resume_path":  # verl reads the path only in that mode: it was ignored
+        raise ConfigError(f"trainer.resume_from_path={tr.resume_from_path!r} is read only with "
+                          f"trainer.resume_mode=resume_path (it is {tr.resume_mode!r}): add that, or drop the path")
     # trainer.save_freq <= 0 means no checkpoints, as in verl (the trainer and Experiment save only when > 0)
 
 

@@ -53,6 +53,11 @@ def run_cli(capsys, *argv):
     (["train", "actor_rollout_ref.rolout.n=2"], "config error: unknown config key 'actor_rollout_ref.rolout' in override "
                                                 "'actor_rollout_ref.rolout.n=2'; did you mean 'actor_rollout_ref.rollout'?"),
     (["train", "=5"], "config error: override '=5' is not of the form key=value (its key is empty)"),  # OmegaConf's text
+    # session 30: each of these was accepted and ignored without a word
+    (["train", "trainer.omp_wait_policy=x"], "config error: trainer.omp_wait_policy='x' is not valid; valid values: "
+                                             "active, passive, "),
+    (["train", "trainer.resume_from_path=/tmp/nope"], "config error: trainer.resume_from_path='/tmp/nope' is read only "
+                                                      "with trainer.resume_mode=resume_path (it is 'auto')"),
     (["train", "trainer=null"], "config error: 'trainer' in override 'trainer=null' is a config section, not a value "
                                 "(here null: nothing under it)"),
 ])
