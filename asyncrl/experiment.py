@@ -43,8 +43,11 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3
     ``log_to_driver=False`` keeps actors' output out of the caller (notebooks: ``asyncrl.notebook``).
 
     Raises:
+        asyncrl.config.ConfigError: ``address`` names a host:port nothing answers on (Ray itself retried its GCS for
+            minutes, session 30).
         Exception: Ray's own start error after ``attempts`` tries.
     """
+    _check_reachable(address)
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
@@ -56,6 +59,26 @@ def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3
                 raise
             logger.warning("Ray did not start (attempt %d/%d): %s; retrying", attempt, attempts, exc)
             time.sleep(2.0)
+
+
+def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
+    """A ``host:port`` / ``ray://host:port`` Ray address answers a TCP connection within ``timeout_s`` (``None``,
+    ``auto`` and ``local`` are Ray's to resolve)."""
+    import socket
+
+    from asyncrl.config import ConfigError
+
+    if not address or address in ("auto", "local"):
+        return
+    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        return  # a form Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"ray.address={address!r}: nothing answers at {host}:{port} ({type(exc).__name__}: "
+                          f"{exc}); start the cluster there (ray start --head), fix the address, or leave it null for "
+                          "a local Ray") from None
 
 
 class Experiment:

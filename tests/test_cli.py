@@ -258,3 +258,22 @@ def test_a_file_that_is_no_notebook_or_no_gguf_is_a_user_error(capsys, tmp_path)
     code, err = run_cli(capsys, "models", "fetch", str(fake), "--cache-dir", str(tmp_path / "cache"))
     assert code == 2 and err.startswith(f"models fetch error: {fake} is not a GGUF file (it does not start with the "
                                         "GGUF magic bytes)"), err
+
+
+def test_a_ray_address_nothing_answers_at_is_refused_in_seconds(capsys):
+    """``ray.address=bogus:1`` passed ``--dry-run`` and then hung: Ray retried its GCS for minutes (7 in a notebook's
+    ``start_ray``), and a SIGTERM came back as ``SystemExit: 15`` (session 30). Now a TCP check names it first."""
+    import time
+
+    from asyncrl.config import ConfigError
+    from asyncrl.experiment import _check_reachable
+
+    t0 = time.monotonic()
+    code, err = run_cli(capsys, "train", "ray.address=127.0.0.1:1", "steps=1")
+    assert code == 2 and err.startswith("config error: ray.address='127.0.0.1:1': nothing answers at 127.0.0.1:1 "
+                                        "(ConnectionRefusedError"), err
+    assert time.monotonic() - t0 < 120
+    with pytest.raises(ConfigError, match=r"ray.address='ray://127.0.0.1:1': nothing answers at 127.0.0.1:1"):
+        _check_reachable("ray://127.0.0.1:1")
+    for fine in (None, "auto", "local"):
+        _check_reachable(fine)
