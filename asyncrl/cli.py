@@ -157,7 +157,25 @@ def _dry_run(exp) -> int:
     print(to_yaml(cfg), end="")
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
+    if cfg.data.train_files:  # the user's own rows: which ones a run would skip (counted then, per draw, unnamed)
+        too_long = _too_long_rows(train, cfg)
+        if too_long:
+            shown = ", ".join(str(i) for i in too_long[:10]) + (", ..." if len(too_long) > 10 else "")
+            print(f"note: {len(too_long)} of {len(train)} training prompts are longer than data.max_prompt_length="
+                  f"{cfg.data.max_prompt_length} tokens (rows {shown} of data.train_files, in file order): a run skips "
+                  "them as prompt_too_long each time they are drawn", file=sys.stderr)
     return 0
+
+
+def _too_long_rows(rows: list, cfg) -> list[int]:
+    """Indices of ``rows`` whose rendered prompt is longer than ``data.max_prompt_length`` tokens."""
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+    from asyncrl.models import load_tokenizer
+
+    m = cfg.actor_rollout_ref.model
+    tok = load_tokenizer(m.tokenizer_path or m.path)
+    return [i for i, r in enumerate(rows)
+            if len(render_prompt_ids(tok, list(r["prompt"]), r.get("tools"))) > cfg.data.max_prompt_length]
 
 
 def _batch(args: argparse.Namespace) -> int:

@@ -277,3 +277,17 @@ def test_a_ray_address_nothing_answers_at_is_refused_in_seconds(capsys):
         _check_reachable("ray://127.0.0.1:1")
     for fine in (None, "auto", "local"):
         _check_reachable(fine)
+
+
+def test_dry_run_names_the_rows_a_run_would_skip_as_too_long(capsys, tmp_path):
+    """A run counts a prompt longer than ``data.max_prompt_length`` as ``prompt_too_long`` each time it is drawn,
+    naming no row; ``--dry-run`` said "config ok (40 training prompts)" (session 30). It now names them."""
+    rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": "1+" * 200 + "1" if i in (7, 30) else f"{i}+1"}],
+             "reward_model": {"ground_truth": str(i + 1)}} for i in range(40)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={path}")
+    assert code == 0 and ("note: 2 of 40 training prompts are longer than data.max_prompt_length=64 tokens (rows 7, "
+                          "30 of data.train_files, in file order)") in err, err
+    code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={path}", "data.max_prompt_length=480")
+    assert code == 0 and "note:" not in err, err
