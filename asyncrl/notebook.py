@@ -293,6 +293,8 @@ class NotebookSession:
         Raises:
             ClaimFailed: the run contradicts the text (the notebook, and its test, fail here).
         """
+        if not isinstance(text, str) or not text.strip():  # the summary lists the claims by their words
+            raise TypeError(f"NotebookSession.claim(text, ok): text is the claim in the chapter's words, got {text!r}")
         if unchecked:
             c = Claim(text=text, ok=False, evidence=str(evidence), unchecked=unchecked)
             self.checked.append(c)

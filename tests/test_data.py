@@ -184,3 +184,13 @@ def test_run_rows_are_the_files_when_set_else_the_tasks(tmp_path):
     assert [r["prompt"][0]["content"] for r in run_rows(d, "train", 0, limit=2)] == ["q0", "q1"]
     d.shuffle = True
     assert run_rows(d, "test", 0) == get_task_rows("arith", "test", 3, 0)  # no val_files: the task's test split
+
+
+def test_a_comma_separated_file_name_that_does_not_exist_hints_at_the_list_form(tmp_path):
+    """``data.train_files=a.jsonl,b.json`` is one file name (OmegaConf reads a string): "dataset file not found:
+    a.jsonl,b.json" alone left the user guessing (session 30)."""
+    from asyncrl.data.dataset import load_files
+
+    with pytest.raises(FileNotFoundError, match=r"dataset file not found: a.jsonl,b.json \(data.train_files\); several "
+                                                r"files are a list: data.train_files=\[a.jsonl,b.json\]"):
+        load_files("a.jsonl,b.json")

@@ -18,6 +18,8 @@ def test_claim_passes_with_evidence_and_fails_with_the_text_and_the_measurement(
     with pytest.raises(ClaimFailed, match=r"the text says: 'the queue binds', but this run shows: active_tasks"):
         nb.claim("the queue binds", False, "active_tasks")
     assert [x.ok for x in nb.checked] == [True, False]
+    with pytest.raises(TypeError, match="text is the claim in the chapter's words, got 5"):
+        nb.claim(5, True)
 
 
 def test_a_claim_the_run_cannot_decide_is_shown_unchecked_not_failed(capsys):

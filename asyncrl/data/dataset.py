@@ -318,7 +318,9 @@ def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str 
         try:
             got = load_rows(path)
         except DatasetError as exc:  # which key (and which of its files) the bad path came from
-            raise type(exc)(f"{exc}{where}") from None
+            comma = (f"; several files are a list: {key}=[{','.join(p.strip() for p in str(path).split(','))}]"
+                     if isinstance(exc, DatasetNotFoundError) and "," in str(path) else "")
+            raise type(exc)(f"{exc}{where}{comma}") from None
         if not got:
             empty.append((str(path), where))
         rows.extend(got)
