@@ -153,9 +153,14 @@ def longtail_grpo_cpu(colocated: bool = False) -> ExperimentConfig:
       resources (the benchmark pins each to its own core);
     * ``colocated=True``: ``actor_rollout_ref.hybrid_engine=True`` (generate the whole batch, train,
       sync, in turn), both phases on every core (``trainer.torch_threads=2``).
+
+    Raises:
+        TypeError: ``colocated`` is not a bool.
     """
     from asyncrl.models import EMBEDDED_MODEL_DIR
 
+    if not isinstance(colocated, bool):  # "yes", "no" and 0.5 read as true
+        raise TypeError(f"longtail_grpo_cpu(colocated=...): True or False, got {colocated!r}")
     cfg = arith_grpo_cpu()
     cfg.trainer.experiment_name = "longtail_colocated_cpu" if colocated else "longtail_grpo_cpu"
     cfg.actor_rollout_ref.model.path = str(EMBEDDED_MODEL_DIR.parent / "tiny_qwen2_longtail")

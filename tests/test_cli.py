@@ -291,3 +291,13 @@ def test_dry_run_names_the_rows_a_run_would_skip_as_too_long(capsys, tmp_path):
                           "30 of data.train_files, in file order)") in err, err
     code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={path}", "data.max_prompt_length=480")
     assert code == 0 and "note:" not in err, err
+
+
+def test_a_recipe_flag_that_is_not_a_bool_is_refused():
+    """``longtail_grpo_cpu("yes")`` (and "no") read as colocated (session 30)."""
+    from asyncrl.recipes import longtail_grpo_cpu
+
+    for bad in ("yes", "no", 1):
+        with pytest.raises(TypeError, match=r"longtail_grpo_cpu\(colocated=...\): True or False, got"):
+            longtail_grpo_cpu(bad)
+    assert longtail_grpo_cpu(True).actor_rollout_ref.hybrid_engine and not longtail_grpo_cpu().actor_rollout_ref.hybrid_engine

@@ -120,6 +120,9 @@ def test_loader_error_names_file_row_and_field(tmp_path):
      r"got list \(a list of content parts is not supported: join their text into one string\)"),
     (lambda r: r["prompt"][0].update(role=3), r"row 1: field 'prompt\[0\]\.role' must be a string, got int"),
     (lambda r: r.update(tools="notalist"), r"row 1: field 'tools' must be a list of JSON-schema tool objects, got str"),
+    (lambda r: r.update(data_source=5), r"row 1: field 'data_source' must be a non-empty string \(it picks the reward"),
+    (lambda r: r["reward_model"].update(ground_truth=""), r"row 1: field 'reward_model.ground_truth' is empty \(''\)"),
+    (lambda r: r["reward_model"].update(ground_truth=[]), r"row 1: field 'reward_model.ground_truth' is empty \(\[\]\)"),
 ])
 def test_a_message_the_chat_template_cannot_render_is_named_by_its_row(tmp_path, change, says):
     """Session 30's fresh user: a null / int / content-part-list message content and a ``tools`` string reached the

@@ -174,6 +174,9 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
     for field in REQUIRED_FIELDS:
         if row.get(field) is None:
             raise DatasetError(f"{where}: missing required field {field!r} (has {sorted(row)})")
+    if not isinstance(row["data_source"], str) or not row["data_source"].strip():  # it picks the reward function
+        raise DatasetError(f"{where}: field 'data_source' must be a non-empty string (it picks the reward function), "
+                           f"got {row['data_source']!r}")
     prompt = row["prompt"]
     if isinstance(prompt, str):
         prompt = row["prompt"] = [{"role": "user", "content": prompt}]
@@ -197,6 +200,8 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
     rm = row["reward_model"]
     if not isinstance(rm, dict) or rm.get("ground_truth") is None:
         raise DatasetError(f"{where}: missing required field 'reward_model.ground_truth'")
+    if rm["ground_truth"] in ("", [], {}) and rm.get("style") != "verifier":  # a rule reward would score 0 always
+        raise DatasetError(f"{where}: field 'reward_model.ground_truth' is empty ({rm['ground_truth']!r})")
     if row.get("extra_info") is None:
         row["extra_info"] = {}
     return row
