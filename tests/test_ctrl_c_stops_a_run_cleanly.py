@@ -84,6 +84,7 @@ def test_wait_turns_ctrl_c_into_a_clean_stop(tmp_path, monkeypatch):
 
     monkeypatch.setattr("asyncrl.experiment.ray", types.SimpleNamespace(wait=ctrl_c, get=lambda x, **k: x))
     exp = Experiment.__new__(Experiment)
+    exp._phase = "started"  # a started run (Experiment.start not called: fakes stand in for its actors)
     exp.config, exp.name, exp._fit_ref = types.SimpleNamespace(trainer=types.SimpleNamespace(
         progress_bar=False, total_training_steps=5)), "run", object()
     exp.trainer = types.SimpleNamespace(request_stop=_Remote(lambda reason: calls.append(("request_stop", reason))))
@@ -133,6 +134,7 @@ def _waiting_experiment(tmp_path, wait, calls, request_stop=None):
 
     asyncrl.experiment.ray = types.SimpleNamespace(wait=wait, get=lambda x, **k: x)
     exp = Experiment.__new__(Experiment)
+    exp._phase = "started"  # a started run (Experiment.start not called: fakes stand in for its actors)
     exp.config, exp.name, exp._fit_ref = types.SimpleNamespace(trainer=types.SimpleNamespace(
         progress_bar=False, total_training_steps=5)), "run", object()
     exp.trainer = types.SimpleNamespace(
@@ -222,6 +224,7 @@ def test_an_aborted_run_stops_its_rollouter_loops_before_releasing_their_workers
     monkeypatch.setattr("asyncrl.experiment.ray", types.SimpleNamespace(get=lambda x, **k: x, kill=lambda h: None,
                                                                         is_initialized=lambda: False))
     exp = Experiment.__new__(Experiment)
+    exp._phase = "started"  # a started run (Experiment.start not called: fakes stand in for its actors)
     exp.rollouter = types.SimpleNamespace(stop=_Remote(lambda: calls.append("rollouter.stop")),
                                           shutdown=_Remote(lambda: calls.append("rollouter.shutdown")))
     exp.trainer = exp.mq = exp.lb = exp.placement = None
