@@ -31,54 +31,11 @@ from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
+from asyncrl.ray_start import init_ray
 from asyncrl.staleness import sample_budget
 from asyncrl.summary import Summary, TrainerError  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
 logger = logging.getLogger(__name__)
-
-
-def _init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
-    """``ray.init`` that survives a slow start: a local raylet has a hard-coded 30 s deadline to
-    register, which an overloaded laptop can miss; each failed attempt is shut down and retried.
-    ``log_to_driver=False`` keeps actors' output out of the caller (notebooks: ``asyncrl.notebook``).
-
-    Raises:
-        asyncrl.config.ConfigError: ``address`` names a host:port nothing answers on (Ray itself retried its GCS for
-            minutes, session 30).
-        Exception: Ray's own start error after ``attempts`` tries.
-    """
-    _check_reachable(address)
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
-                     log_to_driver=log_to_driver, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-            return
-        except Exception as exc:  # Ray raises a bare Exception for the start timeout
-            ray.shutdown()
-            if attempt == attempts or address is not None:
-                raise
-            logger.warning("Ray did not start (attempt %d/%d): %s; retrying", attempt, attempts, exc)
-            time.sleep(2.0)
-
-
-def _check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:
-    """A ``host:port`` / ``ray://host:port`` Ray address answers a TCP connection within ``timeout_s`` (``None``,
-    ``auto`` and ``local`` are Ray's to resolve)."""
-    import socket
-
-    from asyncrl.config import ConfigError
-
-    if not address or address in ("auto", "local"):
-        return
-    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not host or not port.isdigit():
-        return  # a form Ray resolves itself
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise ConfigError(f"ray.address={address!r}: nothing answers at {host}:{port} ({type(exc).__name__}: "
-                          f"{exc}); start the cluster there (ray start --head), fix the address, or leave it null for "
-                          "a local Ray") from None
 
 
 class Experiment:
@@ -182,7 +139,7 @@ class Experiment:
         self.t_start = time.time()
         train, val = self.preflight()
         if not ray.is_initialized():
-            _init_ray(cfg.ray.address, cfg.ray.num_cpus)
+            init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
         layout = self._place()
         local = in_process_rollout(cfg) and not self._external_replicas  # trainer/hybrid_rollout.py

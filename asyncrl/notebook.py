@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 def _quiet_ray_init(address: Optional[str], log_path: Path, num_cpus: Optional[int]) -> None:
     """``ray.init`` with Ray's own start-up lines (token-auth notice, "Started a local Ray instance",
     retries) written to ``log_path`` instead of the notebook's stderr; Ray's later warnings show as usual."""
-    from asyncrl.experiment import _init_ray
+    from asyncrl.ray_start import init_ray
 
     ray_logger = logging.getLogger("ray")
     saved = (list(ray_logger.handlers), ray_logger.propagate)
@@ -49,7 +49,7 @@ def _quiet_ray_init(address: Optional[str], log_path: Path, num_cpus: Optional[i
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     ray_logger.handlers, ray_logger.propagate = [handler], False
     try:
-        _init_ray(address, num_cpus, attempts=5, log_to_driver=False)
+        init_ray(address, num_cpus, attempts=5, log_to_driver=False)
     finally:
         ray_logger.handlers, ray_logger.propagate = saved
         handler.close()

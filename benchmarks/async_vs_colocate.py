@@ -938,9 +938,9 @@ def main() -> None:
         return
     import ray
 
-    from asyncrl.experiment import _init_ray
+    from asyncrl.ray_start import init_ray
 
-    _init_ray(None, None, attempts=5, log_to_driver=args.actor_logs)
+    init_ray(None, None, attempts=5, log_to_driver=args.actor_logs)
     if not args.actor_logs:
         print("actors' output (vLLM, Ray workers): Ray's session logs, /tmp/ray/session_latest/logs by default "
               "(--actor-logs prints it here)", flush=True)

@@ -266,7 +266,7 @@ def test_a_ray_address_nothing_answers_at_is_refused_in_seconds(capsys):
     import time
 
     from asyncrl.config import ConfigError
-    from asyncrl.experiment import _check_reachable
+    from asyncrl.ray_start import check_reachable
 
     t0 = time.monotonic()  # a process of its own: in this one another test's Ray may be up (start() then uses it)
     proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", "ray.address=127.0.0.1:1", "steps=1"],
@@ -275,9 +275,9 @@ def test_a_ray_address_nothing_answers_at_is_refused_in_seconds(capsys):
         "config error: ray.address='127.0.0.1:1': nothing answers at 127.0.0.1:1 (ConnectionRefusedError"), proc.stderr
     assert time.monotonic() - t0 < 120
     with pytest.raises(ConfigError, match=r"ray.address='ray://127.0.0.1:1': nothing answers at 127.0.0.1:1"):
-        _check_reachable("ray://127.0.0.1:1")
+        check_reachable("ray://127.0.0.1:1")
     for fine in (None, "auto", "local"):
-        _check_reachable(fine)
+        check_reachable(fine)
 
 
 def test_dry_run_names_the_rows_a_run_would_skip_as_too_long(capsys, tmp_path):

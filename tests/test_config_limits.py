@@ -157,7 +157,7 @@ def test_lengths_past_the_models_positions_are_refused_before_ray_starts(overrid
     def too_far(*a, **k):
         raise AssertionError("Experiment.start went past its pre-flight")
 
-    monkeypatch.setattr(experiment, "_init_ray", too_far)
+    monkeypatch.setattr(experiment, "init_ray", too_far)
     monkeypatch.setattr(Experiment, "_place", too_far)
     cfg = load_config(overrides=overrides)
     with pytest.raises(ConfigError, match=says):

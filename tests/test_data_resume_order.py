@@ -112,7 +112,7 @@ def test_dry_run_logs_the_resumes_data_order_warning_as_a_start_does(tmp_path, c
         "source was ['a.jsonl'], now ['<task arith>']" in msg, msg
     # a start runs the same check before anything starts: preflight is where the line comes from
     caplog.clear()
-    monkeypatch.setattr("asyncrl.experiment._init_ray", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+    monkeypatch.setattr("asyncrl.experiment.init_ray", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
     monkeypatch.setattr("asyncrl.experiment.ray.is_initialized", lambda: False)
     exp = Experiment(load_config(None, argv[2:]))
     with caplog.at_level(logging.WARNING, logger="asyncrl.data.sampler"), pytest.raises(RuntimeError, match="stop"):
