@@ -140,13 +140,14 @@ _FSDP_CALL_S = 0.147
 tokens): the least-squares fit ``0.071 + calls x (0.147 + 3.3 us x tokens)`` over 22 train steps of all-real
 rows ("The FSDP2 update is host-bound per micro-batch: a grid on one H200"); an input of the ``causal``
 layout, measured apart from the pipeline."""
-_FSDP_PACKED_CALL_S = 0.211
+_FSDP_PACKED_CALL_S = 0.183
 """Fixed seconds per packed forward + backward call (``use_dynamic_bsz``, causal layout, cuDNN attention off for
-packed calls, as the engine runs them since session 11): least squares over steps 2-4 of the one run of that
-engine (``tests/data/avc_gpu_colocated_dyn_h200_s11b_4096.json``: ``timing/update_s`` 3.30 / 3.47 / 2.76 s for
-11 / 10 / 10 calls as the simulator packs the same batches; per step 0.202 / 0.244 / 0.189), after the per-token
-and attention terms of the padded fit. One run: a calibration of this workload (calls of ~14-17k tokens, up to
-~60 rows), not checked on another; the runs before it (cuDNN planning each packed shape) cost more per call."""
+packed calls, as the engine runs them since session 11), after the per-token and attention terms of the padded fit:
+least squares on the relative error of the median ``timing/update_s`` of the four one-H200 runs of that engine
+(session 31: ``tests/data/avc_gpu_colocated_dyn_h200_s11b_4096.json``, ``..._dyn_h200_s13_m384_3072.json``,
+``..._h200_s13_m128_1024.json``, ``..._h200_s19_m192_1536.json``; 10 / 13.5 / 6 / 8 calls per step as the simulator
+packs their batches). Each alone would take 0.227 / 0.173 / 0.174 / 0.172 s; the fit leaves them at -13% / +4% / +3% /
++4%. Session 12 had fitted 0.211 on the first run alone, which priced the three later runs' updates 13-15% long."""
 _FSDP_ATTN_S = 56.6e-3 / (8 * 4096) / (4096 / 2)
 """Causal attention per token per context token in training: 56.6 ms of cuDNN flash attention per step of
 8 x 4,096 tokens per GPU ("Trainer: FSDP2, Qwen2.5-0.5B shapes, seq 4096, 2 H200", the profile table)."""
@@ -210,8 +211,8 @@ def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal
       sessions 5-9, for the runs recorded with it): a per-row term (~13.5 ms) instead of the per-call one,
       fitted through that engine's three updates (4.826 / 3.56 / 2.336 s; within 8% of each);
       ``per_update_s`` = the rest of ``timing/update_s`` (collate, reward, advantages, the batch's trip);
-      ``causal`` packed calls (``use_dynamic_bsz``, cuDNN attention off): 0.211 s fixed per call, fitted on
-      the one run of that engine (``_FSDP_PACKED_CALL_S``);
+      ``causal`` packed calls (``use_dynamic_bsz``, cuDNN attention off): 0.183 s fixed per call, fitted on
+      the four runs of that engine (``_FSDP_PACKED_CALL_S``);
     * sync: ``cuda_ipc`` 0.1185 s per step (colocated), ``nccl`` 0.101 s (separate GPUs), 0.99 GB.
 
     Assumed (not measured): how the 3.47 ms of non-attention decode time at 256 rows splits into a
