@@ -123,6 +123,16 @@ def test_loader_error_names_file_row_and_field(tmp_path):
     (lambda r: r.update(data_source=5), r"row 1: field 'data_source' must be a non-empty string \(it picks the reward"),
     (lambda r: r["reward_model"].update(ground_truth=""), r"row 1: field 'reward_model.ground_truth' is empty \(''\)"),
     (lambda r: r["reward_model"].update(ground_truth=[]), r"row 1: field 'reward_model.ground_truth' is empty \(\[\]\)"),
+    (lambda r: r.update(prompt=""), r"^\S*bad\.jsonl: row 1: field 'prompt' is empty \(''\): give the question's text$"),
+    (lambda r: r.update(prompt=" \n\t"), r"^\S*bad\.jsonl: row 1: field 'prompt' is empty \(' \\n\\t'\): give the question's text$"),
+    (lambda r: r.update(prompt=[{"role": "system", "content": ""}, {"role": "user", "content": "  "}]),
+     r"^\S*bad\.jsonl: row 1: field 'prompt' has no text: the content of every message is empty or whitespace$"),
+    (lambda r: r["prompt"][0].update(role="robot"),
+     r"^\S*bad\.jsonl: row 1: field 'prompt\[0\]\.role' is 'robot'; allowed roles: system, user, assistant, tool "
+     r"\('developer' is read as 'system'\)$"),
+    (lambda r: r["prompt"][0].update(role="User"), r"row 1: field 'prompt\[0\]\.role' is 'User'; allowed roles: system, "
+                                                   r"user, assistant, tool \('developer' is read as 'system'\); did you "
+                                                   r"mean 'user'\?$"),
 ])
 def test_a_message_the_chat_template_cannot_render_is_named_by_its_row(tmp_path, change, says):
     """Session 30's fresh user: a null / int / content-part-list message content and a ``tools`` string reached the
@@ -137,6 +147,19 @@ def test_a_message_the_chat_template_cannot_render_is_named_by_its_row(tmp_path,
     rows[0]["prompt"].append({"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]})
     p.write_text(json.dumps(rows[0]) + "\n")
     assert load_rows(p)[0]["prompt"][-1]["content"] is None
+
+
+def test_every_chat_role_loads_and_developer_is_read_as_system(tmp_path):
+    """The good side of the role and empty-prompt checks: the four chat roles, an empty system message beside a
+    question, and OpenAI's ``developer`` (which the shipped Qwen templates dropped without a word) read as
+    ``system``, as the trajectory proxy reads it."""
+    row = make_arith_rows(1, seed=0)[0]
+    row["prompt"] = [{"role": "developer", "content": "Answer briefly."}, {"role": "system", "content": ""},
+                     row["prompt"][0], {"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]},
+                     {"role": "tool", "content": "4"}, {"role": "user", "content": "and then?"}]
+    p = tmp_path / "roles.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    assert [m["role"] for m in load_rows(p)[0]["prompt"]] == ["system", "system", "user", "assistant", "tool", "user"]
 
 
 def test_a_file_that_is_not_text_or_not_parquet_is_a_dataset_error(tmp_path):

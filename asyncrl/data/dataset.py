@@ -3,7 +3,7 @@
 verl schema (one row per prompt)::
 
     {"data_source": str,                      # picks the reward function
-     "prompt": [{"role": str, "content": str}, ...],   # chat messages
+     "prompt": [{"role": str, "content": str}, ...],   # chat messages (system / user / assistant / tool), some text
      "ability": str,                          # optional, e.g. "math"
      "reward_model": {"style": "rule", "ground_truth": str},
      "extra_info": {...}}                     # optional, free-form (split, index, tools_kwargs, ...)
@@ -20,8 +20,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from asyncrl.agent_loop.chat_encoding import CHAT_ROLES, ROLE_ALIASES
 from asyncrl.data.arith import make_arith_rows
-from asyncrl.registry import Registry
+from asyncrl.registry import Registry, closest_name
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ def _to_python(x: Any) -> Any:
 def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
     """Normalise one row and check the required verl-schema fields.
 
-    A string ``prompt`` is wrapped as a single user message; a missing ``extra_info`` becomes ``{}``.
+    A string ``prompt`` is wrapped as a single user message; a ``developer`` message becomes ``system`` (as the
+    trajectory proxy reads it); a missing ``extra_info`` becomes ``{}``.
 
     Args:
         row: the raw row (dict, possibly holding numpy arrays).
@@ -179,6 +181,8 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
                            f"got {row['data_source']!r}")
     prompt = row["prompt"]
     if isinstance(prompt, str):
+        if not prompt.strip():  # the chat template renders an empty user turn: the model is asked nothing
+            raise DatasetError(f"{where}: field 'prompt' is empty ({prompt!r}): give the question's text")
         prompt = row["prompt"] = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, list) or not prompt:
         raise DatasetError(f"{where}: field 'prompt' must be a non-empty list of messages")
@@ -193,6 +197,14 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
                 parts = " (a list of content parts is not supported: join their text into one string)" \
                     if key == "content" and isinstance(msg[key], list) else ""
                 raise DatasetError(f"{where}: field 'prompt[{j}].{key}' must be a string, got {kind}{parts}")
+        msg["role"] = ROLE_ALIASES.get(msg["role"], msg["role"])  # as the proxy reads it: 'developer' is 'system'
+        if msg["role"] not in CHAT_ROLES:  # the chat templates drop a message of any other role without a word
+            close = closest_name(msg["role"], CHAT_ROLES)
+            raise DatasetError(f"{where}: field 'prompt[{j}].role' is {msg['role']!r}; allowed roles: "
+                               f"{', '.join(CHAT_ROLES)} ('developer' is read as 'system')"
+                               + (f"; did you mean {close!r}?" if close else ""))
+    if not any(isinstance(m["content"], str) and m["content"].strip() for m in prompt):
+        raise DatasetError(f"{where}: field 'prompt' has no text: the content of every message is empty or whitespace")
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise DatasetError(f"{where}: field 'tools' must be a list of JSON-schema tool objects, got "
