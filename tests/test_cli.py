@@ -47,7 +47,8 @@ def run_cli(capsys, *argv):
                                                  "'actor_rollout_ref.rollout=[1]' is a config section, not a value"),
     # a key close to nothing gets no guess (it was 'did you mean rollout?' for foo, a section one cannot set)
     (["train", "foo=1"], "config error: unknown config key 'foo' in override 'foo=1'; the config's top-level sections "
-                         "are data, actor_rollout_ref, async_training, algorithm, critic, reward_model, trainer, rollout, ray"),
+                         "are data, actor_rollout_ref, async_training, algorithm, critic, reward_model, "
+                         "custom_reward_function, trainer, rollout, ray"),
     (["train", "trainer.fooo=1"], "config error: unknown config key 'trainer.fooo' in override 'trainer.fooo=1'; "
                                   "trainer holds: total_training_steps, total_time_s, "),
     (["train", "actor_rollout_ref.rolout.n=2"], "config error: unknown config key 'actor_rollout_ref.rolout' in override "

@@ -44,3 +44,86 @@ def test_dispatch_by_data_source():
         assert compute_score("always_one", "nothing", "85") == 1.0
     finally:
         REWARD_FNS.pop("always_one", None)
+
+
+CUSTOM = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str.strip() == ground_truth), "source_is_mine": float(data_source == "my_task")}
+
+def by_length(data_source, solution_str, ground_truth, extra_info=None):
+    return len(solution_str) / (extra_info or {}).get("scale", 1)
+
+NOT_A_FUNCTION = 3
+'''
+
+
+def test_custom_reward_function_is_loaded_from_its_file_and_called_by_keyword(tmp_path):
+    """verl's ``custom_reward_function.path`` / ``.name``: the function scores every row whatever its data_source,
+    called with verl's keywords; unset, the rule reward of the row's data_source scores it."""
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.reward.custom import load_custom_reward, scorer
+
+    (tmp_path / "my_reward.py").write_text(CUSTOM)
+    path = str(tmp_path / "my_reward.py")
+    assert load_custom_reward(path)("my_task", " 42 ", "42") == {"score": 1.0, "source_is_mine": 1.0}
+    assert load_custom_reward(path, "by_length")("arith", "abcd", "1", extra_info={"scale": 2}) == 2.0
+    cfg = ExperimentConfig()
+    assert scorer(cfg) is compute_score
+    cfg.custom_reward_function.path, cfg.custom_reward_function.name = path, "by_length"
+    assert scorer(cfg)("anything", "abc", "x") == 3.0
+
+
+@pytest.mark.parametrize("path, name, says", [
+    ("", "compute_score", r"^custom_reward_function.path='' is an empty path: give a .py file, or null \(omit the key\) "
+                          r"to score each row by the rule reward of its data_source$"),
+    ("missing.py", "compute_score", r"^custom_reward_function.path='.*missing.py': no such file \(a .py file defining "
+                                    r"compute_score\(data_source, solution_str, ground_truth, extra_info\)\)$"),
+    ("broken.py", "compute_score", r"^custom_reward_function.path='.*broken.py' failed to import: ZeroDivisionError: "
+                                   r"division by zero$"),
+    ("my_reward.py", "score", r"^custom_reward_function.name='score': .*my_reward.py defines no function 'score' "
+                              r"\(its functions: by_length, compute_score\)$"),
+    ("my_reward.py", "NOT_A_FUNCTION", r"^custom_reward_function.name='NOT_A_FUNCTION': .*my_reward.py sets "
+                                       r"NOT_A_FUNCTION to int 3, not a function \(its functions: by_length, "
+                                       r"compute_score\)$"),
+])
+def test_a_custom_reward_function_that_cannot_load_is_a_config_error(tmp_path, path, name, says):
+    from asyncrl.config import ConfigError
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "my_reward.py").write_text(CUSTOM)
+    (tmp_path / "broken.py").write_text("x = 1 / 0\n")
+    with pytest.raises(ConfigError, match=says):
+        load_custom_reward(str(tmp_path / path) if path else path, name)
+
+
+def test_the_agent_loop_worker_scores_with_the_custom_reward_function(tmp_path, model_dir):
+    """The worker (in the rollouter's process or an actor of its own, which never run the driver's code) loads the
+    file named by the config and scores a row whose data_source has no rule reward."""
+    import asyncio
+
+    from fake_replica import FakeAbortingReplica, FakePool
+
+    from asyncrl.agent_loop.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, register
+    from asyncrl.agent_loop.worker import AgentLoopWorker
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.rollout.base import SamplingParams
+
+    @register("test_answers_42")
+    class Answers42(AgentLoopBase):
+        async def run(self, sampling_params, **sample):
+            ids = self.tokenizer.encode("42", add_special_tokens=False)
+            return AgentLoopOutput(list(sample["prompt_ids"]), ids, [1] * len(ids), [-0.5] * len(ids),
+                                   response_versions=[0] * len(ids))
+
+    (tmp_path / "my_reward.py").write_text(CUSTOM)
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.model.path = str(model_dir)
+    cfg.custom_reward_function.path = str(tmp_path / "my_reward.py")
+    row = {"agent_name": "test_answers_42", "data_source": "my_task", "prompt": [{"role": "user", "content": "6*7?"}],
+           "reward_model": {"ground_truth": "42"}}
+    try:
+        worker = AgentLoopWorker(cfg, FakePool({"r": FakeAbortingReplica()}))
+        outs = asyncio.run(worker.generate_sequences_single(row, "u", SamplingParams(), 2, prompt_ids=[1, 2]))
+    finally:
+        AGENT_LOOPS.pop("test_answers_42", None)
+    assert [(o.reward_score, o.metrics["reward/source_is_mine"]) for o in outs] == [(1.0, 1.0)] * 2
