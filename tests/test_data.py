@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -220,3 +221,36 @@ def test_a_comma_separated_file_name_that_does_not_exist_hints_at_the_list_form(
     with pytest.raises(FileNotFoundError, match=r"dataset file not found: a.jsonl,b.json \(data.train_files\); several "
                                                 r"files are a list: data.train_files=\[a.jsonl,b.json\]"):
         load_files("a.jsonl,b.json")
+
+
+def test_a_row_whose_data_source_has_no_reward_function_is_refused_where_a_run_reads_it(tmp_path):
+    """A fresh user's ``data_source: my_task`` trained on the gsm8k scorer's rewards (a WARNING in an actor's log);
+    verl raises ``NotImplementedError`` for it. A run's rows (:func:`run_rows`) are checked before anything starts,
+    naming file, row and key; a verifier row (its agent loop's verifier scores it) and a run whose
+    ``custom_reward_function`` scores every row are not; :func:`load_rows` alone checks only the schema."""
+    from asyncrl.config import DataConfig
+    from asyncrl.data.dataset import check_sources, run_rows
+    from asyncrl.reward import reward_problem
+
+    good = [{"data_source": s, "prompt": f"q{i}", "reward_model": {"ground_truth": str(i)}}
+            for i, s in enumerate(["arith", "gsm8k", "openai/gsm8k", "calc_tool", "word_problems", "longtail"])]
+    verifier = {"data_source": "harbor", "prompt": "fix it", "reward_model": {"style": "verifier", "ground_truth": ""}}
+    bad = {"data_source": "my_task", "prompt": "q", "reward_model": {"ground_truth": "1"}}
+    (tmp_path / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good + [verifier]))
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good[:2] + [bad, bad]))
+    d = DataConfig(train_files=str(tmp_path / "good.jsonl"), val_files=str(tmp_path / "mine.jsonl"))
+    assert [r["data_source"] for r in run_rows(d, "train", 0)] == [r["data_source"] for r in good + [verifier]]
+    with pytest.raises(DatasetError, match=rf"^\S*mine\.jsonl: row 2: {re.escape(reward_problem('my_task'))} "
+                                           r"\(data\.val_files\)$"):
+        run_rows(d, "test", 0)
+    d.train_files = [str(tmp_path / "good.jsonl"), str(tmp_path / "mine.jsonl")]
+    with pytest.raises(DatasetError, match=r"^\S*mine\.jsonl: row 2: data_source 'my_task' has no reward function "
+                                           r"\(known: .*\); .* scores every row \(data\.train_files\[1\], file 2 of 2\)$"):
+        run_rows(d, "train", 0, limit=3)  # every file is checked, as every file is read
+    assert len(run_rows(d, "train", 0, check_source=None)) == 11  # a custom_reward_function scores every row
+    assert len(load_rows(tmp_path / "mine.jsonl")) == 4
+    with pytest.raises(DatasetError, match=r"^<task arith/train>: row 0: data_source 'arith' has no"):
+        check_sources(get_task_rows("arith", "train", 2, 0), "<task arith/train>", lambda s: f"data_source {s!r} has no")
+    for task in ("arith", "calc_tool", "longtail", "word_problems", "swe_examples"):  # the shipped tasks' rows
+        run_rows(DataConfig(task=task, train_size=4, val_size=4), "test", 0,
+                 check_source=lambda s: reward_problem(s, every_process=True))

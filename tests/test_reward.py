@@ -1,4 +1,4 @@
-"""The gsm8k-style rule reward."""
+"""The rule rewards (gsm8k-style), their dispatch by data_source, and verl's custom_reward_function."""
 
 import pytest
 
@@ -29,7 +29,6 @@ from asyncrl.reward.gsm8k import extract_answer
 def test_gsm8k_cases(response, truth, score):
     assert compute_score("arith", response, truth) == score
     assert compute_score("openai/gsm8k", response, truth) == score
-    assert compute_score("unknown_source", response, truth) == score  # default is gsm8k-style
 
 
 def test_extract_answer_and_int_truth():
@@ -44,6 +43,48 @@ def test_dispatch_by_data_source():
         assert compute_score("always_one", "nothing", "85") == 1.0
     finally:
         REWARD_FNS.pop("always_one", None)
+
+
+KNOWN = "arith, calc_tool, gsm8k, longtail, openai/gsm8k, word_problems"
+CUSTOM_FIX = ("set custom_reward_function.path to a .py file whose compute_score(data_source, solution_str, "
+              "ground_truth, extra_info) scores every row")
+
+
+def test_a_data_source_with_no_reward_function_is_an_error_not_the_gsm8k_scorer():
+    """A fresh user's ``data_source: my_task`` was scored by the gsm8k rule with a WARNING in an actor's log (a
+    reward of 0 for answers of any other form); verl's ``default_compute_score`` raises ``NotImplementedError``."""
+    from asyncrl.registry import UnknownNameError
+    from asyncrl.reward import UnknownDataSourceError, reward_problem
+
+    here = (f"data_source 'my_task' has no reward function (known: {KNOWN}); name a known one (gsm8k: the number "
+            f"after the last '####'), register one with asyncrl.reward.register_reward(name, fn), or {CUSTOM_FIX}")
+    with pytest.raises(UnknownDataSourceError) as info:
+        compute_score("my_task", "#### 85", "85")
+    assert str(info.value) == reward_problem("my_task") == here
+    assert isinstance(info.value, UnknownNameError) and isinstance(info.value, KeyError)
+    assert reward_problem("my_task", every_process=True) == here.replace(
+        " register one with asyncrl.reward.register_reward(name, fn),", "")
+    assert "(known: " + KNOWN + "; did you mean 'gsm8k'?); " in reward_problem("GSM8k")
+    assert all(reward_problem(s, every_process=True) is None for s in KNOWN.split(", "))
+    try:  # registered in the driver: this process scores with it, the Ray actors of a run never see it
+        register_reward("my_task", lambda s, gt: 1.0)
+        assert reward_problem("my_task") is None and compute_score("my_task", "x", "1") == 1.0
+        assert reward_problem("my_task", every_process=True) == (
+            "data_source 'my_task' has a reward function registered in this process only "
+            f"(asyncrl.reward.register_reward): the Ray actors that score a run never see it; {CUSTOM_FIX}")
+    finally:
+        REWARD_FNS.pop("my_task", None)
+
+
+def test_source_check_is_off_when_a_custom_reward_function_scores_every_row():
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.reward import source_check
+
+    cfg = ExperimentConfig()
+    assert source_check(cfg)("my_task").startswith("data_source 'my_task' has no reward function")
+    assert "registered in this process only" not in source_check(cfg, every_process=True)("my_task")
+    cfg.custom_reward_function.path = "my_reward.py"
+    assert source_check(cfg) is None and source_check(cfg, every_process=True) is None
 
 
 CUSTOM = '''
