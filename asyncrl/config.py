@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, ValidationError
 
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
-                                      RewardModelConfig, validate_algorithm, validate_sampling)
+                                      CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
+                                      validate_sampling)
 from asyncrl.config_data import FILE_KEYS, validate_data_files
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
     ConfigError, WordProblemsConfig, LengthWorkloadConfig, DataConfig, ModelConfig, OptimConfig, FSDPConfig,

@@ -140,6 +140,20 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
+@dataclass
+class CustomRewardFunctionConfig:
+    """verl's ``custom_reward_function``: one Python function that scores every row, in place of the rule reward
+    registered for the row's ``data_source`` (:mod:`asyncrl.reward`). It is named by file, not registered in the
+    driver, because the rows are scored in Ray actors that never run the driver's code: each loads the file."""
+
+    path: Optional[str] = None
+    """A ``.py`` file, loaded by every process that scores (an absolute path on a Ray cluster of several machines);
+    ``None`` = the rule reward registered for each row's ``data_source``."""
+    name: str = "compute_score"
+    """The function in ``path``, called as verl calls it: ``fn(data_source=..., solution_str=..., ground_truth=...,
+    extra_info=...) -> float | {"score": float, **extras}`` (extras become ``reward/<key>`` metrics)."""
+
+
 # ------------------------------------------------------------------ validation (ValueError -> ConfigError in config.validate)
 def validate_sampling(ro: Any) -> None:
     """The trainer applies these same filters (asyncrl/rollout/sampling.py); refuse what it could not match."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from asyncrl.config_agent import AgentConfig, SandboxConfig
-from asyncrl.config_algorithm import AlgorithmConfig, MultiTurnConfig, RewardModelConfig
+from asyncrl.config_algorithm import AlgorithmConfig, CustomRewardFunctionConfig, MultiTurnConfig, RewardModelConfig
 from asyncrl.config_data import DataConfig, LengthWorkloadConfig, WordProblemsConfig  # noqa: F401 - re-exported
 
 MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny_qwen2_arith"
@@ -365,6 +365,7 @@ class ExperimentConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutResourceConfig = field(default_factory=RolloutResourceConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -112,11 +112,12 @@ class Experiment:
         minute on CPU, mostly the vLLM engine start) while training continues in the background.
 
         Raises:
-            KeyError / asyncrl.data.DatasetError: unknown ``data.task`` or a bad dataset file.
+            KeyError / asyncrl.data.DatasetError: unknown ``data.task``, a bad dataset file, or a row whose
+                ``data_source`` has no reward function.
             asyncrl.config.ConfigError: prompt + response (or a vLLM max_model_len) past the model's
                 ``max_position_embeddings``, the run asks for more GPUs than the Ray cluster has, or the data
                 can never fill one trainer step (fewer prompts than ``required_samples``, or too few
-                within ``data.max_prompt_length``).
+                within ``data.max_prompt_length``), or a ``custom_reward_function`` that cannot load.
         """
         from asyncrl.message_queue import MessageQueue
         from asyncrl.placement import trainer_env
@@ -200,21 +201,27 @@ class Experiment:
 
     def preflight(self) -> tuple[list[dict], list[dict]]:
         """The checks :meth:`start` makes before any process starts (``asyncrl train --dry-run`` makes them alone):
-        the model directories, CPU cores and loggers exist (:func:`asyncrl.config_ranges.check_local_resources`),
-        the train and test rows are read (a bad task name or file fails here), the data must be able to fill one
-        trainer step within ``data.max_prompt_length`` (:func:`asyncrl.watchdog.check_can_fill_batch`), and prompt +
-        response must fit the model's positions (:func:`asyncrl.config_ranges.check_model_positions`: vLLM failed at
-        its start, with Ray up). A resume on other training data than its checkpoint's logs the data-order WARNING
-        here (:func:`asyncrl.checkpoint.trainer_state.resume_data_order`). Returns ``(train rows, test rows)``; raises
-        as :meth:`start` documents."""
+        the model directories, CPU cores and loggers exist (:func:`asyncrl.config_ranges.check_local_resources`), a
+        ``custom_reward_function`` loads (:func:`asyncrl.reward.custom.scorer`), the train and test rows are read (a
+        bad task name or file fails here, and, without a custom reward, a row whose ``data_source`` has no reward
+        every process knows: :func:`asyncrl.reward.reward_problem`), the data must be able to fill one trainer step
+        within ``data.max_prompt_length`` (:func:`asyncrl.watchdog.check_can_fill_batch`), and prompt + response must
+        fit the model's positions (:func:`asyncrl.config_ranges.check_model_positions`: vLLM failed at its start,
+        with Ray up). A resume on other training data than its checkpoint's logs the data-order WARNING here
+        (:func:`asyncrl.checkpoint.trainer_state.resume_data_order`). Returns ``(train rows, test rows)``; raises as
+        :meth:`start` documents."""
         from asyncrl.config_ranges import check_local_resources, check_model_positions
         from asyncrl.data.dataset import run_rows
         from asyncrl.models import load_tokenizer
+        from asyncrl.reward import source_check
+        from asyncrl.reward.custom import scorer
         from asyncrl.watchdog import check_can_fill_batch
 
         cfg = self.config
         check_local_resources(cfg)  # model directories, CPU cores, loggers: each failed after Ray had started
-        train, val = run_rows(cfg.data, "train", cfg.trainer.seed), run_rows(cfg.data, "test", cfg.trainer.seed)
+        scorer(cfg)  # a custom_reward_function that cannot load would fail every sample in the actors
+        check = source_check(cfg, every_process=True)  # the actors that score see no register_reward made here
+        train, val = (run_rows(cfg.data, split, cfg.trainer.seed, check_source=check) for split in ("train", "test"))
         m = cfg.actor_rollout_ref.model
         check_can_fill_batch(train, cfg, load_tokenizer(m.tokenizer_path or m.path))
         check_model_positions(cfg)

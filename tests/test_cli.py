@@ -47,7 +47,8 @@ def run_cli(capsys, *argv):
                                                  "'actor_rollout_ref.rollout=[1]' is a config section, not a value"),
     # a key close to nothing gets no guess (it was 'did you mean rollout?' for foo, a section one cannot set)
     (["train", "foo=1"], "config error: unknown config key 'foo' in override 'foo=1'; the config's top-level sections "
-                         "are data, actor_rollout_ref, async_training, algorithm, critic, reward_model, trainer, rollout, ray"),
+                         "are data, actor_rollout_ref, async_training, algorithm, critic, reward_model, "
+                         "custom_reward_function, trainer, rollout, ray"),
     (["train", "trainer.fooo=1"], "config error: unknown config key 'trainer.fooo' in override 'trainer.fooo=1'; "
                                   "trainer holds: total_training_steps, total_time_s, "),
     (["train", "actor_rollout_ref.rolout.n=2"], "config error: unknown config key 'actor_rollout_ref.rolout' in override "
@@ -79,6 +80,44 @@ def test_dataset_errors_look_like_config_errors(capsys, tmp_path):
     code, err = run_cli(capsys, "train", f"data.train_files={bad}")
     assert code == 2 and err.startswith(f"dataset error: {bad}") and "reward_model" in err
     assert ray.is_initialized() == ray_before  # refused before anything started
+
+
+def test_a_data_source_with_no_reward_is_a_dataset_error_unless_a_custom_reward_scores_every_row(capsys, tmp_path,
+                                                                                                   monkeypatch):
+    """``data_source: my_task`` trained on the gsm8k scorer's rewards, with a WARNING in an actor's log; now
+    ``--dry-run`` (and a run, before anything starts) refuses it, naming file, row and key, unless verl's
+    ``custom_reward_function`` scores every row; a reward registered in this process never reaches the actors."""
+    import ray
+
+    from asyncrl.reward import REWARD_FNS
+
+    rows = [{"data_source": "arith" if i != 5 else "my_task", "prompt": f"what is {i} + 1?",
+             "reward_model": {"ground_truth": str(i + 1)}} for i in range(64)]
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ray_before = ray.is_initialized()
+    code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={data}")
+    assert (code, err.strip()) == (2, (
+        f"dataset error: {data}: row 5: data_source 'my_task' has no reward function (known: arith, calc_tool, gsm8k, "
+        "longtail, openai/gsm8k, word_problems); name a known one (gsm8k: the number after the last '####'), or set "
+        "custom_reward_function.path to a .py file whose compute_score(data_source, solution_str, ground_truth, "
+        "extra_info) scores every row (data.train_files)"))
+    code, err = run_cli(capsys, "train", f"data.train_files={data}")  # a run refuses it before anything starts
+    assert code == 2 and err.startswith(f"dataset error: {data}: row 5: data_source 'my_task' has no reward function")
+    monkeypatch.setitem(REWARD_FNS, "my_task", lambda s, gt: 1.0)  # register_reward("my_task", ...), undone after
+    code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={data}")
+    assert code == 2 and err.startswith(f"dataset error: {data}: row 5: data_source 'my_task' has a reward function "
+                                        "registered in this process only (asyncrl.reward.register_reward): the Ray "
+                                        "actors that score a run never see it; set custom_reward_function.path"), err
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    assert main(["train", "--dry-run", f"data.train_files={data}", f"custom_reward_function.path={reward}"]) == 0
+    assert "config ok (64 training prompts)" in capsys.readouterr().err
+    code, err = run_cli(capsys, "train", "--dry-run", f"custom_reward_function.path={tmp_path / 'nope.py'}")
+    assert (code, err.strip()) == (2, f"config error: custom_reward_function.path='{tmp_path / 'nope.py'}': no such "
+                                      "file (a .py file defining compute_score(data_source, solution_str, ground_truth, "
+                                      "extra_info))")
+    assert ray.is_initialized() == ray_before
 
 
 def test_dataset_error_in_a_subprocess_has_no_traceback(tmp_path):

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -123,6 +124,16 @@ def test_loader_error_names_file_row_and_field(tmp_path):
     (lambda r: r.update(data_source=5), r"row 1: field 'data_source' must be a non-empty string \(it picks the reward"),
     (lambda r: r["reward_model"].update(ground_truth=""), r"row 1: field 'reward_model.ground_truth' is empty \(''\)"),
     (lambda r: r["reward_model"].update(ground_truth=[]), r"row 1: field 'reward_model.ground_truth' is empty \(\[\]\)"),
+    (lambda r: r.update(prompt=""), r"^\S*bad\.jsonl: row 1: field 'prompt' is empty \(''\): give the question's text$"),
+    (lambda r: r.update(prompt=" \n\t"), r"^\S*bad\.jsonl: row 1: field 'prompt' is empty \(' \\n\\t'\): give the question's text$"),
+    (lambda r: r.update(prompt=[{"role": "system", "content": ""}, {"role": "user", "content": "  "}]),
+     r"^\S*bad\.jsonl: row 1: field 'prompt' has no text: the content of every message is empty or whitespace$"),
+    (lambda r: r["prompt"][0].update(role="robot"),
+     r"^\S*bad\.jsonl: row 1: field 'prompt\[0\]\.role' is 'robot'; allowed roles: system, user, assistant, tool "
+     r"\('developer' is read as 'system'\)$"),
+    (lambda r: r["prompt"][0].update(role="User"), r"row 1: field 'prompt\[0\]\.role' is 'User'; allowed roles: system, "
+                                                   r"user, assistant, tool \('developer' is read as 'system'\); did you "
+                                                   r"mean 'user'\?$"),
 ])
 def test_a_message_the_chat_template_cannot_render_is_named_by_its_row(tmp_path, change, says):
     """Session 30's fresh user: a null / int / content-part-list message content and a ``tools`` string reached the
@@ -137,6 +148,19 @@ def test_a_message_the_chat_template_cannot_render_is_named_by_its_row(tmp_path,
     rows[0]["prompt"].append({"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]})
     p.write_text(json.dumps(rows[0]) + "\n")
     assert load_rows(p)[0]["prompt"][-1]["content"] is None
+
+
+def test_every_chat_role_loads_and_developer_is_read_as_system(tmp_path):
+    """The good side of the role and empty-prompt checks: the four chat roles, an empty system message beside a
+    question, and OpenAI's ``developer`` (which the shipped Qwen templates dropped without a word) read as
+    ``system``, as the trajectory proxy reads it."""
+    row = make_arith_rows(1, seed=0)[0]
+    row["prompt"] = [{"role": "developer", "content": "Answer briefly."}, {"role": "system", "content": ""},
+                     row["prompt"][0], {"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]},
+                     {"role": "tool", "content": "4"}, {"role": "user", "content": "and then?"}]
+    p = tmp_path / "roles.jsonl"
+    p.write_text(json.dumps(row) + "\n")
+    assert [m["role"] for m in load_rows(p)[0]["prompt"]] == ["system", "system", "user", "assistant", "tool", "user"]
 
 
 def test_a_file_that_is_not_text_or_not_parquet_is_a_dataset_error(tmp_path):
@@ -197,3 +221,36 @@ def test_a_comma_separated_file_name_that_does_not_exist_hints_at_the_list_form(
     with pytest.raises(FileNotFoundError, match=r"dataset file not found: a.jsonl,b.json \(data.train_files\); several "
                                                 r"files are a list: data.train_files=\[a.jsonl,b.json\]"):
         load_files("a.jsonl,b.json")
+
+
+def test_a_row_whose_data_source_has_no_reward_function_is_refused_where_a_run_reads_it(tmp_path):
+    """A fresh user's ``data_source: my_task`` trained on the gsm8k scorer's rewards (a WARNING in an actor's log);
+    verl raises ``NotImplementedError`` for it. A run's rows (:func:`run_rows`) are checked before anything starts,
+    naming file, row and key; a verifier row (its agent loop's verifier scores it) and a run whose
+    ``custom_reward_function`` scores every row are not; :func:`load_rows` alone checks only the schema."""
+    from asyncrl.config import DataConfig
+    from asyncrl.data.dataset import check_sources, run_rows
+    from asyncrl.reward import reward_problem
+
+    good = [{"data_source": s, "prompt": f"q{i}", "reward_model": {"ground_truth": str(i)}}
+            for i, s in enumerate(["arith", "gsm8k", "openai/gsm8k", "calc_tool", "word_problems", "longtail"])]
+    verifier = {"data_source": "harbor", "prompt": "fix it", "reward_model": {"style": "verifier", "ground_truth": ""}}
+    bad = {"data_source": "my_task", "prompt": "q", "reward_model": {"ground_truth": "1"}}
+    (tmp_path / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good + [verifier]))
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good[:2] + [bad, bad]))
+    d = DataConfig(train_files=str(tmp_path / "good.jsonl"), val_files=str(tmp_path / "mine.jsonl"))
+    assert [r["data_source"] for r in run_rows(d, "train", 0)] == [r["data_source"] for r in good + [verifier]]
+    with pytest.raises(DatasetError, match=rf"^\S*mine\.jsonl: row 2: {re.escape(reward_problem('my_task'))} "
+                                           r"\(data\.val_files\)$"):
+        run_rows(d, "test", 0)
+    d.train_files = [str(tmp_path / "good.jsonl"), str(tmp_path / "mine.jsonl")]
+    with pytest.raises(DatasetError, match=r"^\S*mine\.jsonl: row 2: data_source 'my_task' has no reward function "
+                                           r"\(known: .*\); .* scores every row \(data\.train_files\[1\], file 2 of 2\)$"):
+        run_rows(d, "train", 0, limit=3)  # every file is checked, as every file is read
+    assert len(run_rows(d, "train", 0, check_source=None)) == 11  # a custom_reward_function scores every row
+    assert len(load_rows(tmp_path / "mine.jsonl")) == 4
+    with pytest.raises(DatasetError, match=r"^<task arith/train>: row 0: data_source 'arith' has no"):
+        check_sources(get_task_rows("arith", "train", 2, 0), "<task arith/train>", lambda s: f"data_source {s!r} has no")
+    for task in ("arith", "calc_tool", "longtail", "word_problems", "swe_examples"):  # the shipped tasks' rows
+        run_rows(DataConfig(task=task, train_size=4, val_size=4), "test", 0,
+                 check_source=lambda s: reward_problem(s, every_process=True))

@@ -31,6 +31,11 @@ from typing import Any, Optional, Sequence
 logger = logging.getLogger(__name__)
 
 Span = tuple[int, int]
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+"""The message roles every renderer accepts: the chat templates we ship render only these and silently drop a message
+of any other role (Qwen's ``robot`` / ``developer`` message vanished from the prompt)."""
+ROLE_ALIASES = {"developer": "system"}
+"""Roles read as another (OpenAI's ``developer`` is its newer name for ``system``), in datasets and in the proxy."""
 UNTRUSTED_ROLES = ("system", "developer", "user", "tool")
 _MARK = "\ue000{}\ue001"  # private-use code points: no template or tokenizer treats them specially
 

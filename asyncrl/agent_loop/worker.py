@@ -50,12 +50,12 @@ class AgentLoopWorker:
 
     def __init__(self, config: ExperimentConfig, load_balancer: Any, worker_id: str = "worker_0"):
         from asyncrl.models import load_tokenizer
-        from asyncrl.reward import compute_score
+        from asyncrl.reward.custom import scorer
 
         self.cfg = config
         self.worker_id = worker_id
         self.tokenizer = load_tokenizer(config.actor_rollout_ref.model.tokenizer_path or config.actor_rollout_ref.model.path)
-        self.compute_score = compute_score
+        self.compute_score = scorer(config)  # custom_reward_function (loaded in this process), else by data_source
         self.client = FullyAsyncLLMServerClient(load_balancer, partial_rollout=config.async_training.partial_rollout)
         # trained groups only (generate_sequences_single); None: no early drop
         self.staleness_bound = (sample_budget(config).staleness_bound if config.async_training.drop_stale_in_generation

@@ -3,7 +3,7 @@
 verl schema (one row per prompt)::
 
     {"data_source": str,                      # picks the reward function
-     "prompt": [{"role": str, "content": str}, ...],   # chat messages
+     "prompt": [{"role": str, "content": str}, ...],   # chat messages (system / user / assistant / tool), some text
      "ability": str,                          # optional, e.g. "math"
      "reward_model": {"style": "rule", "ground_truth": str},
      "extra_info": {...}}                     # optional, free-form (split, index, tools_kwargs, ...)
@@ -18,13 +18,17 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+from asyncrl.agent_loop.chat_encoding import CHAT_ROLES, ROLE_ALIASES
 from asyncrl.data.arith import make_arith_rows
-from asyncrl.registry import Registry
+from asyncrl.registry import Registry, closest_name
+from asyncrl.reward import reward_problem
 
 logger = logging.getLogger(__name__)
 
+SourceCheck = Callable[[str], Optional[str]]
+"""``fn(data_source) -> why no reward scores it, or None`` (:func:`asyncrl.reward.reward_problem`)."""
 TaskGenerator = Callable[[int, int, str, str], list[dict[str, Any]]]
 """``fn(size, seed, split, operators) -> rows`` building a built-in task split in memory."""
 
@@ -95,7 +99,8 @@ def task_options(data_cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(section) if dataclasses.is_dataclass(section) else {}
 
 
-def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> list[dict[str, Any]]:
+def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None,
+             check_source: SourceCheck | None = reward_problem) -> list[dict[str, Any]]:
     """The rows a run trains on (``split="train"``) or evaluates on (``"test"``), as every entry point takes them:
     ``data.train_files`` / ``data.val_files`` when set (one file, or a list of files read in order, see
     :func:`load_files`), else ``data.task``'s generator (``data.train_size`` / ``data.val_size`` rows, with
@@ -109,15 +114,19 @@ def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> 
             them): for ``"train"`` the rows a run's first epoch takes first (:func:`~asyncrl.data.sampler.epoch_order`
             of ``seed`` and ``data.shuffle``, so a sample over every file when shuffled), kept in file order; for
             ``"test"`` the first rows. A generator builds only these.
+        check_source: whether each row's ``data_source`` can be scored (see :func:`check_sources`); ``None``: not
+            checked (a ``custom_reward_function`` scores every row). :func:`asyncrl.reward.source_check` gives the
+            one for a config.
 
     Raises:
-        DatasetError / DatasetNotFoundError: a file that cannot be read (see :func:`load_files`);
+        DatasetError / DatasetNotFoundError: a file that cannot be read (see :func:`load_files`), a row whose
+            ``data_source`` has no reward function;
         UnknownNameError: an unregistered ``data.task``.
     """
     key = "train_files" if split == "train" else "val_files"
     files = getattr(data_cfg, key)
     if files is not None:  # "" is refused by load_files (null is the built-in task), not read as null
-        rows = load_files(files, f"data.{key}")
+        rows = load_files(files, f"data.{key}", check_source)
         if limit is None or len(rows) <= limit:
             return rows
         if split != "train":
@@ -126,8 +135,37 @@ def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None) -> 
 
         return [rows[i] for i in sorted(epoch_order(len(rows), seed, 0, data_cfg.shuffle)[:limit])]
     size = data_cfg.train_size if split == "train" else data_cfg.val_size
-    return get_task_rows(data_cfg.task, split, size if limit is None else min(size, limit), seed, data_cfg.operators,
+    rows = get_task_rows(data_cfg.task, split, size if limit is None else min(size, limit), seed, data_cfg.operators,
                          **task_options(data_cfg))
+    check_sources(rows, f"<task {data_cfg.task}/{split}>", check_source)
+    return rows
+
+
+def check_sources(rows: Sequence[dict[str, Any]], path: str, check_source: SourceCheck | None = reward_problem) -> None:
+    """Refuse the first row whose ``data_source`` no reward scores (verl raises ``NotImplementedError`` when it scores
+    one; asyncrl scored it by the gsm8k rule with a WARNING). A row whose ``reward_model.style`` is ``verifier`` is
+    scored by its agent loop's verifier, never by its source: it is not checked.
+
+    Args:
+        rows: validated rows (:func:`validate_row`) of one file.
+        path: the file, for the message.
+        check_source: ``fn(data_source) -> problem or None`` (:func:`asyncrl.reward.reward_problem`); ``None``: no
+            check.
+
+    Raises:
+        DatasetError: ``PATH: row N: <the problem>``.
+    """
+    if check_source is None:
+        return
+    seen: set[str] = set()
+    for i, row in enumerate(rows):
+        source = row["data_source"]
+        if source in seen or row["reward_model"].get("style") == "verifier":
+            continue
+        problem = check_source(source)
+        if problem is not None:
+            raise DatasetError(f"{path}: row {i}: {problem}")
+        seen.add(source)
 
 
 def train_source(data_cfg: Any) -> list[str]:
@@ -154,7 +192,8 @@ def _to_python(x: Any) -> Any:
 def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
     """Normalise one row and check the required verl-schema fields.
 
-    A string ``prompt`` is wrapped as a single user message; a missing ``extra_info`` becomes ``{}``.
+    A string ``prompt`` is wrapped as a single user message; a ``developer`` message becomes ``system`` (as the
+    trajectory proxy reads it); a missing ``extra_info`` becomes ``{}``.
 
     Args:
         row: the raw row (dict, possibly holding numpy arrays).
@@ -179,6 +218,8 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
                            f"got {row['data_source']!r}")
     prompt = row["prompt"]
     if isinstance(prompt, str):
+        if not prompt.strip():  # the chat template renders an empty user turn: the model is asked nothing
+            raise DatasetError(f"{where}: field 'prompt' is empty ({prompt!r}): give the question's text")
         prompt = row["prompt"] = [{"role": "user", "content": prompt}]
     if not isinstance(prompt, list) or not prompt:
         raise DatasetError(f"{where}: field 'prompt' must be a non-empty list of messages")
@@ -193,6 +234,14 @@ def validate_row(row: Any, path: str, index: int) -> dict[str, Any]:
                 parts = " (a list of content parts is not supported: join their text into one string)" \
                     if key == "content" and isinstance(msg[key], list) else ""
                 raise DatasetError(f"{where}: field 'prompt[{j}].{key}' must be a string, got {kind}{parts}")
+        msg["role"] = ROLE_ALIASES.get(msg["role"], msg["role"])  # as the proxy reads it: 'developer' is 'system'
+        if msg["role"] not in CHAT_ROLES:  # the chat templates drop a message of any other role without a word
+            close = closest_name(msg["role"], CHAT_ROLES)
+            raise DatasetError(f"{where}: field 'prompt[{j}].role' is {msg['role']!r}; allowed roles: "
+                               f"{', '.join(CHAT_ROLES)} ('developer' is read as 'system')"
+                               + (f"; did you mean {close!r}?" if close else ""))
+    if not any(isinstance(m["content"], str) and m["content"].strip() for m in prompt):
+        raise DatasetError(f"{where}: field 'prompt' has no text: the content of every message is empty or whitespace")
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise DatasetError(f"{where}: field 'tools' must be a list of JSON-schema tool objects, got "
@@ -290,14 +339,15 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str = "data.train_files"
-               ) -> list[dict[str, Any]]:
+def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str = "data.train_files",
+               check_source: SourceCheck | None = None) -> list[dict[str, Any]]:
     """The rows of one dataset file, or of several concatenated in the order given (verl's list form of
     ``data.train_files``, which its ``RLHFDataset`` concatenates the same way).
 
     Args:
         files: one path, or a list of paths (``.parquet``, ``.jsonl`` or ``.json``, mixed freely).
         key: the config key ``files`` came from, named in every error about one of its files.
+        check_source: checks each file's ``data_source`` values (:func:`check_sources`); ``None``: not checked.
 
     Returns:
         Every file's rows (see :func:`load_rows`), the first file's first. A file with no rows is logged as a
@@ -305,9 +355,10 @@ def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str 
 
     Raises:
         DatasetNotFoundError / DatasetIsADirectoryError: a path that does not exist / is a directory.
-        DatasetError: as :func:`load_rows` (its message names the file); an empty path or list (null, not ``''``,
-            is the built-in task); every file empty (no rows to train on). Every error about one file ends with
-            the key it came from: ``(key)`` for a path given alone, ``(key[i], file i+1 of n)`` for a list's.
+        DatasetError: as :func:`load_rows` and :func:`check_sources` (the message names the file and row); an empty
+            path or list (null, not ``''``, is the built-in task); every file empty (no rows to train on). Every error
+            about one file ends with the key it came from: ``(key)`` for a path given alone, ``(key[i], file i+1 of
+            n)`` for a list's.
     """
     single = isinstance(files, (str, os.PathLike))
     files = [files] if single else list(files)
@@ -322,6 +373,7 @@ def load_files(files: str | os.PathLike | Sequence[str | os.PathLike], key: str 
                                f"or null (omit the key) to use data.task")
         try:
             got = load_rows(path)
+            check_sources(got, str(path), check_source)
         except DatasetError as exc:  # which key (and which of its files) the bad path came from
             comma = (f"; several files are a list: {key}=[{','.join(p.strip() for p in str(path).split(','))}]"
                      if isinstance(exc, DatasetNotFoundError) and "," in str(path) else "")

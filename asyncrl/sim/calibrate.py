@@ -223,10 +223,11 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
 
     Returns:
         ``(seconds, [(group index, prompt_ids, [TokenOutput] * n, [reward] * n)])``: each response scored
-        by the task's rule reward (:func:`asyncrl.reward.compute_score`), as the agent loops score them,
+        by the run's reward (:func:`asyncrl.reward.custom.scorer`: ``custom_reward_function``, else the rule
+        reward of the row's ``data_source``), as the agent loops score them,
         so :func:`measure_train` trains on the advantages the trainer would.
     """
-    from asyncrl.reward import compute_score
+    from asyncrl.reward.custom import scorer
 
     from asyncrl.agent_loop.single_turn import render_prompt_ids
     from asyncrl.data.length_workload import LengthWorkload
@@ -240,6 +241,7 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
                         stop_token_ids=[tok.eos_token_id] if tok.eos_token_id is not None else [])
     wl = LengthWorkload(cfg.data.length_workload, ro.response_length, cfg.trainer.seed)
     limit = asyncio.Semaphore(sample_budget(cfg).max_concurrent_samples)
+    compute_score = scorer(cfg)
     outputs: list = []
 
     async def group(i: int) -> None:

@@ -275,11 +275,13 @@ def _rows(cfg: ExperimentConfig, max_rows: int, natural_length: Optional[Callabl
     ``natural_length`` of rows that carry their answers' lengths."""
     from asyncrl.data.dataset import run_rows
     from asyncrl.models import load_tokenizer
+    from asyncrl.reward import source_check
     from asyncrl.watchdog import check_can_fill_batch
 
     d = cfg.data
-    train = run_rows(d, "train", cfg.trainer.seed, limit=max_rows)  # data.train_files when set, sampled as a real run
-    val = run_rows(d, "test", cfg.trainer.seed, limit=16)
+    check = source_check(cfg)  # scored in this process: a register_reward made here counts
+    train = run_rows(d, "train", cfg.trainer.seed, limit=max_rows, check_source=check)  # sampled as a real run
+    val = run_rows(d, "test", cfg.trainer.seed, limit=16, check_source=check)
     tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
     check_can_fill_batch(train, cfg, tok)
     if natural_length is None and d.length_workload.distribution == "none":

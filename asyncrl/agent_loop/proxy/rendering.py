@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from asyncrl.agent_loop.chat_encoding import ChatEncoder
+from asyncrl.agent_loop.chat_encoding import CHAT_ROLES, ROLE_ALIASES, ChatEncoder
 from asyncrl.agent_loop.tool_args import normalize_arguments, parameter_schemas
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = CHAT_ROLES
 _ANCHOR = [{"role": "user", "content": "A"}]
 
 
@@ -68,7 +68,7 @@ def normalize_message(msg: Any, tools: Optional[Sequence[dict]] = None) -> dict[
     if not isinstance(msg, dict):
         raise RenderError(f"each message must be an object, got {type(msg).__name__}")
     role = msg.get("role")
-    role = "system" if role == "developer" else role
+    role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
     if role not in ROLES:
         raise RenderError(f"unknown role {role!r}; expected one of {list(ROLES)}")
     out: dict[str, Any] = {"role": role, "content": _text_content(msg.get("content"))}

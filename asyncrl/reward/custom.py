@@ -1,0 +1,92 @@
+"""verl's ``custom_reward_function``: the reward of every row from one function in a Python file.
+
+The file is named by the config (``custom_reward_function.path`` / ``.name``), not registered in the driver, because
+the rows are scored in Ray actors (the rollouter and its agent-loop workers) that never run the driver's code: the
+config travels to them, and each process loads the file itself (:func:`scorer`). :meth:`Experiment.preflight
+<asyncrl.experiment.Experiment.preflight>` loads it once before anything starts, so a missing file, an import error
+or a missing function is a ``config error`` there, not a failure of every sample in an actor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable, Union
+
+Scorer = Callable[..., Union[float, dict]]
+"""``fn(data_source, solution_str, ground_truth, extra_info=None) -> score`` (:func:`asyncrl.reward.compute_score`'s
+contract, verl's ``default_compute_score``)."""
+
+
+def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
+    """The function ``name`` of the Python file ``path``, wrapped to be called as verl calls it (by keyword).
+
+    Args:
+        path: a ``.py`` file (``~`` expanded); imported as a module of its own, once per call.
+        name: the function's name in it.
+
+    Returns:
+        ``fn(data_source, solution_str, ground_truth, extra_info=None)`` calling the file's function with
+        ``data_source=``, ``solution_str=``, ``ground_truth=``, ``extra_info=`` keywords.
+
+    Raises:
+        asyncrl.config.ConfigError: an empty path, no such file, a file whose import raises (the exception's type
+            and message), no attribute ``name`` or one that is not callable (the message lists the file's functions).
+    """
+    from asyncrl.config import ConfigError
+
+    key = "custom_reward_function.path"
+    if not str(path).strip():
+        raise ConfigError(f"{key}={path!r} is an empty path: give a .py file, or null (omit the key) to score each row "
+                          "by the rule reward of its data_source")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"{key}={path!r}: no such file (a .py file defining {name}(data_source, solution_str, "
+                          "ground_truth, extra_info))")
+    module_name = f"asyncrl_custom_reward_{hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{key}={path!r} cannot be imported as a Python module (a .py file)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look their module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code: any error, named in one line
+        sys.modules.pop(module_name, None)
+        raise ConfigError(f"{key}={path!r} failed to import: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:200]}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        funcs = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module_name)
+        what = (f"defines no function {name!r}" if fn is None
+                else f"sets {name} to {type(fn).__name__} {fn!r:.40}, not a function")
+        raise ConfigError(f"custom_reward_function.name={name!r}: {path} {what} "
+                          f"(its functions: {', '.join(funcs) or 'none'})")
+
+    def score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Union[float, dict]:
+        return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+
+    score.__qualname__ = score.__name__ = f"{name} ({path})"
+    return score
+
+
+def scorer(config: Any) -> Scorer:
+    """What scores a run's rows: the config's ``custom_reward_function`` when its ``path`` is set (loaded here, in the
+    calling process), else :func:`asyncrl.reward.compute_score` (the rule reward registered for each row's
+    ``data_source``).
+
+    Args:
+        config: an :class:`~asyncrl.config.ExperimentConfig`.
+
+    Raises:
+        asyncrl.config.ConfigError: as :func:`load_custom_reward`.
+    """
+    custom = config.custom_reward_function
+    if custom.path is None:
+        from asyncrl.reward import compute_score
+
+        return compute_score
+    return load_custom_reward(custom.path, custom.name)
