@@ -546,7 +546,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
     prompt = render_prompt_ids(tok, rows[0]["prompt"])
     cal: dict[str, Any] = {"prompt_tokens": statistics.fmean(len(render_prompt_ids(tok, r["prompt"])) for r in rows[:64])}
-    probe = {"batch_sizes": (1, 8, 32, 128), "tokens": PROBE_TOKENS}
+    probe = {"batch_sizes": PROBE_BATCHES, "tokens": PROBE_TOKENS}
     for kind, rep in replicas.items():
         cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, **probe))
         print(f"  decode ms/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
@@ -589,6 +589,10 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
 
 PROBE_TOKENS = 48
 """Tokens per request of the decode probes (``calibrate``)."""
+PROBE_BATCHES = (1, 8, 32, 128, 256)
+"""Sequences per decode probe (``calibrate``). 256 since session 31: the engines seat 256, and a run with many groups in
+flight decodes ~240 at once (d_s1_t2 on hf, session 30: 232 per iteration) where a table ending at 128 extrapolated
+10.9 ms per iteration against 15.5 ms probed (the hf engine, one core)."""
 
 
 def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:

@@ -26,7 +26,7 @@ from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCost
 from asyncrl.sim.workload import empirical_lengths, lengths_from_rows  # noqa: F401 - their home before session 14
 
 
-async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Sequence[int] = (1, 8, 32, 128),
+async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Sequence[int] = (1, 8, 32, 128, 256),
                        tokens: int = 64, repeats: int = 2) -> dict[int, float]:
     """Seconds per decode iteration with ``B`` sequences running, for each ``B`` (best of ``repeats``).
 
