@@ -55,8 +55,8 @@ def _check_signature(fn: Callable, name: str, path: str) -> None:
         sig.bind(**{k: None for k in KEYWORDS})
     except TypeError as exc:
         raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} cannot be called as verl calls it "
-                          f"({exc}): it must accept the keywords {', '.join(KEYWORDS)} (rename its parameters to these, "
-                          "or add **kwargs)") from None
+                          f"({exc}): it must accept the keywords {', '.join(KEYWORDS)} (rename its parameters to "
+                          "these, or add **kwargs)") from None
 
 
 def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
