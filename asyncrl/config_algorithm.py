@@ -147,11 +147,13 @@ class CustomRewardFunctionConfig:
     driver, because the rows are scored in Ray actors that never run the driver's code: each loads the file."""
 
     path: Optional[str] = None
-    """A ``.py`` file, loaded by every process that scores (an absolute path on a Ray cluster of several machines);
-    ``None`` = the rule reward registered for each row's ``data_source``."""
+    """A ``.py`` file, loaded by every process that scores; a relative path is resolved against the working directory
+    (as verl) and made absolute in the driver when the run starts (the file must be on every machine of a Ray
+    cluster); ``None`` = the rule reward registered for each row's ``data_source``."""
     name: str = "compute_score"
-    """The function in ``path``, called as verl calls it: ``fn(data_source=..., solution_str=..., ground_truth=...,
-    extra_info=...) -> float | {"score": float, **extras}`` (extras become ``reward/<key>`` metrics)."""
+    """The function in ``path`` (only with ``path``), called as verl calls it: ``fn(data_source=..., solution_str=...,
+    ground_truth=..., extra_info=...) -> float | {"score": float, **extras}`` (numeric extras become ``reward/<key>``
+    metrics; :mod:`asyncrl.reward.result`)."""
 
 
 # ------------------------------------------------------------------ validation (ValueError -> ConfigError in config.validate)
@@ -200,6 +202,11 @@ def validate_algorithm(cfg: Any) -> None:
     if ob.enable and not 0 < ob.len < ro.response_length:
         raise ValueError(f"reward_model.overlong_buffer.len must be in [1, actor_rollout_ref.rollout.response_length="
                           f"{ro.response_length}), got {ob.len}")
+    custom = cfg.custom_reward_function
+    if custom.path is None and custom.name != CustomRewardFunctionConfig.name:  # verl's default sets the name always
+        raise ValueError(f"custom_reward_function.name={custom.name!r} is set without custom_reward_function.path, so "
+                         "nothing would call it (each row is scored by the rule reward of its data_source): set "
+                         f"custom_reward_function.path to the .py file that defines {custom.name}, or drop the name")
     mt = ro.multi_turn
     if mt.enable and ro.agent.default_agent_loop == "single_turn_agent":
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true runs rows without agent_name through "

@@ -128,6 +128,7 @@ class Experiment:
         from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
         from asyncrl.config import validate
+        from asyncrl.reward.custom import resolve_path
 
         if self._phase != "new":
             raise RuntimeError(f"Experiment {self.name} was already started{' and stopped' if self._phase == 'stopped' else ''}:"
@@ -139,6 +140,7 @@ class Experiment:
         self._phase = "started"
         self.t_start = time.time()
         train, val = self.preflight()
+        resolve_path(cfg)  # a relative custom_reward_function.path, made absolute before the config reaches the actors
         if not ray.is_initialized():
             init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True

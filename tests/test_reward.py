@@ -1,5 +1,7 @@
 """The rule rewards (gsm8k-style), their dispatch by data_source, and verl's custom_reward_function."""
 
+import re
+
 import pytest
 
 from asyncrl.reward import REWARD_FNS, compute_score, register_reward
@@ -137,9 +139,9 @@ def test_a_custom_reward_function_that_cannot_load_is_a_config_error(tmp_path, p
         load_custom_reward(str(tmp_path / path) if path else path, name)
 
 
-def test_the_agent_loop_worker_scores_with_the_custom_reward_function(tmp_path, model_dir):
-    """The worker (in the rollouter's process or an actor of its own, which never run the driver's code) loads the
-    file named by the config and scores a row whose data_source has no rule reward."""
+def _worker_outputs(tmp_path, model_dir, reward_source: str) -> list:
+    """Two trajectories answering "42" to a ``my_task`` row, scored by an AgentLoopWorker with the reward file
+    ``reward_source`` as its ``custom_reward_function``."""
     import asyncio
 
     from fake_replica import FakeAbortingReplica, FakePool
@@ -156,7 +158,7 @@ def test_the_agent_loop_worker_scores_with_the_custom_reward_function(tmp_path, 
             return AgentLoopOutput(list(sample["prompt_ids"]), ids, [1] * len(ids), [-0.5] * len(ids),
                                    response_versions=[0] * len(ids))
 
-    (tmp_path / "my_reward.py").write_text(CUSTOM)
+    (tmp_path / "my_reward.py").write_text(reward_source)
     cfg = ExperimentConfig()
     cfg.actor_rollout_ref.model.path = str(model_dir)
     cfg.custom_reward_function.path = str(tmp_path / "my_reward.py")
@@ -164,7 +166,155 @@ def test_the_agent_loop_worker_scores_with_the_custom_reward_function(tmp_path, 
            "reward_model": {"ground_truth": "42"}}
     try:
         worker = AgentLoopWorker(cfg, FakePool({"r": FakeAbortingReplica()}))
-        outs = asyncio.run(worker.generate_sequences_single(row, "u", SamplingParams(), 2, prompt_ids=[1, 2]))
+        return asyncio.run(worker.generate_sequences_single(row, "u", SamplingParams(), 2, prompt_ids=[1, 2]))
     finally:
         AGENT_LOOPS.pop("test_answers_42", None)
+
+
+def test_the_agent_loop_worker_scores_with_the_custom_reward_function(tmp_path, model_dir):
+    """The worker (in the rollouter's process or an actor of its own, which never run the driver's code) loads the
+    file named by the config and scores a row whose data_source has no rule reward."""
+    outs = _worker_outputs(tmp_path, model_dir, CUSTOM)
     assert [(o.reward_score, o.metrics["reward/source_is_mine"]) for o in outs] == [(1.0, 1.0)] * 2
+
+
+def test_a_reward_with_a_string_extra_scores_and_keeps_it_as_verl_reward_extra_info(tmp_path, model_dir):
+    """verl's math_dapo returns ``"pred": str``: the worker did float() on every key, failing every sample. Numbers
+    and bools become ``reward/<key>`` metrics; every extra is kept in ``extra_fields["reward_extra_info"]``."""
+    outs = _worker_outputs(tmp_path, model_dir, 'def compute_score(data_source, solution_str, ground_truth, extra_info):'
+                                                '\n    return {"score": 1.0, "pred": "x", "acc": True, "n": 3}\n')
+    for o in outs:
+        assert o.reward_score == 1.0 and "reward/pred" not in o.metrics
+        assert (o.metrics["reward/acc"], o.metrics["reward/n"]) == (1.0, 3.0)
+        assert o.extra_fields["reward_extra_info"] == {"pred": "x", "acc": True, "n": 3}
+
+
+def test_a_non_finite_reward_fails_the_sample_in_the_worker_naming_the_reward(tmp_path, model_dir):
+    """A NaN score was trained on: every update skipped (non-finite grad norm) and the run exited 0."""
+    from asyncrl.reward.result import RewardError
+
+    with pytest.raises(RewardError, match=r"^custom reward .*my_reward.py:compute_score returned nan for data_source "
+                                          r"'my_task' \(sample u-[01]\): a score must be finite"):
+        _worker_outputs(tmp_path, model_dir, "def compute_score(**kwargs):\n    return float('nan')\n")
+
+
+RETURNS = "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return eval(solution_str)\n"
+FIX = r': return a float or \{"score": float, \.\.\.\}$'
+
+
+@pytest.mark.parametrize("returned, says", [
+    ("None", r"returned None for data_source 'my_sum' \(sample u-0\)" + FIX),
+    ("'wrong'", r"returned str 'wrong' \(a string is not a score, even a number's\) for data_source 'my_sum' "
+                r"\(sample u-0\)" + FIX),
+    ("'1.0'", r"returned str '1.0' \(a string is not a score, even a number's\) for data_source 'my_sum'"),
+    ("{'acc': 1.0, 'pred': '7'}", r'returned a dict without "score" \(its keys: acc, pred\) for data_source '
+                                  r"'my_sum' \(sample u-0\)" + FIX),
+    ("{'score': None}", r'returned "score" None for data_source' + r".*" + FIX),
+    ("[1.0]", r"returned list \[1.0\] for data_source 'my_sum'"),
+    ("float('nan')", r"returned nan for data_source 'my_sum' \(sample u-0\): a score must be finite \(a NaN or "
+                     r"infinite reward makes every update's gradient norm non-finite, so no step would train\)$"),
+    ("{'score': float('-inf')}", r'returned "score" -inf for data_source'),
+    ("1 / 0", r"raised ZeroDivisionError: division by zero for data_source 'my_sum' \(sample u-0\)$"),
+])
+def test_what_a_custom_reward_returned_is_checked_once_naming_the_reward_and_the_sample(tmp_path, returned, says):
+    """``None`` said "float() argument must be ... NoneType", a dict without score ``KeyError 'score'``, "1.0" was
+    accepted: now one line names the reward (file:function), the data_source, the sample and the contract."""
+    from asyncrl.reward.custom import load_custom_reward
+    from asyncrl.reward.result import RewardError, score_sample
+
+    (tmp_path / "x.py").write_text(RETURNS)
+    fn = load_custom_reward(str(tmp_path / "x.py"))
+    with pytest.raises(RewardError, match=rf"^custom reward {tmp_path}/x.py:compute_score " + says):
+        score_sample(fn, "my_sum", returned, "64", {}, where="sample u-0")
+
+
+def test_a_rule_reward_is_checked_the_same_way_and_keeps_its_string_extras(monkeypatch):
+    from asyncrl.reward.result import RewardError
+
+    monkeypatch.setitem(REWARD_FNS, "dapo_like", lambda s, gt: {"score": float(s == gt), "pred": s})
+    assert compute_score("dapo_like", "7", "7") == {"score": 1.0, "pred": "7"}
+    monkeypatch.setitem(REWARD_FNS, "nan_rule", lambda s, gt: float("nan"))
+    with pytest.raises(RewardError, match=r"^rule reward .*<lambda> returned nan for data_source 'nan_rule': a score"):
+        compute_score("nan_rule", "7", "7")
+
+
+@pytest.mark.parametrize("signature, ok", [
+    ("solution, truth", False), ("data_source, solution_str, ground_truth", False),
+    ("data_source, solution_str, ground_truth, extra_info, tokenizer", False),
+    ("**kwargs", True), ("data_source, solution_str, ground_truth, extra_info=None, *, scale=1", True),
+    ("*, data_source, solution_str, **rest", True),
+])
+def test_a_reward_function_that_cannot_take_verls_four_keywords_is_a_config_error(tmp_path, signature, ok):
+    """``def compute_score(solution, truth)`` passed --dry-run and failed every group 40 s into the run. The
+    signature is checked; the function is never called at load (made-up input may fail legitimately)."""
+    from asyncrl.config import ConfigError
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "x.py").write_text(f"def compute_score({signature}):\n    raise AssertionError('called')\n")
+    if ok:
+        load_custom_reward(str(tmp_path / "x.py"))
+        return
+    with pytest.raises(ConfigError) as info:
+        load_custom_reward(str(tmp_path / "x.py"))
+    assert re.fullmatch(
+        rf"custom_reward_function.name='compute_score': {tmp_path}/x.py:compute_score\({re.escape(signature)}\) "
+        r"cannot be called as verl calls it \(.+\): it must accept the keywords data_source, solution_str, "
+        r"ground_truth, extra_info \(rename its parameters to these, or add \*\*kwargs\)", str(info.value)), info.value
+
+
+def test_a_directory_or_a_relative_path_says_what_it_was_resolved_to(tmp_path, monkeypatch):
+    from asyncrl.config import ConfigError, ExperimentConfig
+    from asyncrl.reward.custom import load_custom_reward, resolve_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mytask").mkdir()
+    with pytest.raises(ConfigError, match=rf"^custom_reward_function.path='mytask' is a directory \(resolved against "
+                                          rf"{tmp_path}\): give the .py file in it that defines compute_score\("):
+        load_custom_reward("mytask")
+    with pytest.raises(ConfigError, match=rf"^custom_reward_function.path='{tmp_path}/mytask' is a directory: give"):
+        load_custom_reward(str(tmp_path / "mytask"))
+    with pytest.raises(ConfigError, match=rf"^custom_reward_function.path='mytask/x.py': no such file \(resolved "
+                                          rf"against {tmp_path}\) \(a .py file defining compute_score\("):
+        load_custom_reward("mytask/x.py")
+    cfg = ExperimentConfig()
+    cfg.custom_reward_function.path = "mytask/x.py"  # the actors may run in another directory: absolute in the driver
+    resolve_path(cfg)
+    assert cfg.custom_reward_function.path == str(tmp_path / "mytask" / "x.py")
+
+
+def test_a_function_name_without_a_path_is_a_config_error():
+    """``custom_reward_function.name=my_fn`` alone was ignored; verl's default name (set always) is fine."""
+    from asyncrl.config import ConfigError, load_config
+
+    assert load_config(overrides=["custom_reward_function.name=compute_score"]).custom_reward_function.path is None
+    with pytest.raises(ConfigError, match=r"^custom_reward_function.name='my_fn' is set without "
+                                          r"custom_reward_function.path, so nothing would call it \(each row is scored "
+                                          r"by the rule reward of its data_source\): set custom_reward_function.path to "
+                                          r"the .py file that defines my_fn, or drop the name$"):
+        load_config(overrides=["custom_reward_function.name=my_fn"])
+
+
+def test_the_calibration_scores_through_the_same_check(tmp_path, model_dir):
+    """asyncrl.sim.calibrate.measure_rollout scores as the workers do: a string extra is fine, a NaN names the row."""
+    import asyncio
+
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.reward.result import RewardError
+    from asyncrl.rollout.base import TokenOutput
+    from asyncrl.sim.calibrate import measure_rollout
+
+    class StubReplica:  # a fake: two tokens for every request
+        async def generate_async(self, request_id, prompt_ids, sp):
+            return TokenOutput([10, 11], [-0.5, -0.5], "length", response_versions=[0, 0])
+
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.model.path = str(model_dir)
+    cfg.custom_reward_function.path = str(tmp_path / "r.py")
+    rows = [{"data_source": "my_sum", "prompt": [{"role": "user", "content": "1+1?"}],
+             "reward_model": {"ground_truth": "2"}}]
+    (tmp_path / "r.py").write_text("def compute_score(**kw):\n    return {'score': 1.0, 'pred': 'x'}\n")
+    _, outputs = asyncio.run(measure_rollout(StubReplica(), cfg, rows, 1))
+    assert outputs[0][3] == [1.0] * cfg.actor_rollout_ref.rollout.n
+    (tmp_path / "r.py").write_text("def compute_score(**kw):\n    return float('inf')\n")
+    with pytest.raises(RewardError, match=r"returned inf for data_source 'my_sum' \(row 0\): a score must be finite"):
+        asyncio.run(measure_rollout(StubReplica(), cfg, rows, 1))

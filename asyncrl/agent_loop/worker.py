@@ -27,6 +27,7 @@ import ray
 from asyncrl.agent_loop.base import AgentLoopOutput, get_agent_loop_cls
 from asyncrl.config import ExperimentConfig
 from asyncrl.failures import own_cancellation
+from asyncrl.reward.result import score_sample
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import (FullyAsyncLLMServerClient, GenerationAborted, StaleGeneration, coalesced,
                                     staleness_bounded)
@@ -155,12 +156,13 @@ class AgentLoopWorker:
                 out.set_version_span(fallback=await self.client.engine_version(request_id))
             if out.reward_score is None:
                 text = self.tokenizer.decode(out.response_ids, skip_special_tokens=True)
-                result = self.compute_score(row.get("data_source", ""), text, row["reward_model"]["ground_truth"],
-                                            row.get("extra_info"))
-                if isinstance(result, dict):  # verl's dict reward: "score" trains, the rest is reported
-                    out.metrics.update({f"reward/{k}": float(v) for k, v in result.items() if k != "score"})
-                    result = result["score"]
-                out.reward_score = float(result)
+                result = score_sample(self.compute_score, row.get("data_source", ""), text,
+                                      row["reward_model"]["ground_truth"], row.get("extra_info"),
+                                      where=f"sample {request_id}")  # RewardError: no finite score
+                if result.extras:  # verl's dict reward: "score" trains, numeric extras are metrics, all are kept
+                    out.metrics.update(result.metrics)
+                    out.extra_fields["reward_extra_info"] = result.extras
+                out.reward_score = result.score
             out.metrics["agent/total_s"] = time.perf_counter() - t0
             return out
         finally:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Union
 
 from asyncrl.registry import Registry, UnknownNameError, closest_name
 from asyncrl.reward import gsm8k
+from asyncrl.reward.result import check_reward, reward_label
 
 RewardFn = Callable[[str, str], Union[float, dict]]
 """``fn(solution_str, ground_truth) -> score`` or ``{"score": float, **extras}``."""
@@ -109,16 +110,19 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
 
     Returns:
         The score as a float (1.0 / 0.0 for the built-in rules), or, for a rule that reports more
-        (verl's dict-valued scores), ``{"score": float, **extras}`` such as ``acc`` and ``format``
-        (the extras become ``reward/<key>`` metrics; ``acc`` is the held-out accuracy when present).
+        (verl's dict-valued scores), ``{"score": float, **extras}`` such as ``acc`` and ``format``, the extras as the
+        rule returned them (numeric ones become ``reward/<key>`` metrics; ``acc`` is the held-out accuracy when
+        present; :class:`~asyncrl.reward.result.RewardResult`).
 
     Raises:
         UnknownDataSourceError: no reward is registered for ``data_source`` (see :func:`get_reward_fn`).
+        asyncrl.reward.result.RewardError: the rule returned no finite score (:func:`~asyncrl.reward.result.
+            check_reward`'s message, naming the rule).
     """
-    result = get_reward_fn(data_source)(solution_str, str(ground_truth))
-    if isinstance(result, dict):
-        return {k: float(v) for k, v in result.items()}
-    return float(result)
+    fn = get_reward_fn(data_source)
+    raw = fn(solution_str, str(ground_truth))
+    result = check_reward(raw, f"rule {reward_label(fn)}", data_source)
+    return {"score": result.score, **result.extras} if isinstance(raw, dict) else result.score
 
 
 __all__ = ["EVERY_PROCESS_SOURCES", "REWARD_FNS", "UnknownDataSourceError", "compute_score", "get_reward_fn",

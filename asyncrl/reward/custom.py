@@ -3,8 +3,12 @@
 The file is named by the config (``custom_reward_function.path`` / ``.name``), not registered in the driver, because
 the rows are scored in Ray actors (the rollouter and its agent-loop workers) that never run the driver's code: the
 config travels to them, and each process loads the file itself (:func:`scorer`). :meth:`Experiment.preflight
-<asyncrl.experiment.Experiment.preflight>` loads it once before anything starts, so a missing file, an import error
-or a missing function is a ``config error`` there, not a failure of every sample in an actor.
+<asyncrl.experiment.Experiment.preflight>` loads it once before anything starts, so a missing file, an import error,
+a missing function or one that cannot take verl's four keywords is a ``config error`` there, not a failure of every
+sample in an actor. A relative path is resolved against the working directory, as verl does; :meth:`Experiment.start
+<asyncrl.experiment.Experiment.start>` makes it absolute in the driver (:func:`resolve_path`), so actors that run in
+another directory load the same file. What the function returns is checked per sample by
+:mod:`asyncrl.reward.result`.
 """
 
 from __future__ import annotations
@@ -12,29 +16,67 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Union
+
+KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""The keywords verl calls a ``custom_reward_function`` with, all four every time."""
 
 Scorer = Callable[..., Union[float, dict]]
 """``fn(data_source, solution_str, ground_truth, extra_info=None) -> score`` (:func:`asyncrl.reward.compute_score`'s
 contract, verl's ``default_compute_score``)."""
 
 
+def resolve_path(config: Any) -> None:
+    """Make a relative ``custom_reward_function.path`` absolute against this process's working directory (``~``
+    expanded), in place: called in the driver before the config travels to actors that may run elsewhere."""
+    custom = config.custom_reward_function
+    if custom.path is not None and str(custom.path).strip():
+        custom.path = str(Path(custom.path).expanduser().absolute())
+
+
+def _resolved(file: Path) -> str:
+    """`` (resolved against <cwd>)`` for a relative path, else nothing."""
+    return "" if file.is_absolute() else f" (resolved against {os.getcwd()})"
+
+
+def _check_signature(fn: Callable, name: str, path: str) -> None:
+    """Refuse a function that verl's call ``fn(data_source=, solution_str=, ground_truth=, extra_info=)`` would fail
+    on (a ``**kwargs`` function takes it); the function is not called (made-up input may legitimately fail)."""
+    from asyncrl.config import ConfigError
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function without a signature: the call will tell
+        return
+    try:
+        sig.bind(**{k: None for k in KEYWORDS})
+    except TypeError as exc:
+        raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} cannot be called as verl calls it "
+                          f"({exc}): it must accept the keywords {', '.join(KEYWORDS)} (rename its parameters to "
+                          "these, or add **kwargs)") from None
+
+
 def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
     """The function ``name`` of the Python file ``path``, wrapped to be called as verl calls it (by keyword).
 
     Args:
-        path: a ``.py`` file (``~`` expanded); imported as a module of its own, once per call.
-        name: the function's name in it.
+        path: a ``.py`` file (``~`` expanded; a relative path against the working directory); imported as a module of
+            its own, once per call.
+        name: the function's name in it; it must accept the keywords :data:`KEYWORDS` (checked, never called here).
 
     Returns:
         ``fn(data_source, solution_str, ground_truth, extra_info=None)`` calling the file's function with
-        ``data_source=``, ``solution_str=``, ``ground_truth=``, ``extra_info=`` keywords.
+        ``data_source=``, ``solution_str=``, ``ground_truth=``, ``extra_info=`` keywords; its ``reward_label``
+        (``custom reward <path>:<name>``) names it in :mod:`asyncrl.reward.result`'s messages.
 
     Raises:
-        asyncrl.config.ConfigError: an empty path, no such file, a file whose import raises (the exception's type
-            and message), no attribute ``name`` or one that is not callable (the message lists the file's functions).
+        asyncrl.config.ConfigError: an empty path, no such file (a relative one: the directory it was resolved
+            against), a directory, a file whose import raises (the exception's type and message), no attribute
+            ``name`` or one that is not callable (the message lists the file's functions), or a function that cannot
+            take the four keywords (its parameters and the four names).
     """
     from asyncrl.config import ConfigError
 
@@ -43,9 +85,12 @@ def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
         raise ConfigError(f"{key}={path!r} is an empty path: give a .py file, or null (omit the key) to score each row "
                           "by the rule reward of its data_source")
     file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError(f"{key}={path!r} is a directory{_resolved(file)}: give the .py file in it that defines "
+                          f"{name}(data_source, solution_str, ground_truth, extra_info)")
     if not file.is_file():
-        raise ConfigError(f"{key}={path!r}: no such file (a .py file defining {name}(data_source, solution_str, "
-                          "ground_truth, extra_info))")
+        raise ConfigError(f"{key}={path!r}: no such file{_resolved(file)} (a .py file defining {name}(data_source, "
+                          "solution_str, ground_truth, extra_info))")
     module_name = f"asyncrl_custom_reward_{hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
@@ -65,11 +110,13 @@ def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
                 else f"sets {name} to {type(fn).__name__} {fn!r:.40}, not a function")
         raise ConfigError(f"custom_reward_function.name={name!r}: {path} {what} "
                           f"(its functions: {', '.join(funcs) or 'none'})")
+    _check_signature(fn, name, path)
 
     def score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Union[float, dict]:
         return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
 
     score.__qualname__ = score.__name__ = f"{name} ({path})"
+    score.reward_label = f"custom reward {path}:{name}"  # type: ignore[attr-defined]
     return score
 
 

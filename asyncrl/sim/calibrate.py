@@ -227,11 +227,11 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
         reward of the row's ``data_source``), as the agent loops score them,
         so :func:`measure_train` trains on the advantages the trainer would.
     """
-    from asyncrl.reward.custom import scorer
-
     from asyncrl.agent_loop.single_turn import render_prompt_ids
     from asyncrl.data.length_workload import LengthWorkload
     from asyncrl.models import load_tokenizer
+    from asyncrl.reward.custom import scorer
+    from asyncrl.reward.result import score_sample
     from asyncrl.rollout.base import SamplingParams
     from asyncrl.staleness import sample_budget
 
@@ -253,9 +253,10 @@ async def measure_rollout(replica: Any, cfg: Any, rows: Sequence[dict], groups: 
                                           for k in range(ro.n)])
             rewards = []
             for o in outs:
-                score = compute_score(row.get("data_source", ""), tok.decode(o.token_ids, skip_special_tokens=True),
-                                      row["reward_model"]["ground_truth"], row.get("extra_info"))
-                rewards.append(float(score["score"] if isinstance(score, dict) else score))
+                rewards.append(score_sample(compute_score, row.get("data_source", ""),
+                                            tok.decode(o.token_ids, skip_special_tokens=True),
+                                            row["reward_model"]["ground_truth"], row.get("extra_info"),
+                                            where=f"row {i % len(rows)}").score)
             outputs.append((i, prompt, outs, rewards))
 
     t0 = time.perf_counter()
