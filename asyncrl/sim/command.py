@@ -54,7 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, load: "callable") -> int:
-    """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``."""
+    """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``.
+
+    Raises:
+        asyncrl.failures.RolloutStopped: the rollouter stopped the simulated run (every sample failed, e.g. a broken
+            reward); the CLI prints it as ``sim error: ...`` and exits 2 (:func:`asyncrl.cli.main`).
+    """
     import pandas as pd
 
     from asyncrl.config import ConfigError
