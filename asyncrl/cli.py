@@ -153,14 +153,17 @@ def _dry_run(exp) -> int:
     """``asyncrl train --dry-run``: the checks a run makes before anything starts (:meth:`Experiment.preflight`:
     data, enough prompts within ``data.max_prompt_length`` for one trainer step, the lengths against the model's
     positions; and the resume checkpoint), then the resolved config as YAML on stdout (a config file ``asyncrl train``
-    takes back); nothing starts (no Ray, no engine)."""
+    takes back) and which held-out rows a run evaluates; nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
 
+    from asyncrl.data.dataset import held_out_source
+
     cfg = exp.config
-    train, _ = exp.preflight()
+    train, val = exp.preflight()
     print(to_yaml(cfg), end="")
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
+    print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
     if cfg.data.train_files:  # the user's own rows: which ones a run would skip (counted then, per draw, unnamed)
         too_long = _too_long_rows(train, cfg)
         if too_long:
