@@ -29,7 +29,7 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
-from asyncrl.data.dataset import no_held_out
+from asyncrl.data.dataset import no_held_out, train_source
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.ray_start import init_ray
@@ -79,7 +79,7 @@ class Experiment:
 
         tr = self.config.trainer
         self.resume_from = find_resume_checkpoint(tr.default_local_dir, tr.experiment_name, tr.seed, tr.resume_mode,
-                                                  tr.resume_from_path)
+                                                  tr.resume_from_path, source=train_source(self.config.data))
         if self.resume_from is not None:  # continue in the checkpoint's run directory
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name
