@@ -57,7 +57,9 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``agent/sandbox/errors/<kind>``     sandboxed trial attempts of the step that ended with an error, by kind
                                     (``context_length_exceeded``, ``agent_timeout``, ``other``, ...)
 ``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the
-                                    rule's ``acc`` when it reports one, else its score
+                                    rule's ``acc`` when it reports one, else its score, over the ``n``
+                                    scored of the ``rows`` evaluated; ``accuracy_of``: ``acc``, ``rule``
+                                    (a built-in 0/1 rule) or ``score`` (a custom reward's mean score)
 ``eval/<key>``                      held-out means of ``agent/*`` and ``reward/*`` metrics
                                     (``eval/format``: rate of well-formed ``#### <integer>`` answers;
                                     ``eval/tool_call_success_rate``: mean share of a sample's tool calls
