@@ -10,7 +10,7 @@ are accepted (``task=arith`` -> ``data.task=arith``).
 Every user error has one style: ``<kind> error: <message>`` on stderr and exit status 2, with kind
 ``config`` (unknown key or value, naming the closest valid key; unknown recipe / task / registered
 name), ``dataset`` (unreadable file, missing field), ``batch`` (notebook not found, undeclared or
-unpassable parameter) or ``models fetch``. A run whose trainer raised mid-run prints its summary and
+unpassable parameter), ``models fetch`` or ``sim`` (a simulated run the rollouter stopped: every sample failed). A run whose trainer raised mid-run prints its summary and
 ``training failed: ...`` and exits 1. Ctrl-C stops a run after its running step, prints its summary and one line
 (why it stopped, what the run directory holds) and exits 130; a second Ctrl-C aborts that (one line, exit 130),
 also one that came before the first was handled (:mod:`asyncrl.interrupts`). Anything else is a
@@ -41,22 +41,26 @@ def _expand(overrides: list[str]) -> list[str]:
 
 
 class UserError(Exception):
-    """A mistake in what the user asked for (``kind`` says where: config / dataset / batch / models fetch)."""
+    """A mistake in what the user asked for (``kind`` says where: config / dataset / batch / models fetch / sim)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
 
 
-def _user_error(exc: BaseException) -> UserError | None:
-    """The :class:`UserError` an exception stands for, or ``None`` for anything else (a bug)."""
+def _user_error(exc: BaseException, command: str = "") -> UserError | None:
+    """The :class:`UserError` an exception stands for, or ``None`` for anything else (a bug). ``command``: the
+    subcommand that raised it (``asyncrl sim``'s run stopped by its rollouter is the user's: a broken reward or data)."""
     from asyncrl.batch_params import BatchParameterError
     from asyncrl.config import ConfigError
     from asyncrl.data.dataset import DatasetError
+    from asyncrl.failures import RolloutStopped
     from asyncrl.registry import UnknownNameError
 
     if isinstance(exc, UserError):
         return exc
+    if command == "sim" and isinstance(exc, RolloutStopped):  # `asyncrl train` reports it as `training failed: ...`
+        return UserError("sim", str(exc))
     for types, kind in (((ConfigError, UnknownNameError), "config"), ((DatasetError,), "dataset"),
                         ((BatchParameterError,), "batch")):
         if isinstance(exc, types):
@@ -149,14 +153,17 @@ def _dry_run(exp) -> int:
     """``asyncrl train --dry-run``: the checks a run makes before anything starts (:meth:`Experiment.preflight`:
     data, enough prompts within ``data.max_prompt_length`` for one trainer step, the lengths against the model's
     positions; and the resume checkpoint), then the resolved config as YAML on stdout (a config file ``asyncrl train``
-    takes back); nothing starts (no Ray, no engine)."""
+    takes back) and which held-out rows a run evaluates; nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
 
+    from asyncrl.data.dataset import held_out_source
+
     cfg = exp.config
-    train, _ = exp.preflight()
+    train, val = exp.preflight()
     print(to_yaml(cfg), end="")
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
+    print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
     if cfg.data.train_files:  # the user's own rows: which ones a run would skip (counted then, per draw, unnamed)
         too_long = _too_long_rows(train, cfg)
         if too_long:
@@ -289,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_sim(args, _load)
         return _train(args)
     except Exception as exc:
-        err = _user_error(exc)
+        err = _user_error(exc, args.command)
         if err is None:
             raise
         print(f"{err.kind} error: {err}", file=sys.stderr)

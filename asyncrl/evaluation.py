@@ -6,7 +6,7 @@
         held-out rows --render--> prompt_ids  (> data.max_prompt_length: failed "prompt_too_long")
             --gather--> AgentLoopManager.generate_sequences_single(row, "eval-v-tag-i", greedy, n=1)
                  each sample: an AgentLoopOutput (scored)  or  an exception (failed, with its reason)
-        -> {"version", "accuracy" (over scored samples), "n" (scored), "eval/failed",
+        -> {"version", "accuracy" (over scored samples), "n" (scored), "rows", "accuracy_of", "eval/failed",
             "eval/failed_reasons" {reason: count}, "eval/<agent|reward metric>" means, ...}
 
 A sample's failure (an agent loop that raises, an engine that refuses the prompt, a prompt longer than
@@ -67,6 +67,15 @@ def _failed(log: FailureLog, exc: BaseException, rid: str, i: int, message: str 
     return EvalSampleFailed(reason, message or log.recent[-1]["message"])
 
 
+def accuracy_of(outs: list, cfg: Any) -> str:
+    """What an evaluation's ``accuracy`` is the mean of: ``"acc"`` (every scored sample's reward reported an ``acc``
+    extra), ``"score"`` (a ``custom_reward_function`` that reports none: its mean score, which need not be an accuracy)
+    or ``"rule"`` (a built-in rule's score, 1 for a correct answer and 0 otherwise: an accuracy)."""
+    if outs and all("reward/acc" in o.metrics for o in outs):
+        return "acc"
+    return "score" if cfg.custom_reward_function.path is not None else "rule"
+
+
 async def evaluate(ro: Any, limit: Optional[int] = None) -> dict:
     """Greedy evaluation of ``ro.val_rows[:limit]`` at ``ro.param_version``; appended to ``ro.eval_history``.
 
@@ -75,10 +84,12 @@ async def evaluate(ro: Any, limit: Optional[int] = None) -> dict:
         limit: evaluate only the first ``limit`` held-out rows (all when ``None``).
 
     Returns:
-        ``{"version", "accuracy", "n", "time", "eval_s", "eval/failed", "eval/failed_reasons"}`` plus the
-        mean of numeric agent / reward metrics under ``eval/...``. ``accuracy`` is the mean score over
-        the ``n`` scored samples (0.0 when none was scored); ``eval/failed`` counts the failed ones and
-        ``eval/failed_reasons`` maps each reason to its count.
+        ``{"version", "accuracy", "n", "rows", "accuracy_of", "time", "eval_s", "eval/failed",
+        "eval/failed_reasons"}`` plus the mean of numeric agent / reward metrics under ``eval/...``. ``accuracy`` is
+        the mean score over the ``n`` scored samples of the ``rows`` evaluated (0.0 when none was scored: the
+        summary reports no figure then, :func:`asyncrl.summary.held_out`); ``accuracy_of`` says what it means
+        (:func:`accuracy_of`); ``eval/failed`` counts the failed ones and ``eval/failed_reasons`` maps each reason to
+        its count.
     """
     version, t0 = ro.param_version, time.time()
     rows = ro.val_rows[: limit or len(ro.val_rows)]
@@ -96,6 +107,7 @@ async def evaluate(ro: Any, limit: Optional[int] = None) -> dict:
     # verl: a rule that reports "acc" (dict-valued reward) is scored by it, else by the reward itself
     scores = [float(o.metrics.get("reward/acc", o.reward_score or 0.0)) for o in outs]
     result = {"version": version, "accuracy": sum(scores) / max(1, len(scores)), "n": len(scores),
+              "rows": len(rows), "accuracy_of": accuracy_of(outs, ro.cfg),
               "time": time.time() - ro.t_start, "eval_s": time.time() - t0,
               "eval/failed": len(failed), "eval/failed_reasons": dict(reasons)}
     keys = {k for o in outs for k, v in o.metrics.items() if isinstance(v, (int, float))

@@ -29,11 +29,12 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
+from asyncrl.data.dataset import no_held_out, train_source
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.ray_start import init_ray
 from asyncrl.staleness import sample_budget
-from asyncrl.summary import Summary, TrainerError  # noqa: F401  (public here: asyncrl.experiment.Summary)
+from asyncrl.summary import Summary, TrainerError, held_out  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class Experiment:
 
         tr = self.config.trainer
         self.resume_from = find_resume_checkpoint(tr.default_local_dir, tr.experiment_name, tr.seed, tr.resume_mode,
-                                                  tr.resume_from_path)
+                                                  tr.resume_from_path, source=train_source(self.config.data))
         if self.resume_from is not None:  # continue in the checkpoint's run directory
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name
@@ -141,6 +142,8 @@ class Experiment:
         self.t_start = time.time()
         train, val = self.preflight()
         resolve_path(cfg)  # a relative custom_reward_function.path, made absolute before the config reaches the actors
+        if no_held_out(self.config.data):  # once, before anything starts (--dry-run prints it); the summary again
+            logger.warning("%s", no_held_out(self.config.data))
         if not ray.is_initialized():
             init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True
@@ -353,19 +356,18 @@ class Experiment:
         accounting = self.accounting()
         accounting["in_flight_left"] = ro["accounting"]["pending"] + ro["accounting"]["active"]
         evals = ro["eval_history"]
-        k = self.config.trainer.eval_average_last
-        after_evals = [e for e in evals if e["version"] > 0][-k:]
+        held = held_out(evals, self.config.trainer.eval_average_last, no_held_out(self.config.data))
+        before, after = held.get("before") or {}, held.get("after") or {}
         self.summary = Summary(
             run_dir=str(self.run_dir), steps=tr["global_steps"], param_version=tr["param_version"],
-            accuracy_before=evals[0]["accuracy"] if evals and evals[0]["version"] == 0 else None,
-            accuracy_after=sum(e["accuracy"] for e in after_evals) / len(after_evals) if after_evals else None,
+            accuracy_before=before.get("value"), accuracy_after=after.get("value"), held_out=held,
             accounting=accounting, wall_s=time.time() - self.t_start, evals=evals,
             lag_counts=tr["lag_counts"], response_length_counts=tr.get("response_length_counts", {}),
             gradient_length_counts=tr.get("gradient_length_counts", {}),
             stale_length_counts=tr.get("stale_length_counts", {}),
             staleness_bound=tr["staleness_bound"], stop_reason=tr.get("stop_reason", ""),
             last_checkpoint=tr.get("last_checkpoint"), resumed_from=str(self.resume_from) if self.resume_from else None,
-            accuracy_after_evals=len(after_evals))
+            accuracy_after_evals=after.get("evals", 0))
         history = tr["history"]
         write_run_artifacts(self.run_dir, history, evals, to_yaml(self.config), dataclasses.asdict(self.summary),
                             write_metrics=False)  # metrics.csv was streamed step by step

@@ -93,7 +93,8 @@ class FailureLog:
         return key
 
     def first_of_kind(self, key: str) -> bool:
-        """True for the first failure of type ``key`` and then at 10, 100, 1000 ... (log the traceback then)."""
+        """True for the first failure of type ``key`` and then at 10, 100, 1000 ... (log it then: the first with its
+        traceback, the others as a count; :meth:`asyncrl.rollouter.FullyAsyncRollouter._log_failure`)."""
         n = self.counts[key]
         return n == 1 or (n >= 10 and str(n).strip("0") == "1")
 

@@ -57,7 +57,9 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 ``agent/sandbox/errors/<kind>``     sandboxed trial attempts of the step that ended with an error, by kind
                                     (``context_length_exceeded``, ``agent_timeout``, ``other``, ...)
 ``eval/accuracy``                   held-out greedy accuracy (``eval.csv``, by param version); the
-                                    rule's ``acc`` when it reports one, else its score
+                                    rule's ``acc`` when it reports one, else its score, over the ``n``
+                                    scored of the ``rows`` evaluated; ``accuracy_of``: ``acc``, ``rule``
+                                    (a built-in 0/1 rule) or ``score`` (a custom reward's mean score)
 ``eval/<key>``                      held-out means of ``agent/*`` and ``reward/*`` metrics
                                     (``eval/format``: rate of well-formed ``#### <integer>`` answers;
                                     ``eval/tool_call_success_rate``: mean share of a sample's tool calls
@@ -135,6 +137,10 @@ def run_files(run_dir: str | Path) -> list[str]:
     return sorted(f.name + ("/" if f.is_dir() else "") for f in p.iterdir() if f.name != "checkpoints")
 
 
+EVAL_COLUMNS = ("version", "accuracy", "n", "rows", "accuracy_of", "time", "eval_s", "eval/failed", "eval/failed_reasons")
+"""``eval.csv``'s columns of every evaluation (:func:`asyncrl.evaluation.evaluate`); the header of a run without one."""
+
+
 def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[dict], config_yaml: str,
                         summary: dict[str, Any], write_metrics: bool = True) -> dict[str, Path]:
     """Write ``metrics.csv``, ``eval.csv``, ``config.yaml``, ``summary.json`` and ``plot.png``.
@@ -153,7 +159,8 @@ def write_run_artifacts(run_dir: Path, history: list[dict], eval_history: list[d
              "summary": run_dir / "summary.json", "plot": run_dir / "plot.png"}
     if write_metrics:  # a run without a step still gets the header (pandas reads an empty file as an error)
         (hist if not hist.empty else pd.DataFrame(columns=list(STEP_COLUMNS))).to_csv(paths["metrics"], index=False)
-    evals.to_csv(paths["eval"], index=False)
+    # no evaluation (no held-out rows: data.train_files without data.val_files): the header, so pandas reads it
+    (evals if not evals.empty else pd.DataFrame(columns=list(EVAL_COLUMNS))).to_csv(paths["eval"], index=False)
     paths["config"].write_text(config_yaml)
     paths["summary"].write_text(json.dumps(summary, indent=2, default=str))
     plot_run(hist, evals, paths["plot"])

@@ -292,8 +292,9 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
                     self._drop("aborted_at_shutdown", seq)
                 raise
             # a callee's cancellation (an engine request, a Ray task): this sample failed, the run goes on
-            logger.error("sample %s (row %d) failed: a callee raised CancelledError", uid, index)
-            self._fail(self.failures.record(exc, uid, index=index, reason="cancelled by a callee"), seq)
+            key = self.failures.record(exc, uid, index=index, reason="cancelled by a callee")
+            self._log_failure(key, uid, index, "a callee raised CancelledError", stack=False)
+            self._fail(key, seq)
             await self.release_budget()
         except StaleGeneration:  # it outlived the staleness bound in generation: the trainer would drop it
             self._drop("stale_in_generation", seq)
@@ -307,15 +308,27 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
                 self._drop("queue_shutdown", seq, count=False)  # the MessageQueue counted it
                 return
             key = self.failures.record(exc, uid, index=index, **_group(exc))
-            if self.failures.first_of_kind(key):  # the traceback once per kind (and at 10, 100 ...), not per sample
-                logger.exception("sample %s (row %d) failed (%s failure %d)", uid, index, key, self.failures.counts[key])
-            else:
-                logger.error("sample %s (row %d) failed: %s: %s", uid, index, key, str(exc).strip()[:200])
+            self._log_failure(key, uid, index, f"{key}: {str(exc).strip()[:200]}")
             self._fail(key, seq)
             await self.release_budget()
             await self._halt_on_failure_storm()
         finally:
             self.started_at.pop(seq, None)
+
+    def _log_failure(self, key: str, uid: str, index: int, message: str, stack: bool = True) -> None:
+        """Log a failed sample without one line per sample (a broken reward fails every one): the first of its kind
+        in full (its traceback, from the ``except`` block that calls this), then a count at the 10th, 100th ... of
+        that kind; the others at DEBUG. Every one is counted all the same (``failed`` by kind, the ledger)."""
+        n = self.failures.counts[key]
+        if n == 1:
+            (logger.exception if stack else logger.error)(
+                "sample %s (row %d) failed: %s (the first %s; later ones are counted, not logged one by one)",
+                uid, index, message, key)
+        elif self.failures.first_of_kind(key):
+            logger.error("%d samples failed with %s so far (the latest: sample %s, row %d: %s); the first one's "
+                         "traceback is logged above", n, key, uid, index, message)
+        else:
+            logger.debug("sample %s (row %d) failed: %s", uid, index, message)
 
     # ------------------------------------------------------------------ sync protocol
     async def pause_for_sync(self) -> dict:

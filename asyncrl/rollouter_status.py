@@ -24,17 +24,18 @@ class RolloutStatusMixin:
 
     # ------------------------------------------------------------------ evaluation
     def start_evaluation(self) -> None:
-        """Run held-out greedy evaluation of the current version in the background."""
-        if self._eval_task is None or self._eval_task.done():
+        """Run held-out greedy evaluation of the current version in the background (none without held-out rows)."""
+        if self.val_rows and (self._eval_task is None or self._eval_task.done()):
             self._eval_task = asyncio.create_task(self.evaluate())
 
     async def evaluate(self, limit: Optional[int] = None) -> dict:
         """Greedy accuracy on the held-out rows at the current version, through the same agent loops
         as training (so tool tasks are evaluated multi-turn); appended to ``eval_history``. A sample
-        that fails is counted (``eval/failed`` by reason), never fatal: see :mod:`asyncrl.evaluation`."""
+        that fails is counted (``eval/failed`` by reason), never fatal: see :mod:`asyncrl.evaluation`. Without
+        held-out rows (:func:`asyncrl.data.dataset.no_held_out`) nothing is evaluated nor recorded: ``{}``."""
         from asyncrl.evaluation import evaluate
 
-        return await evaluate(self, limit)
+        return await evaluate(self, limit) if self.val_rows else {}
 
     async def wait_evaluation(self) -> None:
         if self._eval_task is not None:

@@ -32,6 +32,9 @@ class Summary:
             groups that outlive the staleness bound are the slow ones, so their mean beside the trained mean shows
             how much of the long tail a run leaves untrained (:meth:`stale_line`).
         wall_s: seconds from start to the end of the final evaluation.
+        held_out: what the accuracy figures are (:func:`held_out`): ``{"metric", "before", "after"}`` with each
+            figure's held-out rows, scored and failed samples, or ``{"none": why}`` for a run without held-out rows;
+            ``{}`` in summaries written before it (the figures are then shown alone).
     """
 
     run_dir: str
@@ -51,19 +54,19 @@ class Summary:
     last_checkpoint: Optional[str] = None
     resumed_from: Optional[str] = None
     accuracy_after_evals: int = 0
+    held_out: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
-        def pct(x: Optional[float]) -> str:
-            return "n/a" if x is None else f"{100 * x:.1f}%"
         a = self.accounting
         drops = ", ".join(f"{k} {v}" for k, v in sorted(a.get("dropped", {}).items())) or "none"
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(a.get("failed", {}).items()))
         return (f"run {self.run_dir}: {self.steps} steps, {self.param_version} syncs, {self.wall_s:.0f} s"
                 f" (stopped: {self.stop_reason or 'n/a'})\n"
-                f"  held-out greedy accuracy: before {pct(self.accuracy_before)} -> after {pct(self.accuracy_after)}"
-                f"{self._after_what()}\n"
+                f"  {self._held_out_line()}\n"
                 f"  prompts: taken {a.get('taken')} = trained {a.get('trained')} + dropped {a.get('dropped_total')}"
                 f" + failed {a.get('failed_total')}  (balanced: {a.get('balanced')})\n"
                 f"  dropped by reason: {drops}\n"
+                + (f"  failed by reason: {fails} (each kind's first traceback is in the log)\n" if fails else "")
                 + ("  (*_at_shutdown: prompts the rollouter had taken ahead of the trainer, still queued, generating or"
                    " unconsumed when training stopped; counted, not failures)\n"
                    if any(k.endswith("_at_shutdown") for k in a.get("dropped", {})) else "")
@@ -77,6 +80,21 @@ class Summary:
         """:func:`stale_line` of this run (``""`` when nothing was dropped as stale)."""
         return stale_line(self.stale_length_counts, self.response_length_counts,
                           (self.accounting.get("dropped") or {}).get("stale_at_trainer"), self.staleness_bound)
+
+    def _held_out_line(self) -> str:
+        """``held-out greedy accuracy: before 37.5% of 16 (12 failed: not in the mean) -> after ...``: each figure with
+        the held-out samples it is a mean of and those that failed (not in it); ``mean score`` for a reward that
+        gives no accuracy (:func:`asyncrl.evaluation.accuracy_of`); no figure where every sample failed."""
+        h = self.held_out
+        if "none" in h:
+            return f"held-out: {h['none']}"
+        if not h:  # a summary written before held_out: the figures alone
+            return (f"held-out greedy accuracy: before {_pct(self.accuracy_before)} -> after "
+                    f"{_pct(self.accuracy_after)}{self._after_what()}")
+        score = h.get("metric") == "mean score"
+        name = "mean score (the reward gives no 'acc': not an accuracy)" if score else "accuracy"
+        after = _figure(h.get("after"), score, self._after_what().strip(" ()"))
+        return f"held-out greedy {name}: before {_figure(h.get('before'), score)} -> after {after}"
 
     def _after_what(self) -> str:
         """What the "after" figure is: the final evaluation, or the mean of the last few (the dashboard's
@@ -113,6 +131,63 @@ class Summary:
             return k[5:] if k.endswith("_rate") or k == "eval/format" else f"{k[5:]} per sample"
         return "".join(f"\n  {name(k)}: before {first.get(k, float('nan')):.3f} -> after {last[k]:.3f}"
                        for k in shown) + quiet
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _figure(f: Optional[dict], score: bool, what: str = "") -> str:
+    """One figure of :func:`held_out` as the summary prints it: ``37.5% of 16 (12 failed: not in the mean)``, a mean
+    score as a number, ``n/a: all 16 failed``, ``n/a`` (no evaluation)."""
+    if not f:
+        return "n/a"
+    if f["value"] is None:
+        return f"n/a: all {f['rows']} failed" if f["rows"] else "n/a"
+    notes = [what] if what else []
+    if f["failed"]:
+        notes.append(f"{f['failed']} failed{' over them' if f['evals'] > 1 else ''}: not in the mean")
+    if f.get("all_failed_evals"):
+        notes.append(f"{f['all_failed_evals']} more evaluation(s) had every sample failed: left out")
+    value = f"{f['value']:.3f}" if score else _pct(f["value"])
+    return f"{value} of {f['rows']}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def held_out(evals: list[dict], average_last: int, none: str = "") -> dict:
+    """The summary's held-out figures from a run's evaluations (:func:`asyncrl.evaluation.evaluate` results).
+
+    ``before`` is the version-0 evaluation; ``after`` the mean of the last ``average_last`` evaluations after version 0
+    (``trainer.eval_average_last``). A figure is a mean over scored samples only: each figure says how many held-out
+    rows it covers and how many failed (not in the mean), and an evaluation whose every sample failed has no figure
+    (``value`` None) and is left out of the ``after`` mean rather than counted as 0.
+
+    Args:
+        evals: the rollouter's ``eval_history``.
+        average_last: how many of the last evaluations ``after`` averages.
+        none: why the run has no held-out rows (``{"none": none}`` is returned), ``""`` when it has some.
+
+    Returns:
+        ``{"metric": "accuracy" | "mean score", "before": figure | None, "after": figure | None}``, a figure being
+        ``{"value": mean or None, "rows": held-out rows of one evaluation, "scored", "failed", "evals": evaluations
+        averaged, "all_failed_evals": evaluations left out as every sample failed}``.
+    """
+    if none:
+        return {"none": none}
+    after = [e for e in evals if e["version"] > 0][-average_last:]
+    before = [evals[0]] if evals and evals[0]["version"] == 0 else []
+    kinds = {e.get("accuracy_of", "rule") for e in evals}
+    metric = "mean score" if kinds == {"score"} else "accuracy"
+    return {"metric": metric, "before": _held_out_figure(before), "after": _held_out_figure(after)}
+
+
+def _held_out_figure(evals: list[dict]) -> Optional[dict]:
+    if not evals:
+        return None
+    scored = [e for e in evals if e.get("n", 1) > 0]  # "n" missing: an evaluation recorded before it was counted
+    return {"value": sum(e["accuracy"] for e in scored) / len(scored) if scored else None,
+            "rows": evals[-1].get("rows", evals[-1].get("n", 0) + evals[-1].get("eval/failed", 0)),
+            "scored": sum(e.get("n", 0) for e in evals), "failed": sum(e.get("eval/failed", 0) for e in evals),
+            "evals": len(scored), "all_failed_evals": len(evals) - len(scored)}
 
 
 LONG_TAIL_RATIO = 1.5

@@ -54,6 +54,33 @@ def test_find_resume_checkpoint_modes(tmp_path):
         find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(tmp_path / "nope"))
 
 
+def test_auto_resume_passes_over_a_checkpoint_trained_on_other_data(tmp_path, caplog):
+    """Runs are named after the recipe (``arith_grpo_cpu__0__...``), not the data: with ``trainer.resume_mode=auto``
+    (the default) a run on ``b.jsonl`` resumed the weights a run on ``a.jsonl`` under the same recipe had saved (session
+    31's review). ``auto`` now takes only a checkpoint whose data position names this run's data; one that saved none
+    (older checkpoints) is still taken; ``resume_path`` is never checked."""
+    import json
+
+    def save(run, source, when):
+        def write(d):
+            (d / "rollouter_state.json").write_text(json.dumps({"position": {"epoch": 0, "offset": 3, "source": source}}))
+        ckpt = CheckpointManager(tmp_path / run / "checkpoints").save(3, write)
+        os.utime(ckpt / "meta.json", (when, when))
+        return ckpt
+
+    a = save("exp__0__20260101-000000", ["a.jsonl"], 1)
+    b = save("exp__0__20260102-000000", ["b.jsonl"], 2)
+    with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
+        assert find_resume_checkpoint(tmp_path, "exp", 0, "auto", source=["a.jsonl"]) == a
+    assert f"not resuming {b}: it trained on ['b.jsonl'], this run on ['a.jsonl']" in caplog.text
+    assert "trainer.resume_mode=resume_path" in caplog.text
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "auto", source=["b.jsonl"]) == b
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "auto", source=["c.jsonl"]) is None
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(b), source=["c.jsonl"]) == b
+    old = CheckpointManager(tmp_path / "exp__0__20260103-000000" / "checkpoints").save(1, _write("no source saved"))
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "auto", source=["c.jsonl"]) == old
+
+
 def _engine(path, **kw):
     from asyncrl.trainer.engine import TrainEngine
 

@@ -98,21 +98,28 @@ def test_a_data_source_with_no_reward_is_a_dataset_error_unless_a_custom_reward_
     ray_before = ray.is_initialized()
     code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={data}")
     assert (code, err.strip()) == (2, (
-        f"dataset error: {data}: row 5: data_source 'my_task' has no reward function (known: arith, calc_tool, gsm8k, "
+        f"dataset error: {data}: data_source 'my_task' (row 5) has no reward function (known: arith, calc_tool, gsm8k, "
         "longtail, openai/gsm8k, word_problems); name a known one (gsm8k: the number after the last '####'), or set "
         "custom_reward_function.path to a .py file whose compute_score(data_source, solution_str, ground_truth, "
         "extra_info) scores every row (data.train_files)"))
     code, err = run_cli(capsys, "train", f"data.train_files={data}")  # a run refuses it before anything starts
-    assert code == 2 and err.startswith(f"dataset error: {data}: row 5: data_source 'my_task' has no reward function")
+    assert code == 2 and err.startswith(f"dataset error: {data}: data_source 'my_task' (row 5) has no reward function")
     monkeypatch.setitem(REWARD_FNS, "my_task", lambda s, gt: 1.0)  # register_reward("my_task", ...), undone after
     code, err = run_cli(capsys, "train", "--dry-run", f"data.train_files={data}")
-    assert code == 2 and err.startswith(f"dataset error: {data}: row 5: data_source 'my_task' has a reward function "
+    assert code == 2 and err.startswith(f"dataset error: {data}: data_source 'my_task' (row 5) has a reward function "
                                         "registered in this process only (asyncrl.reward.register_reward): the Ray "
                                         "actors that score a run never see it; set custom_reward_function.path"), err
     reward = tmp_path / "my_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
     assert main(["train", "--dry-run", f"data.train_files={data}", f"custom_reward_function.path={reward}"]) == 0
-    assert "config ok (64 training prompts)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "config ok (64 training prompts)" in err
+    # which held-out rows a run evaluates: none without data.val_files (not data.task's generated rows, session 31)
+    assert err.strip().splitlines()[-1] == ("held-out rows: none: data.val_files unset: no held-out evaluation (set "
+                                            "data.val_files=... to evaluate held-out rows)"), err
+    assert main(["train", "--dry-run", f"data.train_files={data}", f"data.val_files={data}",
+                 f"custom_reward_function.path={reward}"]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"held-out rows: 64 from data.val_files={data}"
     code, err = run_cli(capsys, "train", "--dry-run", f"custom_reward_function.path={tmp_path / 'nope.py'}")
     assert (code, err.strip()) == (2, f"config error: custom_reward_function.path='{tmp_path / 'nope.py'}': no such "
                                       "file (a .py file defining compute_score(data_source, solution_str, ground_truth, "

@@ -58,6 +58,8 @@ def test_an_eval_sample_that_raises_is_counted_and_the_run_goes_on(ray_session, 
         assert ev["n"] == 2 and ev["eval/failed"] == 2, ev
         assert ev["eval/failed_reasons"] == {"FakeAgentError": 1, "prompt_too_long": 1}, ev
         assert 0.0 <= ev["accuracy"] <= 1.0
+        # what the summary needs to say what a figure is: rows evaluated, and the arith rule's 0/1 score (an accuracy)
+        assert ev["rows"] == 4 and ev["accuracy_of"] == "rule", ev
     # logged once per reason per evaluation, with the first message
     lines = [r.getMessage() for r in caplog.records if r.name == "asyncrl.evaluation"]
     assert len(lines) == 4 and sum("FakeAgentError" in m and "fake agent fault" in m for m in lines) == 2, lines
@@ -68,3 +70,36 @@ def test_an_eval_sample_that_raises_is_counted_and_the_run_goes_on(ray_session, 
     # and they do not count toward rollout.max_consecutive_failures (a failure storm halts training rollout)
     assert acc["failed"] == {} and acc["enqueued"] == 3
     assert ro.failures.consecutive == 0 and not ro.halted
+
+
+def test_what_an_evaluations_accuracy_is_the_mean_of():
+    """Session 31: a custom reward without an ``acc`` extra gave its mean score under "held-out greedy accuracy"."""
+    import types
+
+    from asyncrl.evaluation import accuracy_of
+    from asyncrl.recipes import smoke_cpu
+
+    cfg = smoke_cpu("d")
+    out = types.SimpleNamespace
+    assert accuracy_of([out(metrics={"reward/acc": 1.0}), out(metrics={"reward/acc": 0.0})], cfg) == "acc"
+    assert accuracy_of([out(metrics={})], cfg) == "rule"  # a built-in rule: 1 correct, 0 not
+    cfg.custom_reward_function.path = "mytask/my_reward.py"
+    assert accuracy_of([out(metrics={})], cfg) == "score" and accuracy_of([], cfg) == "score"
+    assert accuracy_of([out(metrics={"reward/acc": 1.0})], cfg) == "acc"
+
+
+def test_a_run_without_held_out_rows_evaluates_nothing(ray_session):
+    """``data.train_files`` without ``data.val_files``: no held-out rows (``run_rows``), so the version-0, periodic and
+    final evaluations record nothing (they evaluated 200 generated arith rows with the user's reward before)."""
+    async def main():
+        cfg, ro, replica, q = _make()
+        ro.val_rows = []
+        await ro.start()
+        direct = await ro.evaluate()  # as Experiment.finish calls it
+        ro.start_evaluation()
+        await ro.wait_evaluation()
+        await ro.stop()
+        return ro, direct
+
+    ro, direct = asyncio.run(main())
+    assert direct == {} and ro.eval_history == []

@@ -281,3 +281,52 @@ def test_a_closed_session_starts_nothing_and_start_ray_checks_its_arguments():
         start_ray(name=None)
     with pytest.raises(ValueError, match=r"start_ray\(num_cpus=...\): a whole number >= 1 .* got -1"):
         start_ray(name="t", num_cpus=-1)
+
+
+def test_the_summary_says_how_many_held_out_samples_each_figure_covers_and_why_prompts_failed():
+    """Session 31's fresh user: 12 of 16 held-out samples failed and the summary read "before 100.0%" (the mean of the
+    4 scored); all 16 failed read 0.0%; a custom reward without ``acc`` was called an accuracy; ``failed 130`` came
+    with no reasons (only summary.json had them)."""
+    from asyncrl.summary import Summary, held_out
+
+    def ev(version, acc, n, failed, of="rule"):
+        return {"version": version, "accuracy": acc, "n": n, "rows": n + failed, "accuracy_of": of,
+                "eval/failed": failed, "eval/failed_reasons": {"ValueError": failed} if failed else {}}
+
+    acc = {"taken": 140, "trained": 8, "dropped": {}, "failed": {"ValueError": 130, "trainer_error: KeyError": 2},
+           "dropped_total": 0, "failed_total": 132, "balanced": True}
+
+    def text(evals, k=1, none=""):
+        h = held_out(evals, k, none)
+        s = Summary(run_dir="r", steps=2, param_version=2, accuracy_before=(h.get("before") or {}).get("value"),
+                    accuracy_after=(h.get("after") or {}).get("value"), accounting=acc, wall_s=3.0, evals=evals,
+                    accuracy_after_evals=(h.get("after") or {}).get("evals", 0), held_out=h)
+        return str(s).splitlines()[1].strip(), s
+
+    line, s = text([ev(0, 1.0, 4, 12), ev(2, 0.375, 16, 0)])
+    assert line == ("held-out greedy accuracy: before 100.0% of 16 (12 failed: not in the mean) -> after 37.5% of 16 "
+                    "(final evaluation)"), line
+    assert "  failed by reason: ValueError 130, trainer_error: KeyError 2 (each kind's first traceback is in the log)" \
+        in str(s).splitlines()
+    line, s = text([ev(0, 0.0, 0, 16), ev(2, 0.0, 0, 16)])
+    assert line == "held-out greedy accuracy: before n/a: all 16 failed -> after n/a: all 16 failed", line
+    assert s.accuracy_before is None and s.accuracy_after is None and s.accuracy_after_evals == 0
+    # the mean of the last 3: an evaluation whose every sample failed is left out, not averaged in as 0
+    line, s = text([ev(0, 0.5, 16, 0), ev(1, 0.5, 14, 2), ev(2, 0.0, 0, 16), ev(3, 0.7, 16, 0)], k=3)
+    assert s.accuracy_after == pytest.approx(0.6) and s.accuracy_after_evals == 2
+    assert line.endswith("-> after 60.0% of 16 (mean of the last 2 evaluations; 18 failed over them: not in the mean; "
+                         "1 more evaluation(s) had every sample failed: left out)"), line
+    # a custom reward with no acc extra: its mean score, not an accuracy
+    line, _ = text([ev(0, 0.25, 16, 0, "score"), ev(2, 0.5, 16, 0, "score")])
+    assert line == ("held-out greedy mean score (the reward gives no 'acc': not an accuracy): before 0.250 of 16 -> "
+                    "after 0.500 of 16 (final evaluation)"), line
+    line, s = text([], none="data.val_files unset: no held-out evaluation (set data.val_files=... to evaluate "
+                            "held-out rows)")
+    assert line == ("held-out: data.val_files unset: no held-out evaluation (set data.val_files=... to evaluate "
+                    "held-out rows)"), line
+    assert s.accuracy_before is None and s.accuracy_after is None
+    import dataclasses
+    import json
+
+    keys = json.loads(json.dumps(dataclasses.asdict(s)))  # summary.json: the old keys stay, held_out is added
+    assert {"accuracy_before", "accuracy_after", "accuracy_after_evals", "held_out", "accounting"} <= set(keys)

@@ -354,3 +354,27 @@ def test_asyncrl_sim_says_how_many_prompts_it_skipped_as_too_long(tmp_path, caps
     out = capsys.readouterr().out.strip().splitlines()
     assert "prompt(s) skipped as longer than data.max_prompt_length=64 tokens" in out[-1], out[-1]
     assert int(out[-1].split()[0]) >= 150, out[-1]
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_asyncrl_sim_reports_a_run_every_sample_failed_as_one_line(tmp_path, capsys, caplog):
+    """Session 31's fresh user: a custom reward that raises for every sample ended ``asyncrl sim`` in a Python
+    traceback (RolloutStopped, exit 1) after one ERROR line per failed sample (~130). Now: ``sim error: ...`` and exit
+    2, as ``asyncrl train`` reports a user's error, and the failures logged as the first one and a count."""
+    from asyncrl.cli import main
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise ValueError('broken reward')\n")
+    path = _jsonl(tmp_path / "train.jsonl", [f"what is {i} + 1?" for i in range(64)])
+    with caplog.at_level(logging.ERROR, logger="asyncrl"):
+        code = main(["sim", f"data.train_files={path}", f"custom_reward_function.path={reward}",
+                     "trainer.total_training_steps=2", "trainer.total_time_s=0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("sim error: rollout stopped: ") and "\n" not in err, err
+    assert "'broken reward'" in err and "max_consecutive_failures" in err
+    sample_lines = [r for r in caplog.records if r.name == "asyncrl.rollouter" and "failed" in r.getMessage()
+                    and not r.getMessage().startswith("rollout stopped")]
+    assert len(sample_lines) <= 3 and sample_lines[0].exc_info, [r.getMessage() for r in sample_lines]
+    trainer = [r for r in caplog.records if r.name == "asyncrl.trainer.fully_async_trainer"]
+    assert trainer and not any(r.exc_info for r in trainer)  # the stop's reason, not a stack

@@ -59,6 +59,9 @@ def test_a_run_without_a_step_has_the_header_of_the_step_columns(tmp_path):
     assert read_metrics_csv(tmp_path / "b.csv") == [{"step": 1, "x": 2.0}, {"step": 2, "y": 1.0}]
     write_run_artifacts(tmp_path / "c", [], [], "{}", {})  # the artifact writer's table too (not streamed)
     assert list(pd.read_csv(tmp_path / "c" / "metrics.csv").columns) == list(STEP_COLUMNS)
+    from asyncrl.metrics import EVAL_COLUMNS  # no evaluation (data.train_files without val_files): eval.csv's header
+
+    assert list(pd.read_csv(tmp_path / "c" / "eval.csv").columns) == list(EVAL_COLUMNS)
 
 
 def test_tracking_console_tensorboard_and_wandb_offline(tmp_path, caplog, monkeypatch):

@@ -158,15 +158,19 @@ def check_checkpoint(path: str | Path) -> Path:
 
 
 def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, seed: int, resume_mode: str,
-                           resume_from_path: Optional[str] = None) -> Optional[Path]:
+                           resume_from_path: Optional[str] = None, source: Optional[list] = None) -> Optional[Path]:
     """The checkpoint a run resumes from (verl's ``trainer.resume_mode`` semantics).
 
     Args:
         default_local_dir: where run directories live (``trainer.default_local_dir``).
         experiment_name, seed: ``auto`` looks at run directories ``<experiment_name>__<seed>__*``.
         resume_mode: ``disable`` (``None``), ``resume_path`` (``resume_from_path``), or ``auto``
-            (the newest complete checkpoint among those run directories, if any).
+            (the newest complete checkpoint among those run directories, if any, trained on ``source``).
         resume_from_path: a ``global_step_<N>`` directory.
+        source: the training data (:func:`asyncrl.data.dataset.train_source`): ``auto`` passes over a checkpoint whose
+            data position names other data (a WARNING names it), since runs are named after the recipe, not the data:
+            two datasets under one recipe resumed each other's weights. ``None``, or a checkpoint that saved no
+            source: not checked. ``resume_path`` is never checked (its data-order WARNING says what differs).
 
     Raises:
         CheckpointError: ``resume_path`` names a missing or incomplete checkpoint.
@@ -181,8 +185,22 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
         return None
     for run in base.glob(f"{experiment_name}__{seed}__*"):
         latest = CheckpointManager(run / "checkpoints").latest()
+        if latest is not None and source is not None and _trained_on(latest) not in (None, source):
+            logger.warning("trainer.resume_mode=auto: not resuming %s: it trained on %s, this run on %s (to continue "
+                           "it anyway: trainer.resume_mode=resume_path trainer.resume_from_path=%s)", latest,
+                           _trained_on(latest), source, latest)
+            continue
         if latest is not None:
             key = (latest / META).stat().st_mtime
             if best is None or key > best[0]:
                 best = (key, latest)
     return best[1] if best else None
+
+
+def _trained_on(ckpt: Path) -> Optional[list]:
+    """The training data a checkpoint's data position is in (``rollouter_state.json``'s ``position.source``), or
+    ``None`` when it saved none (older checkpoints) or cannot be read (the resume itself reports that)."""
+    try:
+        return json.loads((ckpt / "rollouter_state.json").read_text())["position"].get("source")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

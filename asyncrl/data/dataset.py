@@ -23,12 +23,13 @@ from typing import Any, Callable, Optional, Sequence
 from asyncrl.agent_loop.chat_encoding import CHAT_ROLES, ROLE_ALIASES
 from asyncrl.data.arith import make_arith_rows
 from asyncrl.registry import Registry, closest_name
-from asyncrl.reward import reward_problem
+from asyncrl.reward import sources_problem
 
 logger = logging.getLogger(__name__)
 
-SourceCheck = Callable[[str], Optional[str]]
-"""``fn(data_source) -> why no reward scores it, or None`` (:func:`asyncrl.reward.reward_problem`)."""
+SourceCheck = Callable[[dict[str, str]], Optional[str]]
+"""``fn({data_source: where its rows are}) -> why no reward scores some of them, or None``
+(:func:`asyncrl.reward.sources_problem`)."""
 TaskGenerator = Callable[[int, int, str, str], list[dict[str, Any]]]
 """``fn(size, seed, split, operators) -> rows`` building a built-in task split in memory."""
 
@@ -100,11 +101,12 @@ def task_options(data_cfg: Any) -> dict[str, Any]:
 
 
 def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None,
-             check_source: SourceCheck | None = reward_problem) -> list[dict[str, Any]]:
+             check_source: SourceCheck | None = sources_problem) -> list[dict[str, Any]]:
     """The rows a run trains on (``split="train"``) or evaluates on (``"test"``), as every entry point takes them:
     ``data.train_files`` / ``data.val_files`` when set (one file, or a list of files read in order, see
     :func:`load_files`), else ``data.task``'s generator (``data.train_size`` / ``data.val_size`` rows, with
-    :func:`task_options`).
+    :func:`task_options`). No held-out rows (``[]``) when ``data.train_files`` is set and ``data.val_files`` is not
+    (:func:`no_held_out`): the generator's rows, scored by the user's reward, were a data mix-up.
 
     Args:
         data_cfg: the config's ``data`` section.
@@ -125,6 +127,8 @@ def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None,
     """
     key = "train_files" if split == "train" else "val_files"
     files = getattr(data_cfg, key)
+    if split != "train" and no_held_out(data_cfg):  # the task's generated rows are not the user's held-out data
+        return []
     if files is not None:  # "" is refused by load_files (null is the built-in task), not read as null
         rows = load_files(files, f"data.{key}", check_source)
         if limit is None or len(rows) <= limit:
@@ -141,31 +145,50 @@ def run_rows(data_cfg: Any, split: str, seed: int, limit: int | None = None,
     return rows
 
 
-def check_sources(rows: Sequence[dict[str, Any]], path: str, check_source: SourceCheck | None = reward_problem) -> None:
-    """Refuse the first row whose ``data_source`` no reward scores (verl raises ``NotImplementedError`` when it scores
-    one; asyncrl scored it by the gsm8k rule with a WARNING). A row whose ``reward_model.style`` is ``verifier`` is
-    scored by its agent loop's verifier, never by its source: it is not checked.
+def check_sources(rows: Sequence[dict[str, Any]], path: str, check_source: SourceCheck | None = sources_problem) -> None:
+    """Refuse rows whose ``data_source`` no reward scores (verl raises ``NotImplementedError`` when it scores one;
+    asyncrl scored it by the gsm8k rule with a WARNING), naming every such source with its row count and first row.
+    A row whose ``reward_model.style`` is ``verifier`` is scored by its agent loop's verifier, never by its source:
+    it is not checked.
 
     Args:
         rows: validated rows (:func:`validate_row`) of one file.
         path: the file, for the message.
-        check_source: ``fn(data_source) -> problem or None`` (:func:`asyncrl.reward.reward_problem`); ``None``: no
-            check.
+        check_source: ``fn({data_source: where its rows are}) -> problem or None``
+            (:func:`asyncrl.reward.sources_problem`); ``None``: no check.
 
     Raises:
-        DatasetError: ``PATH: row N: <the problem>``.
+        DatasetError: ``PATH: data_source 'x' (3 rows, the first row 5) has no reward function ...``.
     """
     if check_source is None:
         return
-    seen: set[str] = set()
+    where: dict[str, list[int]] = {}  # source -> [rows, first row], in the order of first rows
     for i, row in enumerate(rows):
-        source = row["data_source"]
-        if source in seen or row["reward_model"].get("style") == "verifier":
-            continue
-        problem = check_source(source)
-        if problem is not None:
-            raise DatasetError(f"{path}: row {i}: {problem}")
-        seen.add(source)
+        if row["reward_model"].get("style") != "verifier":
+            where.setdefault(row["data_source"], [0, i])[0] += 1
+    problem = check_source({s: f"row {first}" if n == 1 else f"{n} rows, the first row {first}"
+                            for s, (n, first) in where.items()})
+    if problem is not None:
+        raise DatasetError(f"{path}: {problem}")
+
+
+def no_held_out(data_cfg: Any) -> str:
+    """Why a run has no held-out rows, or ``""`` when it has some: ``data.train_files`` set and ``data.val_files``
+    not (verl requires ``val_files``). The ``data.task`` generator's rows are not the user's data: they were
+    evaluated, scored by the user's reward, before this."""
+    if data_cfg.train_files is not None and data_cfg.val_files is None:
+        return "data.val_files unset: no held-out evaluation (set data.val_files=... to evaluate held-out rows)"
+    return ""
+
+
+def held_out_source(data_cfg: Any, rows: int) -> str:
+    """Which held-out rows a run evaluates (``asyncrl train --dry-run`` prints it): ``rows`` of them."""
+    if no_held_out(data_cfg):
+        return f"none: {no_held_out(data_cfg)}"
+    if data_cfg.val_files is not None:
+        return f"{rows} from data.val_files={data_cfg.val_files}"
+    return (f"{rows} generated by data.task={data_cfg.task} (data.val_size, its test split: no question shared with "
+            "training)")
 
 
 def train_source(data_cfg: Any) -> list[str]:

@@ -64,26 +64,67 @@ def reward_problem(data_source: str, every_process: bool = False) -> Optional[st
     Returns:
         One line naming the source, the known ones (and the closest) and what to do; ``None`` if it has a reward.
     """
+    return sources_problem(data_source, every_process)
+
+
+def sources_problem(sources: Union[dict[str, str], str], every_process: bool = False,
+                    register_hint: bool = True) -> Optional[str]:
+    """Why rows of some of ``sources`` cannot be scored (every such source named, with where its rows are), or
+    ``None`` when each has a rule reward: :func:`asyncrl.data.dataset.check_sources` checks a file's sources with it.
+
+    Args:
+        sources: ``{data_source: where its rows are}`` (``"3 rows, the first row 5"``; ``""``: not said), in the
+            order to name them; one source alone as a string.
+        every_process: as :func:`reward_problem`.
+        register_hint: suggest :func:`register_reward` (this process scores the rows and its caller can run Python:
+            ``asyncrl.sim.simulate``); ``False`` for ``asyncrl sim`` on the command line, which cannot.
+
+    Returns:
+        One line naming each unscorable source, the known ones (and the closest) and what to do.
+    """
+    if isinstance(sources, str):
+        sources = {sources: ""}
     known = EVERY_PROCESS_SOURCES if every_process else REWARD_FNS.names()
-    if data_source in known:
+    local = [s for s in sources if s not in known and every_process and s in REWARD_FNS]
+    unknown = [s for s in sources if s not in known and s not in local]
+    if not local and not unknown:
         return None
-    if every_process and data_source in REWARD_FNS:
-        return (f"data_source {data_source!r} has a reward function registered in this process only "
-                f"(asyncrl.reward.register_reward): the Ray actors that score a run never see it; {_CUSTOM}")
-    close = closest_name(data_source, known)
-    hint = f"; did you mean {close!r}?" if close else ""
-    register = "" if every_process else " register one with asyncrl.reward.register_reward(name, fn),"
-    return (f"data_source {data_source!r} has no reward function (known: {', '.join(sorted(known))}{hint}); name a "
-            f"known one (gsm8k: the number after the last '####'),{register} or {_CUSTOM}")
+
+    def named(names: list[str], close: bool) -> str:
+        def one(s: str) -> str:
+            near = closest_name(s, known) if close and len(names) > 1 else None
+            notes = [n for n in (sources[s], f"did you mean {near!r}?" if near else "") if n]
+            return repr(s) + (f" ({'; '.join(notes)})" if notes else "")
+        listed = [one(s) for s in names]
+        return ("data_source " if len(listed) == 1 else "data_sources ") + (
+            listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " and " + listed[-1])
+
+    parts = []
+    if unknown:
+        close = closest_name(unknown[0], known) if len(unknown) == 1 else None
+        hint = f"; did you mean {close!r}?" if close else ""
+        parts.append(f"{named(unknown, True)} {'has' if len(unknown) == 1 else 'have'} no reward function "
+                     f"(known: {', '.join(sorted(known))}{hint})")
+    if local:
+        parts.append(f"{named(local, False)} {'has a reward function' if len(local) == 1 else 'have reward functions'} "
+                     "registered in this process only (asyncrl.reward.register_reward): the Ray actors that score a "
+                     "run never see it")
+    if not unknown:
+        return f"{'; '.join(parts)}; {_CUSTOM}"
+    register = ("" if every_process or not register_hint else
+                " register one with asyncrl.reward.register_reward(name, fn),")
+    return (f"{'; '.join(parts)}; name a known one (gsm8k: the number after the last '####'),{register} or "
+            f"{_CUSTOM}")
 
 
-def source_check(config: Any, every_process: bool = False) -> Optional[Callable[[str], Optional[str]]]:
-    """What :func:`asyncrl.data.dataset.run_rows` checks each row's ``data_source`` with for a run of ``config``:
-    ``None`` (no check) when ``custom_reward_function.path`` scores every row whatever its source, else
-    :func:`reward_problem` (with ``every_process``)."""
+def source_check(config: Any, every_process: bool = False,
+                 register_hint: bool = True) -> Optional[Callable[[dict[str, str]], Optional[str]]]:
+    """What :func:`asyncrl.data.dataset.run_rows` checks the rows' ``data_source`` values with for a run of
+    ``config``: ``None`` (no check) when ``custom_reward_function.path`` scores every row whatever its source, else
+    :func:`sources_problem` (with ``every_process`` and ``register_hint``)."""
     if config.custom_reward_function.path is not None:
         return None
-    return functools.partial(reward_problem, every_process=every_process)
+    return functools.partial(sources_problem, every_process=every_process, register_hint=register_hint)
 
 
 def get_reward_fn(data_source: str) -> RewardFn:
@@ -126,4 +167,4 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
 
 
 __all__ = ["EVERY_PROCESS_SOURCES", "REWARD_FNS", "UnknownDataSourceError", "compute_score", "get_reward_fn",
-           "register_reward", "reward_problem", "source_check"]
+           "register_reward", "reward_problem", "source_check", "sources_problem"]

@@ -54,7 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, load: "callable") -> int:
-    """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``."""
+    """Run ``asyncrl sim``; ``load(args)`` returns the config (or an exit status) like ``asyncrl train``.
+
+    Raises:
+        asyncrl.failures.RolloutStopped: the rollouter stopped the simulated run (every sample failed, e.g. a broken
+            reward); the CLI prints it as ``sim error: ...`` and exits 2 (:func:`asyncrl.cli.main`).
+    """
     import pandas as pd
 
     from asyncrl.config import ConfigError
@@ -108,6 +113,8 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     cfg = load(args)
     if isinstance(cfg, int):
         return cfg
+    from asyncrl.data.dataset import run_rows
+    from asyncrl.reward import source_check
     from asyncrl.sim import simulate
 
     if args.contention is not None and not (math.isfinite(args.contention) and args.contention >= 0):
@@ -133,6 +140,10 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print(f"note: --token-scale {args.token_scale} prices each simulated token as {args.token_scale} real ones on "
               "the embedded model's CPU cost model: it is meant for the GPU presets' long responses "
               "(data.length_workload), not for this task's")
+    check = source_check(cfg, register_hint=False)  # a command line cannot asyncrl.reward.register_reward: not offered
+    if check is not None:  # simulate() checks the rows again, as a Python caller's (who can) are checked
+        for split in ("train", "test"):
+            run_rows(cfg.data, split, cfg.trainer.seed, limit=1, check_source=check)
     res = simulate(cfg, cost, rollout_gpus=r_gpus, train_gpus=t_gpus, token_scale=args.token_scale)
     row = res.summary()  # its partial_rollout columns read "-" where they do not apply (colocated, off)
     units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")

@@ -41,7 +41,7 @@ from asyncrl.accounting import Ledger
 from asyncrl.compute_thread import on_compute_thread, run_compute
 from asyncrl.config import ExperimentConfig
 from asyncrl.cpu_affinity import pin_process
-from asyncrl.failures import raise_if_rollout_stopped
+from asyncrl.failures import RolloutStopped, raise_if_rollout_stopped
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, update_lag_metrics
@@ -201,7 +201,10 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             if self._stop_requested:
                 self.stop_reason = f"{self._stop_requested} at step {self.global_steps}"
         except Exception as exc:
-            logger.exception("trainer failed at step %d", self.global_steps + 1)
+            if isinstance(exc, RolloutStopped):  # the rollouter logged its reason and first traceback: no stack here
+                logger.error("trainer stopped at step %d: %s", self.global_steps + 1, exc)
+            else:
+                logger.exception("trainer failed at step %d", self.global_steps + 1)
             self.error = f"{type(exc).__name__}: {exc}"
             self.stop_reason = f"trainer error at step {self.global_steps + 1}: {self.error}"
             for seq in self._in_step:  # fetched for the failed step, never trained
