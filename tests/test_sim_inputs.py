@@ -372,7 +372,7 @@ def test_asyncrl_sim_reports_a_run_every_sample_failed_as_one_line(tmp_path, cap
                      "trainer.total_training_steps=2", "trainer.total_time_s=0"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("sim error: rollout stopped: ") and "\n" not in err, err
-    assert "'broken reward'" in err and "max_consecutive_failures" in err
+    assert "my_reward.py:compute_score raised ValueError: broken reward" in err and "max_consecutive_failures" in err
     sample_lines = [r for r in caplog.records if r.name == "asyncrl.rollouter" and "failed" in r.getMessage()
                     and not r.getMessage().startswith("rollout stopped")]
     assert len(sample_lines) <= 3 and sample_lines[0].exc_info, [r.getMessage() for r in sample_lines]
