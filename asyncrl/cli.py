@@ -156,7 +156,7 @@ def _dry_run(exp) -> int:
     takes back) and which held-out rows a run evaluates; nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
 
-    from asyncrl.data.dataset import held_out_source
+    from asyncrl.data.dataset import held_out_source, no_train_files
 
     cfg = exp.config
     train, val = exp.preflight()
@@ -164,6 +164,8 @@ def _dry_run(exp) -> int:
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
     print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
+    if no_train_files(cfg.data):
+        print(f"note: {no_train_files(cfg.data)}", file=sys.stderr)
     if cfg.data.train_files:  # the user's own rows: which ones a run would skip (counted then, per draw, unnamed)
         too_long = _too_long_rows(train, cfg)
         if too_long:

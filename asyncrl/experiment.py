@@ -29,7 +29,7 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
-from asyncrl.data.dataset import no_held_out, train_source
+from asyncrl.data.dataset import no_held_out, no_train_files, train_source
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.ray_start import init_ray
@@ -142,8 +142,9 @@ class Experiment:
         self.t_start = time.time()
         train, val = self.preflight()
         resolve_path(cfg)  # a relative custom_reward_function.path, made absolute before the config reaches the actors
-        if no_held_out(self.config.data):  # once, before anything starts (--dry-run prints it); the summary again
-            logger.warning("%s", no_held_out(self.config.data))
+        for note in (no_held_out(self.config.data), no_train_files(self.config.data)):  # once, before anything
+            if note:  # starts (--dry-run prints them; the summary repeats the first)
+                logger.warning("%s", note)
         if not ray.is_initialized():
             init_ray(cfg.ray.address, cfg.ray.num_cpus)
             self._started_ray = True

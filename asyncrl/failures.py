@@ -16,8 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import textwrap
 import time
 from typing import Any, Optional
+
+
+def short_message(exc: BaseException, width: int = 400) -> str:
+    """``exc``'s first line, cut at a word to ``width`` characters with `` ...`` (a reward error names the file,
+    the function, the data_source and the fix: cut at 200 characters mid-word, session 31, it lost the fix)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return textwrap.shorten(first, width, placeholder=" ...") if len(first) > width else first
 
 
 class RolloutStopped(RuntimeError):
@@ -88,7 +96,7 @@ class FailureLog:
         self.counts[key] += 1
         self.consecutive += 1
         self.storm[key] += 1
-        message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else key
+        message = short_message(exc) or key
         self.recent.append({"uid": uid, "type": key, "message": message, "time": time.time(), **details})
         return key
 

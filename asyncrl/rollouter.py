@@ -40,7 +40,7 @@ from asyncrl.agent_loop.worker import AgentLoopManager
 from asyncrl.checkpoint.trainer_state import CheckpointedRollouter
 from asyncrl.config import ExperimentConfig
 from asyncrl.data.length_workload import LengthWorkload
-from asyncrl.failures import FailureLog, own_cancellation
+from asyncrl.failures import FailureLog, own_cancellation, short_message
 from asyncrl.message_queue import QueueShutdown
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.client import GenerationAborted, StaleGeneration
@@ -308,7 +308,7 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
                 self._drop("queue_shutdown", seq, count=False)  # the MessageQueue counted it
                 return
             key = self.failures.record(exc, uid, index=index, **_group(exc))
-            self._log_failure(key, uid, index, f"{key}: {str(exc).strip()[:200]}")
+            self._log_failure(key, uid, index, f"{key}: {short_message(exc)}")
             self._fail(key, seq)
             await self.release_budget()
             await self._halt_on_failure_storm()

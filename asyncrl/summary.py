@@ -82,9 +82,9 @@ class Summary:
                           (self.accounting.get("dropped") or {}).get("stale_at_trainer"), self.staleness_bound)
 
     def _held_out_line(self) -> str:
-        """``held-out greedy accuracy: before 37.5% of 16 (12 failed: not in the mean) -> after ...``: each figure with
-        the held-out samples it is a mean of and those that failed (not in it); ``mean score`` for a reward that
-        gives no accuracy (:func:`asyncrl.evaluation.accuracy_of`); no figure where every sample failed."""
+        """``held-out greedy accuracy: before 37.5% over 4 scored of 16 (12 failed: not in the mean) -> after ...``:
+        each figure with the held-out samples it is a mean of and those that failed (not in it); ``mean score`` for a
+        reward that gives no accuracy (:func:`asyncrl.evaluation.accuracy_of`); no figure where every sample failed."""
         h = self.held_out
         if "none" in h:
             return f"held-out: {h['none']}"
@@ -138,8 +138,8 @@ def _pct(x: Optional[float]) -> str:
 
 
 def _figure(f: Optional[dict], score: bool, what: str = "") -> str:
-    """One figure of :func:`held_out` as the summary prints it: ``37.5% of 16 (12 failed: not in the mean)``, a mean
-    score as a number, ``n/a: all 16 failed``, ``n/a`` (no evaluation)."""
+    """One figure of :func:`held_out` as the summary prints it: ``37.5% over 4 scored of 16 (12 failed: not in the
+    mean)``, a mean score as a number, ``n/a: all 16 failed``, ``n/a`` (no evaluation)."""
     if not f:
         return "n/a"
     if f["value"] is None:
@@ -150,7 +150,9 @@ def _figure(f: Optional[dict], score: bool, what: str = "") -> str:
     if f.get("all_failed_evals"):
         notes.append(f"{f['all_failed_evals']} more evaluation(s) had every sample failed: left out")
     value = f"{f['value']:.3f}" if score else _pct(f["value"])
-    return f"{value} of {f['rows']}" + (f" ({'; '.join(notes)})" if notes else "")
+    # one evaluation with failures: over how many it is the mean ("of 16" read as 16 scored, session 31)
+    scored = f" over {f['rows'] - f['failed']} scored" if f["failed"] and f["evals"] == 1 else ""
+    return f"{value}{scored} of {f['rows']}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def held_out(evals: list[dict], average_last: int, none: str = "") -> dict:

@@ -120,6 +120,11 @@ def test_a_data_source_with_no_reward_is_a_dataset_error_unless_a_custom_reward_
     assert main(["train", "--dry-run", f"data.train_files={data}", f"data.val_files={data}",
                  f"custom_reward_function.path={reward}"]) == 0
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"held-out rows: 64 from data.val_files={data}"
+    # the other way round (session 31's second fresh user): trained on the generated task without a word
+    assert main(["train", "--dry-run", f"data.val_files={data}", f"custom_reward_function.path={reward}"]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "note: data.val_files is set but data.train_files is not: training on the rows data.task=arith generates, "
+        "evaluating on data.val_files (set data.train_files=... to train on your own rows)")
     code, err = run_cli(capsys, "train", "--dry-run", f"custom_reward_function.path={tmp_path / 'nope.py'}")
     assert (code, err.strip()) == (2, f"config error: custom_reward_function.path='{tmp_path / 'nope.py'}': no such "
                                       "file (a .py file defining compute_score(data_source, solution_str, ground_truth, "

@@ -59,11 +59,23 @@ def test_a_checkpoint_from_before_the_row_count_resumes_as_it_did(caplog):
     assert DataPosition.from_state(resumed.state_dict()) == DataPosition(2, 3)
 
 
-def test_the_source_is_the_files_or_the_task(tmp_path):
+def test_the_source_is_the_files_or_the_task(tmp_path, monkeypatch):
     assert train_source(load_config().data) == ["<task arith>"]
     a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet")
-    assert train_source(load_config(None, [f"data.train_files={a}"]).data) == [a]
+    assert train_source(load_config(None, [f"data.train_files={a}"]).data) == [a]  # not there: the path alone
     assert train_source(load_config(None, [f"data.train_files=[{a},{b}]"]).data) == [a, b]
+    # session 31's fresh user: the same relative name in another directory resumed a checkpoint of other data
+    for d, text in (("one", "x" * 10), ("two", "y" * 12)):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "train.jsonl").write_text(text)
+    monkeypatch.chdir(tmp_path / "one")
+    one = train_source(load_config(None, ["data.train_files=train.jsonl"]).data)
+    assert one == [f"{tmp_path / 'one' / 'train.jsonl'} (10 bytes)"]
+    monkeypatch.chdir(tmp_path / "two")
+    assert train_source(load_config(None, ["data.train_files=train.jsonl"]).data) != one
+    (tmp_path / "one" / "train.jsonl").write_text("x" * 11)  # rewritten in place: other data too
+    monkeypatch.chdir(tmp_path / "one")
+    assert train_source(load_config(None, ["data.train_files=train.jsonl"]).data) != one
 
 
 def test_the_rollouters_checkpoint_part_round_trips_the_sampler():

@@ -49,3 +49,16 @@ def test_queue_shut_down_with_a_reason_makes_the_trainer_raise(ray_session):
             await raise_if_rollout_stopped(stopped)
         assert await stopped.get_samples_async(1) is None
     asyncio.run(main())
+
+
+def test_a_failure_message_is_cut_at_a_word_not_mid_word():
+    """Session 31: the per-kind failure count lines cut a reward error at 200 characters mid-word (`{"score":`,
+    `gradie`), losing its fix; now its first line whole up to 400 characters, else cut at a word with ' ...'."""
+    from asyncrl.failures import short_message
+
+    hint = "return a float or {\"score\": float, ...}"
+    msg = "custom reward /some/long/path/" + "x" * 150 + ".py:compute_score returned None for data_source 'my_sum': " + hint
+    assert short_message(ValueError(msg + "\nsecond line")) == msg  # under 400: whole, the first line only
+    long = " ".join(["word"] * 150)
+    cut = short_message(ValueError(long))
+    assert len(cut) <= 400 and cut.endswith("word ...") and short_message(ValueError("")) == ""

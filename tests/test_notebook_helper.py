@@ -304,7 +304,7 @@ def test_the_summary_says_how_many_held_out_samples_each_figure_covers_and_why_p
         return str(s).splitlines()[1].strip(), s
 
     line, s = text([ev(0, 1.0, 4, 12), ev(2, 0.375, 16, 0)])
-    assert line == ("held-out greedy accuracy: before 100.0% of 16 (12 failed: not in the mean) -> after 37.5% of 16 "
+    assert line == ("held-out greedy accuracy: before 100.0% over 4 scored of 16 (12 failed: not in the mean) -> after 37.5% of 16 "
                     "(final evaluation)"), line
     assert "  failed by reason: ValueError 130, trainer_error: KeyError 2 (each kind's first traceback is in the log)" \
         in str(s).splitlines()

@@ -262,6 +262,19 @@ def test_a_reward_function_that_cannot_take_verls_four_keywords_is_a_config_erro
         r"ground_truth, extra_info \(rename its parameters to these, or add \*\*kwargs\)", str(info.value)), info.value
 
 
+def test_an_async_reward_function_is_a_config_error(tmp_path):
+    """Session 31's second fresh user: ``async def compute_score`` passed --dry-run, then every sample 'returned
+    coroutine' (never awaited). Rows are scored by a plain call: refused at load, the function not called."""
+    from asyncrl.config import ConfigError
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "x.py").write_text("async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                   "    return 1.0\n")
+    with pytest.raises(ConfigError, match=rf"^custom_reward_function.name='compute_score': {tmp_path}/x.py:compute_score "
+                                          r"is an async function; rows are scored by a plain call: make it a plain def"):
+        load_custom_reward(str(tmp_path / "x.py"))
+
+
 def test_a_directory_or_a_relative_path_says_what_it_was_resolved_to(tmp_path, monkeypatch):
     from asyncrl.config import ConfigError, ExperimentConfig
     from asyncrl.reward.custom import load_custom_reward, resolve_path

@@ -378,3 +378,25 @@ def test_asyncrl_sim_reports_a_run_every_sample_failed_as_one_line(tmp_path, cap
     assert len(sample_lines) <= 3 and sample_lines[0].exc_info, [r.getMessage() for r in sample_lines]
     trainer = [r for r in caplog.records if r.name == "asyncrl.trainer.fully_async_trainer"]
     assert trainer and not any(r.exc_info for r in trainer)  # the stop's reason, not a stack
+
+
+def test_asyncrl_sim_says_how_many_prompts_failed_when_the_run_goes_on(tmp_path, capsys):
+    """Session 31's second fresh user: a reward raising on half the rows let ``asyncrl sim`` finish (exit 0) with no
+    word of the failures in its summary; now a line counts them by reason, as a real run's summary does."""
+    from asyncrl.cli import main
+
+    reward = tmp_path / "half.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    if extra_info['i'] % 2:\n        raise ValueError('odd row')\n    return 1.0\n")
+    path = tmp_path / "train.jsonl"
+    import json
+
+    path.write_text("".join(json.dumps({"data_source": "arith", "prompt": f"what is {i} + 1?",
+                                        "reward_model": {"ground_truth": "2"}, "extra_info": {"i": i}}) + "\n"
+                            for i in range(64)))
+    code = main(["sim", f"data.train_files={path}", f"custom_reward_function.path={reward}",
+                 "trainer.total_training_steps=2", "trainer.total_time_s=0"])
+    out = capsys.readouterr().out
+    line = next((x for x in out.splitlines() if "failed, not trained" in x), None)
+    assert code == 0 and line is not None, out
+    assert " prompt(s) failed, not trained (by reason: RewardError " in line and int(line.split()[0]) > 0, line

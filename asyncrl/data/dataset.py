@@ -181,6 +181,15 @@ def no_held_out(data_cfg: Any) -> str:
     return ""
 
 
+def no_train_files(data_cfg: Any) -> str:
+    """Why a run trains on generated rows while evaluating the user's, or ``""``: ``data.val_files`` set and
+    ``data.train_files`` not (session 31: trained on the built-in task, scored by the user's reward, said nothing)."""
+    if data_cfg.val_files is not None and data_cfg.train_files is None:
+        return (f"data.val_files is set but data.train_files is not: training on the rows data.task={data_cfg.task} "
+                "generates, evaluating on data.val_files (set data.train_files=... to train on your own rows)")
+    return ""
+
+
 def held_out_source(data_cfg: Any, rows: int) -> str:
     """Which held-out rows a run evaluates (``asyncrl train --dry-run`` prints it): ``rows`` of them."""
     if no_held_out(data_cfg):
@@ -192,13 +201,19 @@ def held_out_source(data_cfg: Any, rows: int) -> str:
 
 
 def train_source(data_cfg: Any) -> list[str]:
-    """What the training rows are, cheaply (no file is read): the ``data.train_files`` paths as given (one path as a
-    one-element list), or ``["<task NAME>"]`` for the built-in task. A checkpoint keeps it with the data position
-    (:meth:`asyncrl.data.sampler.ResumableSampler.state_dict`) to tell a resume on other data."""
+    """What the training rows are, cheaply (no file is read, each is only stat'ed): each ``data.train_files`` path
+    resolved against the working directory, with its size (``/abs/train.jsonl (5123 bytes)``; a file not there: the
+    resolved path alone), or ``["<task NAME>"]`` for the built-in task. A checkpoint keeps it with the data position
+    (:meth:`asyncrl.data.sampler.ResumableSampler.state_dict`) to tell a resume on other data: the same name typed in
+    another directory, or a file rewritten in place, is other data (session 31: the path as typed was compared)."""
     files = data_cfg.train_files
     if files is None:
         return [f"<task {data_cfg.task}>"]
-    return [str(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
+    out = []
+    for f in ([files] if isinstance(files, (str, os.PathLike)) else files):
+        path = Path(f).expanduser().resolve()
+        out.append(f"{path} ({path.stat().st_size} bytes)" if path.is_file() else str(path))
+    return out
 
 
 def _to_python(x: Any) -> Any:

@@ -47,6 +47,9 @@ def _check_signature(fn: Callable, name: str, path: str) -> None:
     on (a ``**kwargs`` function takes it); the function is not called (made-up input may legitimately fail)."""
     from asyncrl.config import ConfigError
 
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):  # every sample would score a coroutine
+        raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name} is an async function; rows are scored "
+                          "by a plain call: make it a plain def (run any async work inside it with asyncio.run)")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin or C function without a signature: the call will tell

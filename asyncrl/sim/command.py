@@ -155,7 +155,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
           f"rollout_gpus / train_gpus count {units}{keyed}, gpus in all (colocated: one pool); the *_s columns are "
           "simulated seconds)")
     print(pd.DataFrame([row]).round(3).to_string(index=False))
-    for line in (stale_summary(res), too_long_summary(res)):
+    for line in (stale_summary(res), too_long_summary(res), failed_summary(res)):
         if line:
             print(line)
     return 0
@@ -222,6 +222,17 @@ def stale_summary(res) -> str:
         line = (line + "; " if line else "") + (f"{in_gen} prompt group(s) ended in generation as stale "
                                                 "(async_training.drop_stale_in_generation)")
     return line
+
+
+def failed_summary(res) -> str:
+    """How many prompts failed in the simulated run and why (a reward raising on some rows: the run goes on, session
+    31's fresh user saw no word of it), as a real run's summary says it; ``""`` for none."""
+    failed = res.accounting.get("failed", {})
+    if not failed:
+        return ""
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(failed.items(), key=lambda kv: -kv[1]))
+    return (f"{sum(failed.values())} prompt(s) failed, not trained (by reason: {kinds}; the first of each kind is "
+            "logged with its traceback)")
 
 
 def too_long_summary(res) -> str:
