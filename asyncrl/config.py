@@ -375,7 +375,8 @@ def validate(cfg: ExperimentConfig) -> None:
     from asyncrl.cpu_affinity import parse_cores
 
     for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
-                      ("trainer.cpu_affinity", cfg.trainer.cpu_affinity)):
+                      ("trainer.cpu_affinity", cfg.trainer.cpu_affinity),
+                      ("async_training.rollouter_cpu_affinity", at.rollouter_cpu_affinity)):
         try:
             if spec:
                 parse_cores(spec)

@@ -385,7 +385,8 @@ def check_local_resources(cfg: ExperimentConfig) -> None:
 
         here = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)) if hasattr(os, "sched_getaffinity") else None
         for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
-                          ("trainer.cpu_affinity", cfg.trainer.cpu_affinity)):
+                          ("trainer.cpu_affinity", cfg.trainer.cpu_affinity),
+                          ("async_training.rollouter_cpu_affinity", cfg.async_training.rollouter_cpu_affinity)):
             missing = [c for c in parse_cores(spec) if c not in here] if spec and here is not None else []
             if missing:
                 raise ConfigError(f"{key}={spec!r}: CPU core(s) {missing} do not exist on this machine (cores "

@@ -232,6 +232,10 @@ class AsyncTrainingConfig:
     """Mini-batches fetched per fit step; one optimizer update each."""
     partial_rollout: bool = True
     """On sync, interrupt in-flight generation and continue it afterwards (else wait for it to drain)."""
+    rollouter_cpu_affinity: str = ""
+    """CPU cores of the glue between the engines and the trainer (the rollouter, agent-loop worker and MessageQueue
+    actors), e.g. the trainer's ``"1"`` beside ``actor_rollout_ref.rollout.cpu_affinity="0"``; ``""`` pins
+    nothing (:mod:`asyncrl.cpu_affinity`)."""
     partial_rollout_mode: str = "abort"
     """How ``partial_rollout`` interrupts: ``abort`` (verl: in-flight requests end, the client resubmits
     prompt + tokens so far after the sync, paying a new prefill) or ``keep`` (PipelineRL's in-flight

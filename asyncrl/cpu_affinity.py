@@ -10,6 +10,12 @@ lists such as ``"0"`` or ``"0-1"``) pin each side:
   ``VLLM_CPU_OMP_THREADS_BIND`` (one OpenMP thread per listed core), set before the engine starts;
 * the trainer's actor process, with ``torch`` intra-op threads = number of listed cores.
 
+``async_training.rollouter_cpu_affinity`` places the glue between them: the rollouter actor (agent loops,
+reward scoring, the puts to the queue), the agent-loop worker actors and the MessageQueue actor. Left
+floating, about half of it lands on the rollout core while the trainer computes (the long-tail benchmark's
+``--census``: ~0.2 of a core, 13% of the rollout core), stretching every decode iteration; on the trainer's
+cores it uses the time the trainer waits for batches (benchmarks/RESULTS.md, session 32).
+
 Empty strings (the default) pin nothing.
 """
 
@@ -64,6 +70,54 @@ def pin_process(spec: str, torch_threads: bool = True) -> list[int]:
         torch.set_num_threads(len(cores))
     logger.info("pinned pid %d to cores %s", os.getpid(), cores)
     return cores
+
+
+def pin_threads(spec: str) -> list[int]:
+    """Restrict every thread of this process, those already running included, to the cores in ``spec``.
+
+    :func:`pin_process` restricts the calling thread and what it starts later; a Ray actor's ``__init__`` runs
+    after Ray started the process's IO threads, so the glue actors (``async_training.rollouter_cpu_affinity``)
+    pin each thread listed in ``/proc/self/task``. Torch's thread count is left alone (the glue computes
+    little). Returns the cores, or ``[]`` for an empty ``spec`` (nothing pinned).
+
+    Raises:
+        ValueError: a malformed list, or cores this machine does not have.
+    """
+    if not spec:
+        return []
+    cores = parse_cores(spec)
+    if not hasattr(os, "sched_setaffinity") or not os.path.isdir("/proc/self/task"):  # pragma: no cover - macOS
+        logger.warning("CPU affinity %r ignored: this platform cannot pin threads", spec)
+        return cores
+    available = set(range(os.cpu_count() or 1))
+    missing = [c for c in cores if c not in available]
+    if missing:
+        raise ValueError(f"CPU cores {missing} of affinity {spec!r} do not exist (this machine has {os.cpu_count()})")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (OSError, ValueError):  # a thread that ended since the listing
+            pass
+    logger.info("pinned every thread of pid %d to cores %s", os.getpid(), cores)
+    return cores
+
+
+def _pin_instance(_instance: object, spec: str) -> list[int]:
+    return pin_threads(spec)
+
+
+def pin_actors(handles: list, spec: str) -> None:
+    """Pin every thread of each Ray actor in ``handles`` to ``spec`` (:func:`pin_threads`, run inside the actor
+    through Ray's ``__ray_call__``); waits until done. Nothing for an empty ``spec``.
+
+    Raises:
+        ValueError: from :func:`pin_threads`, raised in the actor (Ray wraps it in ``RayTaskError``).
+    """
+    if not spec or not handles:
+        return
+    import ray
+
+    ray.get([h.__ray_call__.remote(_pin_instance, spec) for h in handles])
 
 
 def pin_rollout_engine(spec: str) -> None:

@@ -29,6 +29,7 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
+from asyncrl.cpu_affinity import pin_actors
 from asyncrl.data.dataset import no_held_out, no_train_files, train_source
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
@@ -173,6 +174,7 @@ class Experiment:
         if not local:
             self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
                 cfg, train, val, self.replicas, self.lb, self.mq, resume)
+            pin_actors([self.rollouter, self.mq.actor], cfg.async_training.rollouter_cpu_affinity)  # the glue
         worker_opts = [self.placement.actor_options(s) for s in layout.trainer] if self.placement else None
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64, **trainer_env(cfg)).remote(
             cfg, self.mq, self.rollouter, self.replicas, worker_opts, str(self.run_dir),

@@ -11,7 +11,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   each on a replica of its own; ``d_s1_p32`` / ``d_s1_p48`` / ``d_s1_p64``: the same seated oldest sample first,
   ``rollout.scheduling_policy=priority``; ``d_s1_keep`` / ``d_s1_keep_m48``: d_s1 / d_s1_m48 with
   ``partial_rollout_mode=keep``), ``d_t2`` (two updates per sync): the replica on
-  core 0, the trainer on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
+  core 0, the trainer and the glue (rollouter, queue: ``async_training.rollouter_cpu_affinity``; ``d_t2_float`` /
+  ``d_s1_t2_float``: the glue floating) on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
   per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
   ``d_before`` (streamed tokens, one call per request: the rollout before session 10), ``d_c8`` / ``d_c16``
@@ -141,6 +142,11 @@ MODES = {
     # fewer versions (the bound is in versions; session 23)
     "d_s1_t2": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
                 "async_training.trigger_parameter_sync_step": 2},
+    # d_t2 / d_s1_t2 with the glue (rollouter, queue) left floating over both cores, as before session 32
+    "d_t2_float": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+                   "async_training.trigger_parameter_sync_step": 2, "async_training.rollouter_cpu_affinity": "''"},
+    "d_s1_t2_float": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                      "async_training.trigger_parameter_sync_step": 2, "async_training.rollouter_cpu_affinity": "''"},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
     # output per token per request; now one per request, asyncrl.rollout.vllm_backend stream_outputs)
     "d_stream": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
@@ -258,7 +264,8 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
         return ["trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     if mode.startswith("colocated") or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
-    return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
+    return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0",
+            "async_training.rollouter_cpu_affinity=1"]  # the glue on the trainer's core (session 32)
 
 
 def mode_config(mode: str, args: argparse.Namespace):
