@@ -159,16 +159,19 @@ def load_config(
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     if yaml_path is not None:
         cfg = _merge(cfg, _load_yaml(yaml_path), str(yaml_path))
-    for item in overrides or []:
+    for given in overrides or []:
+        # Hydra's +key=value (add a key) and ++key=value (add or override), as verl command lines set a key their
+        # YAML lacks (+custom_reward_function.reward_kwargs.scale=2): every key here is in the schema or in a mapping
+        item = given.lstrip().lstrip("+") if given.lstrip().startswith("+") else given
         if "=" not in item or not item.partition("=")[0].strip():
-            raise ConfigError(f"override {item!r} is not of the form key=value" + (
+            raise ConfigError(f"override {given!r} is not of the form key=value" + (
                 " (its key is empty)" if "=" in item else ""))
         key, _, value = item.partition("=")
         if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
             value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
         if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
-        cfg = _merge(cfg, _parse_override(item), f"override {item!r}")
+        cfg = _merge(cfg, _parse_override(item), f"override {item!r}" if item == given else f"override {given!r}")
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
     except (InterpolationResolutionError, ValidationError) as exc:
