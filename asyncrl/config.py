@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, Interpolation
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
                                       validate_sampling)
-from asyncrl.config_data import FILE_KEYS, validate_data_files
+from asyncrl.config_data import FILE_KEYS, data_experiment_name, validate_data_files
 from asyncrl.config_hints import (KEY_HINTS, NULL_HINTS, _base_hint, _closest, unknown_key_hint,  # noqa: F401
                                   valid_keys)
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
@@ -126,7 +126,10 @@ def load_config(
         base: starting config (e.g. a recipe); defaults to :class:`ExperimentConfig()`.
 
     Returns:
-        A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig).
+        A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig). When the YAML file or the
+        overrides set ``data.train_files`` and not ``trainer.experiment_name``, the run is named after the data
+        (:func:`asyncrl.config_data.data_experiment_name`: ``arith_grpo_cpu`` on ``my_rows.jsonl`` is
+        ``my_rows_grpo_cpu``); a name they set wins.
 
     Raises:
         ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type (on ``base``: of
@@ -157,28 +160,45 @@ def load_config(
     except ValidationError as exc:  # what check_types lets through and OmegaConf does not take
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
+    given: list = []  # what the YAML file and each override set: whether they name the run (trainer.experiment_name)
     if yaml_path is not None:
-        cfg = _merge(cfg, _load_yaml(yaml_path), str(yaml_path))
-    for given in overrides or []:
+        given.append(_load_yaml(yaml_path))
+        cfg = _merge(cfg, given[-1], str(yaml_path))
+    for typed in overrides or []:
         # Hydra's +key=value (add a key) and ++key=value (add or override), as verl command lines set a key their
         # YAML lacks (+custom_reward_function.reward_kwargs.scale=2): every key here is in the schema or in a mapping
-        item = given.lstrip().lstrip("+") if given.lstrip().startswith("+") else given
+        item = typed.lstrip().lstrip("+") if typed.lstrip().startswith("+") else typed
         if "=" not in item or not item.partition("=")[0].strip():
-            raise ConfigError(f"override {given!r} is not of the form key=value" + (
+            raise ConfigError(f"override {typed!r} is not of the form key=value" + (
                 " (its key is empty)" if "=" in item else ""))
         key, _, value = item.partition("=")
         if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
             value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
         if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
-        cfg = _merge(cfg, _parse_override(item), f"override {item!r}" if item == given else f"override {given!r}")
+        given.append(_parse_override(item))
+        cfg = _merge(cfg, given[-1], f"override {item!r}" if item == typed else f"override {typed!r}")
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
     except (InterpolationResolutionError, ValidationError) as exc:
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r}: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
+    if _sets(given, "data.train_files") and not _sets(given, "trainer.experiment_name") and out.data.train_files:
+        out.trainer.experiment_name = data_experiment_name(out.trainer.experiment_name, out.data.task,
+                                                           out.data.train_files)
     validate(out)
     return out
+
+
+def _sets(pieces: list, key: str) -> bool:
+    """Whether one of ``pieces`` (a YAML file's, an override's DictConfig; not resolved) sets the dotted ``key``."""
+    for piece in pieces:
+        node = OmegaConf.to_container(piece, resolve=False)
+        for part in key.split("."):
+            node = node.get(part, _sets) if isinstance(node, dict) else _sets
+        if node is not _sets:
+            return True
+    return False
 
 
 @dataclass(frozen=True)

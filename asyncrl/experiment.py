@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -129,6 +129,7 @@ class Experiment:
         from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
         from asyncrl.config import validate
+        from asyncrl.config_data import resolve_data_paths
         from asyncrl.reward.custom import resolve_path
 
         if self._phase != "new":
@@ -141,7 +142,10 @@ class Experiment:
         self._phase = "started"
         self.t_start = time.time()
         train, val = self.preflight()
-        resolve_path(cfg)  # a relative custom_reward_function.path, made absolute before the config reaches the actors
+        # relative paths made absolute before config.yaml is written and the config reaches the actors: the run
+        # directory's config.yaml re-runs from any directory
+        resolve_path(cfg)  # custom_reward_function.path
+        resolve_data_paths(cfg.data)  # data.train_files, data.val_files
         for note in (no_held_out(self.config.data), no_train_files(self.config.data)):  # once, before anything
             if note:  # starts (--dry-run prints them; the summary repeats the first)
                 logger.warning("%s", note)
@@ -437,10 +441,14 @@ class Experiment:
             ray.shutdown()
             self._started_ray = False
 
-    def run(self) -> Summary:
-        """start + wait + stop; returns the :class:`Summary`."""
+    def run(self, on_start: Optional[Callable[["Experiment"], None]] = None) -> Summary:
+        """start + wait + stop; returns the :class:`Summary`. ``on_start(self)`` is called once the run has started,
+        before the wait (``asyncrl train`` prints the run's directory and name there: after every check a run makes
+        before it starts, so an error stays its one line)."""
         try:
             self.start()
+            if on_start is not None:
+                on_start(self)
             return self.wait()
         finally:
             self.stop()
