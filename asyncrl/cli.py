@@ -312,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     if args.log_level.upper() not in levels:  # every subcommand's --log-level
         parser.error(f"--log-level {args.log_level!r}: one of {', '.join(levels)} (any case)")
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from asyncrl.logs import LOG_FORMAT  # every actor's too (asyncrl.logs)
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
         if args.command == "batch":
             return _batch(args)
