@@ -74,6 +74,12 @@ def _load(args: argparse.Namespace):
     Raises:
         UserError / ConfigError: a missing YAML file, an unknown recipe, key or value.
     """
+    return _load_with_recipe(args)[0]
+
+
+def _load_with_recipe(args: argparse.Namespace):
+    """``(config, the recipe's trainer.experiment_name)``: :func:`_load`'s, and the name the run had before
+    ``data.train_files`` named it (:func:`_run_line` says so)."""
     from asyncrl.config import load_config
     from asyncrl.recipes import RECIPES, TASK_RECIPES
 
@@ -95,13 +101,14 @@ def _load(args: argparse.Namespace):
         close = closest_name(recipe, RECIPES)
         raise UserError("config", f"unknown recipe {recipe!r}; known: {', '.join(sorted(RECIPES))}"
                                   + (f"; did you mean {close!r}?" if close else ""))
-    return load_config(yaml_path, _expand(overrides), base=base())
+    recipe_cfg = base()
+    return load_config(yaml_path, _expand(overrides), base=recipe_cfg), recipe_cfg.trainer.experiment_name
 
 
 def _train(args: argparse.Namespace) -> int:
     from asyncrl.experiment import Experiment
 
-    cfg = _load(args)
+    cfg, recipe_name = _load_with_recipe(args)
     from asyncrl.data.dataset import get_task_rows, task_options
 
     if not cfg.data.train_files:
@@ -117,11 +124,11 @@ def _train(args: argparse.Namespace) -> int:
     except CheckpointError as exc:  # resume_mode=resume_path at a missing / unreadable checkpoint
         raise UserError("config", f"trainer.resume_from_path: {exc}") from None
     if args.dry_run or args.cfg:
-        return _dry_run(exp)
+        return _dry_run(exp, recipe_name)
     # a bad dataset file fails here before any process starts; start-time config checks (GPUs asked for vs
     # the Ray cluster's, data that can never fill a trainer step) raise ConfigError
     try:
-        summary = exp.run()
+        summary = exp.run(on_start=lambda started: print(_run_line(started, recipe_name), file=sys.stderr))
     except TrainerError as exc:  # the trainer raised mid-run: the summary of what was done, exit status 1
         print(exc.summary)
         print(f"training failed: {exc}", file=sys.stderr)
@@ -149,11 +156,30 @@ def _listing(run_dir: str) -> str:
     return f"{run_dir}/ ({', '.join(run_files(run_dir)) or 'empty'})"
 
 
-def _dry_run(exp) -> int:
+def _run_line(exp, recipe_name: str, dry_run: bool = False) -> str:
+    """``run: runs/my_rows_grpo_cpu__0__20261201-120000/ (trainer.experiment_name=my_rows_grpo_cpu: named after
+    data.train_files, ...)``: where the run writes and why it is named so (a run on the user's own data is named after
+    it unless ``trainer.experiment_name`` is given: :func:`asyncrl.config_data.data_experiment_name`). A dry run
+    shows ``<start time>`` for the time; a resumed run, the checkpoint's run directory."""
+    from asyncrl.config_data import data_experiment_name
+
+    tr, data = exp.config.trainer, exp.config.data
+    run_dir = exp.run_dir
+    if dry_run and exp.resume_from is None:
+        run_dir = run_dir.parent / f"{tr.experiment_name}__{tr.seed}__<start time>"
+    why = ""
+    if data.train_files and tr.experiment_name == data_experiment_name(recipe_name, data.task, data.train_files):
+        why = f": named after data.train_files, not the recipe's {recipe_name}; trainer.experiment_name=... names it"
+    resumed = f"; resuming {exp.resume_from.name}" if exp.resume_from is not None else ""
+    return f"run: {run_dir}/ (trainer.experiment_name={tr.experiment_name}{why}){resumed}"
+
+
+def _dry_run(exp, recipe_name: str) -> int:
     """``asyncrl train --dry-run``: the checks a run makes before anything starts (:meth:`Experiment.preflight`:
     data, enough prompts within ``data.max_prompt_length`` for one trainer step, the lengths against the model's
     positions; and the resume checkpoint), then the resolved config as YAML on stdout (a config file ``asyncrl train``
-    takes back) and which held-out rows a run evaluates; nothing starts (no Ray, no engine)."""
+    takes back), the run's directory and name (:func:`_run_line`) and which held-out rows a run evaluates; nothing
+    starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
 
     from asyncrl.data.dataset import held_out_source, no_train_files
@@ -163,6 +189,7 @@ def _dry_run(exp) -> int:
     print(to_yaml(cfg), end="")
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
+    print(_run_line(exp, recipe_name, dry_run=True), file=sys.stderr)
     print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
     if no_train_files(cfg.data):
         print(f"note: {no_train_files(cfg.data)}", file=sys.stderr)
@@ -285,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
     if args.log_level.upper() not in levels:  # every subcommand's --log-level
         parser.error(f"--log-level {args.log_level!r}: one of {', '.join(levels)} (any case)")
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from asyncrl.logs import LOG_FORMAT  # every actor's too (asyncrl.logs)
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     try:
         if args.command == "batch":
             return _batch(args)

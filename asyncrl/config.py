@@ -2,7 +2,8 @@
 
 The schema (one ``@dataclass`` per component, every default) is :mod:`asyncrl.config_schema`, with the
 agent layer's part in :mod:`asyncrl.config_agent`, the algorithm's in :mod:`asyncrl.config_algorithm` and the
-data's in :mod:`asyncrl.config_data`; import every name from here. :func:`load_config` turns a YAML file plus
+data's in :mod:`asyncrl.config_data`; the key names and hints for a wrong one are
+:mod:`asyncrl.config_hints`; import every name from here. :func:`load_config` turns a YAML file plus
 dotlist overrides (``async_training.staleness_threshold=0.5``) into an :class:`ExperimentConfig`, rejecting
 unknown keys with the closest valid key in the message.
 
@@ -13,8 +14,6 @@ Key names follow verl's fully-async recipe (``async_training.*``, ``actor_rollou
 from __future__ import annotations
 
 import copy
-import dataclasses
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -25,7 +24,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, Interpolation
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
                                       validate_sampling)
-from asyncrl.config_data import FILE_KEYS, validate_data_files
+from asyncrl.config_data import FILE_KEYS, data_experiment_name, validate_data_files
+from asyncrl.config_hints import (KEY_HINTS, NULL_HINTS, _base_hint, _closest, unknown_key_hint,  # noqa: F401
+                                  valid_keys)
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
     ConfigError, WordProblemsConfig, LengthWorkloadConfig, DataConfig, ModelConfig, OptimConfig, FSDPConfig,
     ActorConfig, SandboxConfig, AgentConfig, CheckpointEngineConfig, RolloutConfig, ActorRolloutRefConfig,
@@ -39,76 +40,6 @@ from asyncrl.config_types import (_check_raw, _get, _leaf_types, section_names, 
 # loading
 
 
-def _all_keys(cfg_cls: type, prefix: str = "") -> list[str]:
-    keys = []
-    for f in dataclasses.fields(cfg_cls):
-        full = f"{prefix}{f.name}"
-        keys.append(full)
-        if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
-            keys.extend(_all_keys(f.type, full + "."))
-        else:
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-            if dataclasses.is_dataclass(default):
-                keys.extend(_all_keys(type(default), full + "."))
-    return keys
-
-
-def valid_keys() -> list[str]:
-    """All dotted keys of :class:`ExperimentConfig`, e.g. ``async_training.staleness_threshold``."""
-    return _all_keys(ExperimentConfig)
-
-
-def _closest(key: str) -> str:
-    """The settable key ``key`` most likely means: one with the same last name, else a close spelling of its last
-    name in its section (of the whole key where its section does not exist; difflib's 0.6 cutoff), else ``""`` (a
-    word like ``foo`` is close to nothing and gets no guess)."""
-    leaves = list(_leaf_types())
-    section, _, name = key.rpartition(".")
-    by_leaf = [k for k in leaves if k.rsplit(".", 1)[-1] == name]
-    if by_leaf:
-        return by_leaf[0]
-    if section in section_names():
-        match = difflib.get_close_matches(name, section_names()[section], n=1)
-        return f"{section}.{match[0]}" if match else ""
-    match = difflib.get_close_matches(key, leaves, n=1)
-    return match[0] if match else ""
-
-
-KEY_HINTS = {
-    "mode": "there is no mode key: a mode (a, b, c, d) is a setting of async_training.trigger_parameter_sync_step, "
-            "async_training.staleness_threshold and async_training.partial_rollout (README, 'The four modes'); "
-            "e.g. mode d: async_training.staleness_threshold=0.5 async_training.partial_rollout=true",
-    # verl names that live elsewhere here (the closest spelling would point at the wrong key)
-    "data.max_response_length": "the response length is actor_rollout_ref.rollout.response_length (verl sets it "
-                                "from data.max_response_length; here it is the one key)",
-    "data.train_batch_size": "a trainer step takes actor_rollout_ref.actor.ppo_mini_batch_size x "
-                             "async_training.require_batches prompts (as verl's fully-async recipe, which sets "
-                             "data.train_batch_size=0); set those two",
-    "actor_rollout_ref.actor.clip_ratio": "set actor_rollout_ref.actor.clip_ratio_low and "
-                                          "actor_rollout_ref.actor.clip_ratio_high (verl's clip_ratio fills both)",
-    "actor_rollout_ref.actor.grad_clip": "the gradient-norm clip is actor_rollout_ref.actor.optim.clip_grad",
-    "critic.grad_clip": "the gradient-norm clip is critic.optim.clip_grad",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "the micro-batch is actor_rollout_ref.actor.ppo_micro_batch_size "
-                                                            "(sequences per forward/backward chunk)",
-    "critic.ppo_micro_batch_size_per_gpu": "the micro-batch is critic.ppo_micro_batch_size",
-    "trainer.val_before_train": "there is no switch: asyncrl always evaluates before training (version 0, the "
-                                "summary's accuracy_before; not on resume); trainer.test_freq sets evaluations "
-                                "during training (0 = only before and after)",
-    "trainer.total_epochs": "a run ends after trainer.total_training_steps (or trainer.total_time_s); the data "
-                            "repeats in new epochs for as long as that needs",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "tensor-parallel rollout is not supported: each replica "
-                                                            "runs on one GPU (rollout.n_gpus_per_node replicas per "
-                                                            "node); scale the rollout with more replicas",
-}
-"""Unknown keys a newcomer is likely to try, with what to write instead (a closest key would mislead)."""
-
-NULL_HINTS = {
-    "trainer.total_training_steps": "verl's null (steps from total_epochs) has no equivalent here: give a step count "
-                                    ">= 1 (trainer.total_time_s can end the run sooner; the data repeats in epochs)",
-}
-"""What to write instead of null for a key verl lets be null and asyncrl does not."""
-
-
 def _one_file(other) -> None:
     """A one-element list for ``data.train_files`` / ``data.val_files`` (verl's list form) as its path, so a file given
     either way reads the same; a longer list stays a list (:func:`asyncrl.data.dataset.run_rows` reads its files in
@@ -120,30 +51,6 @@ def _one_file(other) -> None:
         value = data.get(name)
         if isinstance(value, list) and len(value) == 1:
             data[name] = value[0]
-
-
-def _base_hint(key: str, value: Any) -> str:
-    """What ``check_types`` adds for a value of ``load_config``'s ``base``: the range of a non-finite number (as
-    ``validate`` says it), or :data:`NULL_HINTS`' words for a None (as an override's null gets them)."""
-    return f"; {NULL_HINTS[key]}" if value is None and key in NULL_HINTS else range_hint(key, value)
-
-
-def unknown_key_hint(key: str) -> str:
-    """What to write instead of the unknown key ``key``: :data:`KEY_HINTS`' words, else the closest valid key, else
-    the names its section holds (the top-level sections for a key in none)."""
-    if key in KEY_HINTS:
-        return KEY_HINTS[key]
-    close = _closest(key)
-    if close:
-        return f"did you mean {close!r}?"
-    section = key.rpartition(".")[0]
-    while section and section not in section_names():
-        section = section.rpartition(".")[0]
-    if section:
-        return f"{section} holds: {', '.join(section_names()[section])}"
-    tops = [name for name in section_names() if "." not in name]
-    return (f"the config's top-level sections are {', '.join(tops)} (set a key inside one, e.g. "
-            f"trainer.total_training_steps=40)")
 
 
 def _merge(base, other, what: str):
@@ -219,7 +126,10 @@ def load_config(
         base: starting config (e.g. a recipe); defaults to :class:`ExperimentConfig()`.
 
     Returns:
-        A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig).
+        A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig). When the YAML file or the
+        overrides set ``data.train_files`` and not ``trainer.experiment_name``, the run is named after the data
+        (:func:`asyncrl.config_data.data_experiment_name`: ``arith_grpo_cpu`` on ``my_rows.jsonl`` is
+        ``my_rows_grpo_cpu``); a name they set wins.
 
     Raises:
         ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type (on ``base``: of
@@ -250,25 +160,45 @@ def load_config(
     except ValidationError as exc:  # what check_types lets through and OmegaConf does not take
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
+    given: list = []  # what the YAML file and each override set: whether they name the run (trainer.experiment_name)
     if yaml_path is not None:
-        cfg = _merge(cfg, _load_yaml(yaml_path), str(yaml_path))
-    for item in overrides or []:
+        given.append(_load_yaml(yaml_path))
+        cfg = _merge(cfg, given[-1], str(yaml_path))
+    for typed in overrides or []:
+        # Hydra's +key=value (add a key) and ++key=value (add or override), as verl command lines set a key their
+        # YAML lacks (+custom_reward_function.reward_kwargs.scale=2): every key here is in the schema or in a mapping
+        item = typed.lstrip().lstrip("+") if typed.lstrip().startswith("+") else typed
         if "=" not in item or not item.partition("=")[0].strip():
-            raise ConfigError(f"override {item!r} is not of the form key=value" + (
+            raise ConfigError(f"override {typed!r} is not of the form key=value" + (
                 " (its key is empty)" if "=" in item else ""))
         key, _, value = item.partition("=")
         if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
             value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
         if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
-        cfg = _merge(cfg, _parse_override(item), f"override {item!r}")
+        given.append(_parse_override(item))
+        cfg = _merge(cfg, given[-1], f"override {item!r}" if item == typed else f"override {typed!r}")
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
     except (InterpolationResolutionError, ValidationError) as exc:
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r}: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
+    if _sets(given, "data.train_files") and not _sets(given, "trainer.experiment_name") and out.data.train_files:
+        out.trainer.experiment_name = data_experiment_name(out.trainer.experiment_name, out.data.task,
+                                                           out.data.train_files)
     validate(out)
     return out
+
+
+def _sets(pieces: list, key: str) -> bool:
+    """Whether one of ``pieces`` (a YAML file's, an override's DictConfig; not resolved) sets the dotted ``key``."""
+    for piece in pieces:
+        node = OmegaConf.to_container(piece, resolve=False)
+        for part in key.split("."):
+            node = node.get(part, _sets) if isinstance(node, dict) else _sets
+        if node is not _sets:
+            return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,12 @@ class CustomRewardFunctionConfig:
     """The function in ``path`` (only with ``path``), called as verl calls it: ``fn(data_source=..., solution_str=...,
     ground_truth=..., extra_info=...) -> float | {"score": float, **extras}`` (numeric extras become ``reward/<key>``
     metrics; :mod:`asyncrl.reward.result`)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """verl's: more keyword arguments for the function, passed on every call beside the four (only with ``path``;
+    verl binds them with ``functools.partial``), e.g. ``custom_reward_function.reward_kwargs.scale=2`` (Hydra's
+    ``+custom_reward_function.reward_kwargs.scale=2`` reads the same) or ``custom_reward_function.reward_kwargs={scale:
+    2}``. The function must accept each key (checked with the four at ``--dry-run``, never by a call); a key named as
+    one of the four is refused (verl's would silently replace that argument on every row)."""
 
 
 # ------------------------------------------------------------------ validation (ValueError -> ConfigError in config.validate)
@@ -207,6 +213,14 @@ def validate_algorithm(cfg: Any) -> None:
         raise ValueError(f"custom_reward_function.name={custom.name!r} is set without custom_reward_function.path, so "
                          "nothing would call it (each row is scored by the rule reward of its data_source): set "
                          f"custom_reward_function.path to the .py file that defines {custom.name}, or drop the name")
+    if custom.path is None and custom.reward_kwargs:
+        raise ValueError(f"custom_reward_function.reward_kwargs={dict(custom.reward_kwargs)!r} is set without "
+                         "custom_reward_function.path, so no function would receive them (each row is scored by the rule "
+                         "reward of its data_source): set custom_reward_function.path, or drop the reward_kwargs")
+    bad = [k for k in custom.reward_kwargs if not isinstance(k, str)]
+    if bad:  # set from Python: fn(**kwargs) raises "keywords must be strings" in every actor
+        raise ValueError(f"custom_reward_function.reward_kwargs: key {bad[0]!r} ({type(bad[0]).__name__}) is not a "
+                         "str: the keys are keyword arguments of the reward function")
     mt = ro.multi_turn
     if mt.enable and ro.agent.default_agent_loop == "single_turn_agent":
         raise ValueError("actor_rollout_ref.rollout.multi_turn.enable=true runs rows without agent_name through "

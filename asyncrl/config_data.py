@@ -5,7 +5,9 @@ Part of the schema in :mod:`asyncrl.config_schema`; import the names from :mod:`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Union
 
 
@@ -92,3 +94,51 @@ def validate_data_files(data: Any) -> Optional[str]:
             if empty:
                 return f"data.{name}[{empty[0]}] is an empty path (data.{name}={list(value)!r})"
     return None
+
+
+def resolve_data_paths(data: Any) -> None:
+    """Make each relative ``data.train_files`` / ``data.val_files`` path (one, or each of a list) absolute against this
+    process's working directory (``~`` expanded), in place: called in the driver when a run starts, beside
+    :func:`asyncrl.reward.custom.resolve_path`, so the run directory's ``config.yaml`` re-runs from any directory and
+    the actors read the files the driver checked. An empty path is left for the loader to refuse."""
+    def absolute(path: Any) -> Any:
+        return str(Path(path).expanduser().absolute()) if str(path).strip() else path
+
+    for name in FILE_KEYS:
+        value = getattr(data, name)
+        if isinstance(value, (list, tuple)):
+            setattr(data, name, [absolute(v) for v in value])
+        elif value is not None:
+            setattr(data, name, absolute(value))
+
+
+SPLIT_NAMES = frozenset({"train", "training", "test", "val", "valid", "validation", "dev", "data", "dataset"})
+"""File names that say the split, not the data (verl's layout: ``~/data/gsm8k/train.parquet``): such a file's data is
+named by its directory."""
+
+
+def data_name(train_files: Any) -> str:
+    """The name of a run's own data: the first ``data.train_files`` file's name without its suffix (``my_rows`` for
+    ``my_rows.jsonl``), or its directory's when the file is named after its split (``gsm8k`` for
+    ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters, digits,
+    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, and ``trainer.resume_mode=auto`` globs it)."""
+    first = Path(str(train_files if isinstance(train_files, (str, bytes)) or not train_files else train_files[0]))
+    path = first.expanduser().absolute()
+    name = path.stem if path.stem.lower() not in SPLIT_NAMES or not path.parent.name else path.parent.name
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "data"
+
+
+def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
+    """``trainer.experiment_name`` for a run on the user's own rows (``data.train_files`` given, the name not): the
+    recipe's name with its ``data.task`` word replaced by :func:`data_name` (``arith_grpo_cpu`` + ``my_rows.jsonl`` ->
+    ``my_rows_grpo_cpu``; ``~/data/gsm8k/train.parquet`` -> ``gsm8k_grpo_cpu``), or ``<data name>_<recipe name>`` when
+    the recipe's name does not hold the task (``smoke_mode_d`` -> ``my_rows_smoke_mode_d``). Runs are named
+    ``{experiment_name}__{seed}__{time}``, and ``trainer.resume_mode=auto`` resumes the newest run of that name: runs on
+    other data no longer share the recipe's name."""
+    data = data_name(train_files)
+    words = recipe_name.split("_")
+    task_words = task.split("_")
+    for i in range(len(words) - len(task_words) + 1):
+        if words[i:i + len(task_words)] == task_words:
+            return "_".join(words[:i] + [data] + words[i + len(task_words):])
+    return f"{data}_{recipe_name}"

@@ -293,7 +293,9 @@ class TrainerConfig:
     critic_warmup: int = 0
     """Trainer steps that update only the critic before the actor starts (``gae``; 0 = none)."""
     experiment_name: str = "arith_grpo_cpu"
-    """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``."""
+    """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``. ``data.train_files`` set in a YAML file or an
+    override without this key names it after the data (``my_rows_grpo_cpu``; :func:`asyncrl.config_data.
+    data_experiment_name`)."""
     default_local_dir: str = "runs"
     """Directory under which run artifacts are written."""
     seed: int = 0

@@ -5,7 +5,7 @@
     Experiment.start()  ray.init (local unless ray.address) -> GPU check + placement groups (GPU runs)
                         -> replicas -> load balancer -> MessageQueue -> FullyAsyncRollouter
                         -> FullyAsyncTrainer (fsdp2: + one worker per trainer GPU) .fit()   (returns)
-    Experiment.status() / await status_async()   snapshots of every actor (widgets poll this)
+    Experiment.status() / await status_async()   snapshots of every actor (widgets poll this; experiment_status.py)
     Experiment.wait()   progress bar until the trainer is done -> finish() -> Summary
     Experiment.stop()   abort generation, shut the queue, kill actors, free engines and ports
 
@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -31,6 +31,7 @@ from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
 from asyncrl.cpu_affinity import pin_actors
 from asyncrl.data.dataset import no_held_out, no_train_files, train_source
+from asyncrl.experiment_status import LiveState
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import run_name, write_run_artifacts
 from asyncrl.ray_start import init_ray
@@ -40,7 +41,7 @@ from asyncrl.summary import Summary, TrainerError, held_out  # noqa: F401  (publ
 logger = logging.getLogger(__name__)
 
 
-class Experiment:
+class Experiment(LiveState):
     """One fully-async RL run.
 
     Args:
@@ -130,6 +131,7 @@ class Experiment:
         from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
         from asyncrl.config import validate
+        from asyncrl.config_data import resolve_data_paths
         from asyncrl.reward.custom import resolve_path
 
         if self._phase != "new":
@@ -142,7 +144,10 @@ class Experiment:
         self._phase = "started"
         self.t_start = time.time()
         train, val = self.preflight()
-        resolve_path(cfg)  # a relative custom_reward_function.path, made absolute before the config reaches the actors
+        # relative paths made absolute before config.yaml is written and the config reaches the actors: the run
+        # directory's config.yaml re-runs from any directory
+        resolve_path(cfg)  # custom_reward_function.path
+        resolve_data_paths(cfg.data)  # data.train_files, data.val_files
         for note in (no_held_out(self.config.data), no_train_files(self.config.data)):  # once, before anything
             if note:  # starts (--dry-run prints them; the summary repeats the first)
                 logger.warning("%s", note)
@@ -239,74 +244,33 @@ class Experiment:
             resume_data_order(self.resume_from, cfg, len(train))
         return train, val
 
-    # ------------------------------------------------------------------ live state
-    def _idle_status(self) -> Optional[dict]:
-        """The status before start (``not started``) or after stop (``stopped``, with the summary's run dir)."""
-        if self._phase == "new" or (self.rollouter is None and self._phase == "started"):
-            return {"state": "not started"}
-        if self._phase == "stopped":
-            return {"state": "stopped", "name": self.name, "run_dir": str(self.run_dir), "finished": self.summary is not None}
-        return None
-
-    async def status_async(self) -> dict:
-        """Snapshot of every actor (never blocks the event loop); ``{"state": "not started"}`` before :meth:`start`,
-        ``{"state": "stopped", ...}`` after :meth:`stop`."""
-        idle = self._idle_status()
-        if idle is not None:
-            return idle
-        ro, tr, mq = await asyncio.gather(self.rollouter.snapshot.remote(), self.trainer.status.remote(),
-                                          self.mq.stats_async())
-        return self._status(ro, tr, mq)
-
-    def status(self) -> dict:
-        """Blocking variant of :meth:`status_async` for scripts."""
-        idle = self._idle_status()
-        if idle is not None:
-            return idle
-        ro, tr = ray.get([self.rollouter.snapshot.remote(), self.trainer.status.remote()])
-        return self._status(ro, tr, self.mq.stats())
-
-    def _status(self, ro: dict, tr: dict, mq: Any) -> dict:
-        # elapsed_s stops at the run's wall time once finish() has summarised it: a dashboard's last poll
-        # (after the final evaluation) then shows the status line's and the summary's seconds, not later ones
-        # likewise its held-out accuracy becomes the summary's "after" figure (the mean of the last evaluations)
-        elapsed = self.summary.wall_s if self.summary is not None else time.time() - self.t_start
-        after = ({} if self.summary is None or self.summary.accuracy_after is None else
-                 {"accuracy_after": self.summary.accuracy_after, "accuracy_after_evals": self.summary.accuracy_after_evals})
-        return {"state": "done" if tr["done"] else "running", "name": self.name, "elapsed_s": elapsed, **after,
-                "watchdog": tr.get("watchdog"),
-                "rollouter": ro, "trainer": tr, "message_queue": dataclasses.asdict(mq),
-                "load_balancer": ro.pop("load_balancer", {}), "budget": dataclasses.asdict(self.budget)}
-
     def wait(self, progress: Optional[bool] = None, poll_s: float = 1.0) -> Summary:
-        """Block until training ends (tqdm progress bar), then :meth:`finish`."""
-        from tqdm.auto import tqdm
+        """Block until training ends (a tqdm progress bar; in a terminal, actor and log lines print above it:
+        :func:`asyncrl.progress.progress_bar`), then :meth:`finish`."""
+        from asyncrl.progress import progress_bar
 
         self._require_run("wait")
         show = self.config.trainer.progress_bar if progress is None else progress
-        total = self.config.trainer.total_training_steps
-        bar = tqdm(total=total, desc=self.name, unit="step", disable=not show)
         done_steps = 0
         with SigintCounter() as sigints:  # a second Ctrl-C aborts, even one that came with the first (interrupts.py)
             try:
-                while True:
-                    ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
-                    st = ray.get(self.trainer.status.remote())
-                    bar.update(st["global_steps"] - done_steps)
-                    done_steps = st["global_steps"]
-                    last = st["history"][-1] if st["history"] else {}
-                    evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
-                    bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
-                                    lag=f"{last.get('staleness/lag_max', 0):.0f}",
-                                    acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
-                    if ready:
-                        break
-            except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on)
-                bar.close()
+                with progress_bar(self.name, self.config.trainer.total_training_steps, show) as bar:
+                    while True:
+                        ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
+                        st = ray.get(self.trainer.status.remote())
+                        bar.update(st["global_steps"] - done_steps)
+                        done_steps = st["global_steps"]
+                        last = st["history"][-1] if st["history"] else {}
+                        evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
+                        bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
+                                        lag=f"{last.get('staleness/lag_max', 0):.0f}",
+                                        acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
+                        if ready:
+                            break
+            except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on); bar closed
                 if sigints.count > 1:  # two before the first was handled: abort, as a second one after it does
                     raise
                 raise RunInterrupted(self.interrupt()) from None
-        bar.close()
         return self._finish_or_raise()
 
     def interrupt(self, reason: str = "interrupted by the user (Ctrl-C)") -> Summary:
@@ -439,21 +403,14 @@ class Experiment:
             ray.shutdown()
             self._started_ray = False
 
-    def run(self) -> Summary:
-        """start + wait + stop; returns the :class:`Summary`."""
+    def run(self, on_start: Optional[Callable[["Experiment"], None]] = None) -> Summary:
+        """start + wait + stop; returns the :class:`Summary`. ``on_start(self)`` is called once the run has started,
+        before the wait (``asyncrl train`` prints the run's directory and name there: after every check a run makes
+        before it starts, so an error stays its one line)."""
         try:
             self.start()
+            if on_start is not None:
+                on_start(self)
             return self.wait()
         finally:
             self.stop()
-
-    # rich display in notebooks
-    def _repr_html_(self) -> str:
-        st = "not started" if self.rollouter is None else ("finished" if self.summary else "running")
-        return (f"<b>asyncrl Experiment</b> <code>{self.name}</code> &mdash; {st}<br>"
-                f"required_samples={self.budget.required_samples}, max_required_samples={self.budget.max_required_samples}, "
-                f"max_concurrent_samples={self.budget.max_concurrent_samples}, staleness_bound={self.budget.staleness_bound}")
-
-    def __repr__(self) -> str:
-        return f"Experiment({self.name!r}, budget={self.budget})"
-

@@ -1,7 +1,7 @@
 """Starting (or joining) Ray for a run, a notebook session or a benchmark.
 
-:func:`init_ray` is ``ray.init`` with the project's defaults (no dashboard, ``TOKENIZERS_PARALLELISM=false`` in every
-worker) and retries for a local start; :func:`check_reachable` refuses a ``ray.address`` nothing answers at in
+:func:`init_ray` is ``ray.init`` with the project's defaults (no dashboard, ``TOKENIZERS_PARALLELISM=false`` and the
+driver's log format and level in every worker: :mod:`asyncrl.logs`) and retries for a local start; :func:`check_reachable` refuses a ``ray.address`` nothing answers at in
 seconds (Ray itself retries its GCS for minutes). Used by :class:`asyncrl.experiment.Experiment`,
 :func:`asyncrl.notebook.start_ray` and ``benchmarks/async_vs_colocate.py``.
 """
@@ -20,10 +20,13 @@ from asyncrl.config import ConfigError
 logger = logging.getLogger(__name__)
 
 
-def init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True) -> None:
+def init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3, log_to_driver: bool = True,
+             log_level: Optional[int] = None) -> None:
     """``ray.init`` that survives a slow start: a local raylet has a hard-coded 30 s deadline to
     register, which an overloaded laptop can miss; each failed attempt is shut down and retried.
-    ``log_to_driver=False`` keeps actors' output out of the caller (notebooks: ``asyncrl.notebook``).
+    ``log_to_driver=False`` keeps actors' output out of the caller (notebooks: ``asyncrl.notebook``). Every worker
+    process logs in the driver's format, its ``asyncrl`` loggers at ``log_level`` (``None``: the driver's now;
+    :func:`asyncrl.logs.ray_runtime_env`).
 
     Raises:
         asyncrl.config.ConfigError: ``address`` names a host:port nothing answers on (Ray itself retried its GCS for
@@ -34,7 +37,7 @@ def init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3,
     for attempt in range(1, attempts + 1):
         try:
             ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
-                     log_to_driver=log_to_driver, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+                     log_to_driver=log_to_driver, runtime_env=runtime_env(log_level))
             return
         except Exception as exc:  # Ray raises a bare Exception for the start timeout
             ray.shutdown()
@@ -42,6 +45,16 @@ def init_ray(address: Optional[str], num_cpus: Optional[int], attempts: int = 3,
                 raise
             logger.warning("Ray did not start (attempt %d/%d): %s; retrying", attempt, attempts, exc)
             time.sleep(2.0)
+
+
+def runtime_env(log_level: Optional[int] = None) -> dict:
+    """The job's runtime env: ``TOKENIZERS_PARALLELISM=false`` in every worker, and the driver's log format and
+    level (:func:`asyncrl.logs.ray_runtime_env`: Ray's ``worker_process_setup_hook``)."""
+    from asyncrl.logs import ray_runtime_env
+
+    env = ray_runtime_env(log_level)
+    env["env_vars"] = {"TOKENIZERS_PARALLELISM": "false", **env["env_vars"]}
+    return env
 
 
 def check_reachable(address: Optional[str], timeout_s: float = 5.0) -> None:

@@ -98,3 +98,16 @@ def test_total_training_steps_null_says_what_to_write_instead():
     """verl's default ``trainer.total_training_steps=null`` was ``Incompatible value 'None' for field of type 'int'``."""
     with pytest.raises(ConfigError, match=r"Incompatible value 'None'.*; verl's null .*give a step count >= 1"):
         load_config(None, ["trainer.total_training_steps=null"])
+
+
+def test_hydra_plus_prefixes_read_as_plain_overrides():
+    """verl command lines add a key their YAML lacks with Hydra's ``+key=value`` (``++``: add or override); here every
+    key is in the schema or inside a mapping, so both read as ``key=value``; an unknown key still names the closest
+    one and the override as typed."""
+    cfg = load_config(None, ["+trainer.seed=3", "++actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=4"])
+    assert (cfg.trainer.seed, cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"]) == (3, {"max_num_seqs": 4})
+    with pytest.raises(ConfigError, match=r"^unknown config key 'trainer.sed' in override '\+trainer.sed=3'; did you "
+                                          r"mean 'trainer.seed'\?$"):
+        load_config(None, ["+trainer.sed=3"])
+    with pytest.raises(ConfigError, match=r"^override '\+=3' is not of the form key=value \(its key is empty\)$"):
+        load_config(None, ["+=3"])

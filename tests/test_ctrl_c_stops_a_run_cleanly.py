@@ -27,7 +27,7 @@ def _write_run_dir(run_dir, names=("config.yaml", "eval.csv", "metrics.csv", "pl
 
 
 def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path, monkeypatch):
-    def interrupted_run(self):
+    def interrupted_run(self, **_):
         _write_run_dir(tmp_path)
         raise RunInterrupted(_summary(tmp_path, last_checkpoint=f"{tmp_path}/checkpoints/global_step_3"))
 
@@ -44,7 +44,7 @@ def test_the_cli_prints_the_summary_and_one_line_and_exits_130(capsys, tmp_path,
 def test_the_saved_line_lists_what_the_run_directory_holds(capsys, tmp_path, monkeypatch, interrupted):
     """The Ctrl-C line was a fixed list that left plot.png out: both end lines list the files written (a folder such
     as tensorboard/ with a slash; checkpoints/ is named by the checkpoint), and nothing the run did not write."""
-    def run(self):
+    def run(self, **_):
         _write_run_dir(tmp_path, ("metrics.csv", "summary.json", "plot.png"))
         (tmp_path / "tensorboard").mkdir()
         if interrupted:
@@ -62,7 +62,7 @@ def test_the_saved_line_lists_what_the_run_directory_holds(capsys, tmp_path, mon
 
 
 def test_a_second_ctrl_c_aborts_with_one_line(capsys, monkeypatch):
-    def aborted_run(self):
+    def aborted_run(self, **_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Experiment, "run", aborted_run)

@@ -77,7 +77,8 @@ def test_own_data_and_custom_reward_file_train_end_to_end(shared_replica, tmp_pa
     """Session 31: a user's own rows (``data_source: my_sum``, no reward registered for it) and reward file
     (``custom_reward_function.path``, given relative to the working directory) through a real run: the Ray actors
     load the file (the path travels absolute), a string extra (verl's ``"pred"``) fails nothing, a numeric one is a
-    ``reward/<key>`` metric, and ``acc`` is what the held-out accuracy averages."""
+    ``reward/<key>`` metric, and ``acc`` is what the held-out accuracy averages. Session 32: the config's
+    ``reward_kwargs`` reach the function in the actors, and ``config.yaml`` holds the data files' absolute paths."""
     import csv
     import json
     from pathlib import Path
@@ -91,18 +92,23 @@ def test_own_data_and_custom_reward_file_train_end_to_end(shared_replica, tmp_pa
         (work / name).write_text("".join(json.dumps({**r, "data_source": "my_sum"}) + "\n" for r in rows))
     (work / "reward.py").write_text(
         "import re\n"
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
         "    nums = re.findall(r'-?\\d+', solution_str)\n"
         "    pred = nums[-1] if nums else ''\n"
-        "    return {'score': float(pred == str(ground_truth)), 'acc': pred == str(ground_truth), 'pred': pred}\n")
+        "    return {'score': float(pred == str(ground_truth)), 'acc': pred == str(ground_truth), 'pred': pred,\n"
+        "            'bonus': bonus}\n")
     monkeypatch.chdir(tmp_path)
     cfg = smoke_cfg()
     cfg.trainer.total_training_steps = 2
     cfg.data.train_files, cfg.data.val_files = "mytask/train.jsonl", "mytask/test.jsonl"
     cfg.custom_reward_function.path = "mytask/reward.py"
+    cfg.custom_reward_function.reward_kwargs = {"bonus": 0.25}  # verl's: bound in every actor that scores
     s = _run(cfg, shared_replica, tmp_path / "runs")
     assert s.steps == 2 and s.accounting["balanced"] and s.accounting["failed_total"] == 0, s.accounting
-    assert f"path: {work / 'reward.py'}" in (Path(s.run_dir) / "config.yaml").read_text()  # absolute for the actors
-    header = next(csv.reader(open(Path(s.run_dir) / "metrics.csv")))
-    assert "reward/acc" in header and "reward/pred" not in header, header
+    saved = (Path(s.run_dir) / "config.yaml").read_text()  # absolute for the actors, and to re-run from elsewhere
+    assert f"path: {work / 'reward.py'}" in saved and "bonus: 0.25" in saved, saved
+    assert f"train_files: {work / 'train.jsonl'}" in saved and f"val_files: {work / 'test.jsonl'}" in saved, saved
+    metrics = list(csv.DictReader(open(Path(s.run_dir) / "metrics.csv")))
+    assert "reward/acc" in metrics[0] and "reward/pred" not in metrics[0], metrics[0].keys()
+    assert [float(m["reward/bonus"]) for m in metrics] == [0.25, 0.25], metrics  # the kwarg reached the function
     assert s.evals and all(e["n"] == 8 for e in s.evals), s.evals  # the user's 8 held-out rows, none failed

@@ -139,9 +139,9 @@ def test_a_custom_reward_function_that_cannot_load_is_a_config_error(tmp_path, p
         load_custom_reward(str(tmp_path / path) if path else path, name)
 
 
-def _worker_outputs(tmp_path, model_dir, reward_source: str) -> list:
+def _worker_outputs(tmp_path, model_dir, reward_source: str, reward_kwargs: dict | None = None) -> list:
     """Two trajectories answering "42" to a ``my_task`` row, scored by an AgentLoopWorker with the reward file
-    ``reward_source`` as its ``custom_reward_function``."""
+    ``reward_source`` as its ``custom_reward_function`` (and ``reward_kwargs``)."""
     import asyncio
 
     from fake_replica import FakeAbortingReplica, FakePool
@@ -162,6 +162,7 @@ def _worker_outputs(tmp_path, model_dir, reward_source: str) -> list:
     cfg = ExperimentConfig()
     cfg.actor_rollout_ref.model.path = str(model_dir)
     cfg.custom_reward_function.path = str(tmp_path / "my_reward.py")
+    cfg.custom_reward_function.reward_kwargs = dict(reward_kwargs or {})
     row = {"agent_name": "test_answers_42", "data_source": "my_task", "prompt": [{"role": "user", "content": "6*7?"}],
            "reward_model": {"ground_truth": "42"}}
     try:

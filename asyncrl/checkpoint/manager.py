@@ -168,8 +168,8 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
             (the newest complete checkpoint among those run directories, if any, trained on ``source``).
         resume_from_path: a ``global_step_<N>`` directory.
         source: the training data (:func:`asyncrl.data.dataset.train_source`): ``auto`` passes over a checkpoint whose
-            data position names other data (a WARNING names it), since runs are named after the recipe, not the data:
-            two datasets under one recipe resumed each other's weights. ``None``, or a checkpoint that saved no
+            data position names other data (a WARNING names it), since two runs on other data can share a name (the
+            recipe's, a given ``trainer.experiment_name``, or two files of one name): they resumed each other's weights. ``None``, or a checkpoint that saved no
             source: not checked. ``resume_path`` is never checked (its data-order WARNING says what differs).
 
     Raises:

@@ -4,8 +4,10 @@ The file is named by the config (``custom_reward_function.path`` / ``.name``), n
 the rows are scored in Ray actors (the rollouter and its agent-loop workers) that never run the driver's code: the
 config travels to them, and each process loads the file itself (:func:`scorer`). :meth:`Experiment.preflight
 <asyncrl.experiment.Experiment.preflight>` loads it once before anything starts, so a missing file, an import error,
-a missing function or one that cannot take verl's four keywords is a ``config error`` there, not a failure of every
-sample in an actor. A relative path is resolved against the working directory, as verl does; :meth:`Experiment.start
+a missing function or one that cannot take verl's four keywords and the config's ``reward_kwargs`` is a ``config
+error`` there, not a failure of every sample in an actor. :func:`scorer` is the one place the function is loaded and
+bound to ``reward_kwargs``: the agent-loop workers (training and evaluation) and ``asyncrl sim``'s calibration all
+score through it. A relative path is resolved against the working directory, as verl does; :meth:`Experiment.start
 <asyncrl.experiment.Experiment.start>` makes it absolute in the driver (:func:`resolve_path`), so actors that run in
 another directory load the same file. What the function returns is checked per sample by
 :mod:`asyncrl.reward.result`.
@@ -19,7 +21,7 @@ import inspect
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
 """The keywords verl calls a ``custom_reward_function`` with, all four every time."""
@@ -42,11 +44,19 @@ def _resolved(file: Path) -> str:
     return "" if file.is_absolute() else f" (resolved against {os.getcwd()})"
 
 
-def _check_signature(fn: Callable, name: str, path: str) -> None:
-    """Refuse a function that verl's call ``fn(data_source=, solution_str=, ground_truth=, extra_info=)`` would fail
-    on (a ``**kwargs`` function takes it); the function is not called (made-up input may legitimately fail)."""
+def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional[dict] = None) -> None:
+    """Refuse a function that verl's call ``fn(data_source=, solution_str=, ground_truth=, extra_info=,
+    **reward_kwargs)`` would fail on (a ``**kwargs`` function takes it), and a ``reward_kwargs`` key named as one of
+    the four (verl's merge let it replace that argument on every row); the function is not called (made-up input may
+    legitimately fail)."""
     from asyncrl.config import ConfigError
 
+    reward_kwargs = reward_kwargs or {}
+    clash = [k for k in KEYWORDS if k in reward_kwargs]
+    if clash:
+        raise ConfigError(f"custom_reward_function.reward_kwargs.{clash[0]}: {clash[0]} is one of the four keywords "
+                          f"every row passes ({', '.join(KEYWORDS)}); a reward_kwargs key would replace the row's "
+                          "value on every call: give it another name")
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):  # every sample would score a coroutine
         raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name} is an async function; rows are scored "
                           "by a plain call: make it a plain def (run any async work inside it with asyncio.run)")
@@ -55,31 +65,49 @@ def _check_signature(fn: Callable, name: str, path: str) -> None:
     except (TypeError, ValueError):  # a builtin or C function without a signature: the call will tell
         return
     try:
-        sig.bind(**{k: None for k in KEYWORDS})
+        sig.bind(**{k: None for k in (*KEYWORDS, *reward_kwargs)})
+        return
     except TypeError as exc:
-        raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} cannot be called as verl calls it "
-                          f"({exc}): it must accept the keywords {', '.join(KEYWORDS)} (rename its parameters to "
-                          "these, or add **kwargs)") from None
+        problem = str(exc)
+    params = sig.parameters.values()
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    by_keyword = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    refused = [] if takes_any else [k for k in reward_kwargs if k not in by_keyword]
+    if refused:
+        keys = ", ".join(f"custom_reward_function.reward_kwargs.{k}" for k in refused)
+        raise ConfigError(f"{keys}: {path}:{name}{sig} takes no keyword {' or '.join(map(repr, refused))}, and every "
+                          f"call passes it (custom_reward_function.reward_kwargs={dict(reward_kwargs)!r}): add the "
+                          f"parameter{'s' if len(refused) > 1 else ''} (or **kwargs) to {name}, or drop the "
+                          f"key{'s' if len(refused) > 1 else ''}")
+    given = f" and the reward_kwargs {', '.join(reward_kwargs)}" if reward_kwargs else ""
+    raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} cannot be called as verl calls it "
+                      f"({problem}): it must accept the keywords {', '.join(KEYWORDS)}{given} (rename its parameters "
+                      "to these, or add **kwargs)")
 
 
-def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
-    """The function ``name`` of the Python file ``path``, wrapped to be called as verl calls it (by keyword).
+def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Optional[dict] = None) -> Scorer:
+    """The function ``name`` of the Python file ``path``, wrapped to be called as verl calls it (by keyword, with
+    ``reward_kwargs``).
 
     Args:
         path: a ``.py`` file (``~`` expanded; a relative path against the working directory); imported as a module of
             its own, once per call.
         name: the function's name in it; it must accept the keywords :data:`KEYWORDS` (checked, never called here).
+        reward_kwargs: ``custom_reward_function.reward_kwargs``: more keywords passed on every call (verl's
+            ``partial(raw_fn, **reward_kwargs)``); the function must accept each (checked with the four).
 
     Returns:
         ``fn(data_source, solution_str, ground_truth, extra_info=None)`` calling the file's function with
-        ``data_source=``, ``solution_str=``, ``ground_truth=``, ``extra_info=`` keywords; its ``reward_label``
-        (``custom reward <path>:<name>``) names it in :mod:`asyncrl.reward.result`'s messages.
+        ``data_source=``, ``solution_str=``, ``ground_truth=``, ``extra_info=`` and each ``reward_kwargs`` key as
+        keywords; its ``reward_label`` (``custom reward <path>:<name>``) names it in :mod:`asyncrl.reward.result`'s
+        messages.
 
     Raises:
         asyncrl.config.ConfigError: an empty path, no such file (a relative one: the directory it was resolved
             against), a directory, a file whose import raises (the exception's type and message), no attribute
-            ``name`` or one that is not callable (the message lists the file's functions), or a function that cannot
-            take the four keywords (its parameters and the four names).
+            ``name`` or one that is not callable (the message lists the file's functions), a function that cannot
+            take the four keywords (its parameters and the four names) or a ``reward_kwargs`` key (the key, the
+            function and its parameters), or a ``reward_kwargs`` key named as one of the four.
     """
     from asyncrl.config import ConfigError
 
@@ -113,10 +141,12 @@ def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
                 else f"sets {name} to {type(fn).__name__} {fn!r:.40}, not a function")
         raise ConfigError(f"custom_reward_function.name={name!r}: {path} {what} "
                           f"(its functions: {', '.join(funcs) or 'none'})")
-    _check_signature(fn, name, path)
+    _check_signature(fn, name, path, reward_kwargs)
+    extra = dict(reward_kwargs or {})
 
     def score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Union[float, dict]:
-        return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+        return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info,
+                  **extra)
 
     score.__qualname__ = score.__name__ = f"{name} ({path})"
     score.reward_label = f"custom reward {path}:{name}"  # type: ignore[attr-defined]
@@ -125,8 +155,8 @@ def load_custom_reward(path: str, name: str = "compute_score") -> Scorer:
 
 def scorer(config: Any) -> Scorer:
     """What scores a run's rows: the config's ``custom_reward_function`` when its ``path`` is set (loaded here, in the
-    calling process), else :func:`asyncrl.reward.compute_score` (the rule reward registered for each row's
-    ``data_source``).
+    calling process, bound to its ``reward_kwargs``), else :func:`asyncrl.reward.compute_score` (the rule reward
+    registered for each row's ``data_source``).
 
     Args:
         config: an :class:`~asyncrl.config.ExperimentConfig`.
@@ -139,4 +169,4 @@ def scorer(config: Any) -> Scorer:
         from asyncrl.reward import compute_score
 
         return compute_score
-    return load_custom_reward(custom.path, custom.name)
+    return load_custom_reward(custom.path, custom.name, custom.reward_kwargs)

@@ -43,6 +43,7 @@ from asyncrl.config import ExperimentConfig
 from asyncrl.cpu_affinity import pin_process
 from asyncrl.failures import RolloutStopped, raise_if_rollout_stopped
 from asyncrl.hybrid_engine import generate_round
+from asyncrl.logs import configure_logging
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, update_lag_metrics
 from asyncrl.sync.synchronizer import ParameterSynchronizer
@@ -79,16 +80,14 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
             the actor module in this process (:mod:`asyncrl.trainer.hybrid_rollout`; ``rollouter`` is then None).
         resume_dir: a ``global_step_<N>`` checkpoint to continue from (step ``N + 1`` is next).
         log_level: level of the ``asyncrl`` loggers in this actor (the driver's, so ``console``
-            lines show with ``--log-level INFO``).
+            lines show with ``--log-level INFO``); lines in :data:`asyncrl.logs.LOG_FORMAT`.
     """
 
     def __init__(self, config: ExperimentConfig, message_queue: Any, rollouter: Any, replicas: dict,
                  worker_options: Optional[list] = None, run_dir: Optional[str] = None,
                  resume_dir: Optional[str] = None, log_level: Optional[int] = None,
                  local_rollout: Optional[dict] = None):
-        if log_level is not None:
-            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-            logging.getLogger("asyncrl").setLevel(log_level)
+        configure_logging(log_level)  # as every worker of init_ray's job already is; also under a Ray started elsewhere
         torch.set_num_threads(config.trainer.torch_threads)
         pin_process(config.trainer.cpu_affinity, torch_threads=False)  # CPU runs: off the engine's cores
         self.cfg = config

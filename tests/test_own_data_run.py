@@ -1,0 +1,156 @@
+"""A run on the user's own rows (``data.train_files=...``), as verl users start one: named after the data, not the
+recipe (``arith_grpo_cpu__...`` trained on ``my_rows.jsonl`` said nothing of it), resumed by that name, and its
+``config.yaml`` holding absolute data paths so it re-runs from any directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config import load_config, to_yaml
+from asyncrl.config_data import resolve_data_paths
+from asyncrl.data.dataset import get_task_rows
+from asyncrl.recipes import arith_grpo_cpu, calc_tool_grpo_cpu, smoke_cpu
+
+
+def _rows_file(path: Path, n: int = 64) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = get_task_rows("arith", "train", n, 3)
+    path.write_text("".join(json.dumps({**r, "data_source": "my_sum"}) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("recipe, overrides, name", [
+    (arith_grpo_cpu, ["data.train_files=my_rows.jsonl"], "my_rows_grpo_cpu"),
+    (arith_grpo_cpu, ["data.train_files=[my_rows.jsonl,more.parquet]"], "my_rows_grpo_cpu"),  # the first file
+    (arith_grpo_cpu, ["data.train_files=~/data/gsm8k/train.parquet"], "gsm8k_grpo_cpu"),  # verl's layout: the dir
+    (arith_grpo_cpu, ["+data.train_files=my rows (v2).jsonl"], "my_rows_v2_grpo_cpu"),  # a directory name, a glob
+    (calc_tool_grpo_cpu, ["data.train_files=tools.jsonl"], "tools_grpo_cpu"),  # the task word, where it is
+    (smoke_cpu, ["data.train_files=my_rows.jsonl"], "my_rows_smoke_mode_d"),  # no task word: the data first
+    (arith_grpo_cpu, ["data.train_files=my_rows.jsonl", "trainer.experiment_name=mine"], "mine"),  # given: it wins
+    (arith_grpo_cpu, ["trainer.experiment_name=arith_grpo_cpu", "data.train_files=my_rows.jsonl"], "arith_grpo_cpu"),
+    (arith_grpo_cpu, ["data={train_files: my_rows.jsonl}", "trainer={experiment_name: mine}"], "mine"),
+    (arith_grpo_cpu, ["data.val_files=my_rows.jsonl"], "arith_grpo_cpu"),  # trains on the task's rows
+    (arith_grpo_cpu, ["data.train_files=null"], "arith_grpo_cpu"),
+])
+def test_a_run_on_its_own_data_is_named_after_the_train_file(recipe, overrides, name):
+    assert load_config(overrides=overrides, base=recipe()).trainer.experiment_name == name
+
+
+def test_a_yaml_file_names_the_run_as_overrides_do_and_a_run_directorys_config_keeps_its_name(tmp_path):
+    (tmp_path / "own.yaml").write_text("data:\n  train_files: my_rows.jsonl\n")
+    cfg = load_config(tmp_path / "own.yaml", base=arith_grpo_cpu())
+    assert cfg.trainer.experiment_name == "my_rows_grpo_cpu"
+    (tmp_path / "named.yaml").write_text("data:\n  train_files: my_rows.jsonl\ntrainer:\n  experiment_name: mine\n")
+    assert load_config(tmp_path / "named.yaml", base=arith_grpo_cpu()).trainer.experiment_name == "mine"
+    cfg.data.train_files = "other.jsonl"  # a saved config.yaml names the run itself: re-run, it keeps its name
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    assert load_config(tmp_path / "config.yaml").trainer.experiment_name == "my_rows_grpo_cpu"
+
+
+def test_dry_run_and_start_print_the_run_name_and_why(capsys, tmp_path, monkeypatch):
+    from asyncrl.cli import main
+    from asyncrl.experiment import Experiment
+
+    monkeypatch.chdir(tmp_path)
+    _rows_file(tmp_path / "my_rows.jsonl")
+    assert main(["train", "--dry-run", "data.train_files=my_rows.jsonl", "custom_reward_function.path=r.py"]) == 2
+    capsys.readouterr()
+    (tmp_path / "r.py").write_text("def compute_score(**kw):\n    return 1.0\n")
+    argv = ["train", "data.train_files=my_rows.jsonl", "custom_reward_function.path=r.py"]
+    assert main(argv[:1] + ["--dry-run"] + argv[1:]) == 0
+    out, err = capsys.readouterr()
+    assert "experiment_name: my_rows_grpo_cpu\n" in out
+    assert ("run: runs/my_rows_grpo_cpu__0__<start time>/ (trainer.experiment_name=my_rows_grpo_cpu: named after "
+            "data.train_files, not the recipe's arith_grpo_cpu; trainer.experiment_name=... names it)") in err.splitlines()
+    assert main(argv[:1] + ["--dry-run"] + argv[1:] + ["trainer.experiment_name=mine"]) == 0
+    assert "run: runs/mine__0__<start time>/ (trainer.experiment_name=mine)" in capsys.readouterr().err.splitlines()
+
+    def start(self):  # a fake start: the actors are up (a real one takes ~1 min); then Ctrl-C
+        return self
+
+    def wait(self):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Experiment, "start", start)
+    monkeypatch.setattr(Experiment, "wait", wait)
+    monkeypatch.setattr(Experiment, "stop", lambda self: None)
+    assert main(argv) == 130
+    first = capsys.readouterr().err.splitlines()[0]  # once started: an error before the start stays its one line
+    assert first.startswith("run: runs/my_rows_grpo_cpu__0__2") and first.endswith(
+        "/ (trainer.experiment_name=my_rows_grpo_cpu: named after data.train_files, not the recipe's arith_grpo_cpu; "
+        "trainer.experiment_name=... names it)"), first
+
+
+def test_resume_mode_auto_finds_the_run_named_after_the_data(capsys, tmp_path, monkeypatch):
+    """``trainer.resume_mode=auto`` (the default) looks for ``<experiment_name>__<seed>__*``: the same command on the
+    same data derives the same name and resumes the run; a run of the recipe's name on that data is not this run's."""
+    from asyncrl.checkpoint import CheckpointManager
+    from asyncrl.cli import main
+    from asyncrl.data.dataset import train_source
+    from asyncrl.experiment import Experiment
+
+    monkeypatch.chdir(tmp_path)
+    _rows_file(tmp_path / "my_rows.jsonl")
+    overrides = ["data.train_files=my_rows.jsonl", "trainer.default_local_dir=runs"]
+    cfg = load_config(overrides=overrides, base=arith_grpo_cpu())
+
+    def checkpoint(run: str, step: int) -> Path:
+        def write(d):
+            (d / "rollouter_state.json").write_text(json.dumps({"position": {"source": train_source(cfg.data)}}))
+        return CheckpointManager(Path("runs") / run / "checkpoints").save(step, write)
+
+    assert Experiment(cfg).resume_from is None
+    ckpt = checkpoint("my_rows_grpo_cpu__0__20260101-000000", 3)
+    checkpoint("arith_grpo_cpu__0__20260102-000000", 5)  # the recipe's name: another run, though newer
+    exp = Experiment(load_config(overrides=overrides, base=arith_grpo_cpu()))
+    assert (exp.resume_from, exp.name) == (ckpt, "my_rows_grpo_cpu__0__20260101-000000")
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))  # the run directory's config.yaml resumes it too
+    assert Experiment(load_config(tmp_path / "config.yaml")).resume_from == ckpt
+    (tmp_path / "r.py").write_text("def compute_score(**kw):\n    return 1.0\n")
+    assert main(["train", "--dry-run", *overrides, "custom_reward_function.path=r.py"]) == 0
+    err = capsys.readouterr().err
+    assert f"would resume from {ckpt}" in err, err
+    assert f"run: runs/my_rows_grpo_cpu__0__20260101-000000/ (trainer.experiment_name=my_rows_grpo_cpu: named after " \
+           "data.train_files, not the recipe's arith_grpo_cpu; trainer.experiment_name=... names it); resuming " \
+           "global_step_3" in err.splitlines(), err
+
+
+def test_relative_data_paths_are_made_absolute_and_the_saved_config_reruns_from_another_directory(tmp_path,
+                                                                                                 monkeypatch):
+    """``config.yaml`` of a run directory kept ``data.train_files`` as typed (relative) while
+    ``custom_reward_function.path`` was made absolute: re-run from elsewhere, it read no data (or other data)."""
+    from asyncrl.experiment import Experiment
+    from asyncrl.reward.custom import resolve_path
+
+    work = tmp_path / "project"
+    _rows_file(work / "mytask" / "train.jsonl")
+    _rows_file(work / "mytask" / "test.jsonl", 8)
+    (work / "mytask" / "reward.py").write_text("def compute_score(**kw):\n    return 1.0\n")
+    monkeypatch.chdir(work)
+    cfg = load_config(overrides=["data.train_files=mytask/train.jsonl", "data.val_files=[./mytask/test.jsonl]",
+                                 "custom_reward_function.path=mytask/reward.py"])
+    resolve_data_paths(cfg.data)  # as Experiment.start does, beside resolve_path, before config.yaml is written
+    resolve_path(cfg)
+    assert (cfg.data.train_files, cfg.data.val_files) == (str(work / "mytask/train.jsonl"),
+                                                          str(work / "mytask/test.jsonl"))
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    again = load_config(tmp_path / "config.yaml")
+    train, val = Experiment(again).preflight()  # reads the rows and loads the reward as a run would
+    assert (len(train), len(val), again.trainer.experiment_name) == (64, 8, "mytask_grpo_cpu")
+
+
+def test_resolve_data_paths_takes_each_file_of_a_list_and_expands_home(tmp_path, monkeypatch):
+    from asyncrl.config import ExperimentConfig
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    data = ExperimentConfig().data
+    data.train_files, data.val_files = ["a.jsonl", "~/b.parquet", "/abs/c.jsonl"], None
+    resolve_data_paths(data)
+    assert (data.train_files, data.val_files) == (
+        [str(tmp_path / "a.jsonl"), str(tmp_path / "home" / "b.parquet"), "/abs/c.jsonl"], None)
