@@ -104,11 +104,14 @@ def _load_yaml(path: str | Path):
 
 
 def _parse_override(item: str):
-    """``key=value`` as a DictConfig; :class:`ConfigError` for a value that is not valid YAML."""
+    """``key=value`` as a DictConfig, its value read as Hydra reads it (:mod:`asyncrl.config_overrides`);
+    :class:`ConfigError` for a quoted or bracketed value that is not valid YAML."""
     import yaml
 
+    from asyncrl.config_overrides import parse_override
+
     try:
-        return OmegaConf.from_dotlist([item])
+        return parse_override(item)
     except yaml.YAMLError as exc:
         raise _yaml_problem(exc, f"the value of override {item!r}") from None
 
@@ -160,11 +163,21 @@ def load_config(
     except ValidationError as exc:  # what check_types lets through and OmegaConf does not take
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
+    defaults = copy.deepcopy(cfg)  # what ~key goes back to: the base's (a recipe's) value, else the schema's
     given: list = []  # what the YAML file and each override set: whether they name the run (trainer.experiment_name)
     if yaml_path is not None:
         given.append(_load_yaml(yaml_path))
         cfg = _merge(cfg, given[-1], str(yaml_path))
     for typed in overrides or []:
+        if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping emptied)
+            from asyncrl.config_overrides import reset_key
+
+            try:
+                reset_key(cfg, typed, defaults)
+            except KeyError as exc:
+                raise ConfigError(f"unknown config key {exc.args[0]!r} in override {typed!r}; "
+                                  f"{unknown_key_hint(exc.args[0])}") from None
+            continue
         # Hydra's +key=value (add a key) and ++key=value (add or override), as verl command lines set a key their
         # YAML lacks (+custom_reward_function.reward_kwargs.scale=2): every key here is in the schema or in a mapping
         item = typed.lstrip().lstrip("+") if typed.lstrip().startswith("+") else typed

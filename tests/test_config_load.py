@@ -111,3 +111,54 @@ def test_hydra_plus_prefixes_read_as_plain_overrides():
         load_config(None, ["+trainer.sed=3"])
     with pytest.raises(ConfigError, match=r"^override '\+=3' is not of the form key=value \(its key is empty\)$"):
         load_config(None, ["+=3"])
+
+
+@pytest.mark.parametrize("typed, value", [
+    ("'#### (\\d+)'", "#### (\\d+)"),  # a GSM8K answer marker: YAML read '#' as a comment, null
+    ("'x #y'", "x #y"), ("Answer:", "Answer:"), ("'a: b'", "a: b"), ("'- x'", "- x"),  # were 'x', {Answer: None}, ...
+    ("0123", "0123"), ("12:30", "12:30"), ("0x10", "0x10"),  # YAML 1.1: octal 83, base-60 750, hex 16
+    ("no", "no"), ("off", "off"), ("yes", "yes"), ("'hello world'", "hello world"),  # YAML 1.1: booleans
+    ("2", 2), ("-1", -1), ("1_000", 1000), ("1.5", 1.5), ("1e-3", 0.001), ("true", True), ("False", False),
+    ("null", None), ("\"'0123'\"", "0123"), ("[a,0123]", ["a", 83]), ("'{a: 1}'", {"a": 1}),
+])
+def test_an_override_value_reads_as_hydra_reads_it_not_as_yaml_1_1(typed, value, tmp_path):
+    """A fresh user's pass (session 32): ``reward_kwargs.v='#### (\\d+)'`` reached the reward as None and ``0123`` as
+    83, silently. Plain decimal numbers, true / false and null are read as such; other unquoted, unbracketed text is
+    the string as typed; quoted and bracketed values are YAML (inside brackets YAML's rules hold)."""
+    import shlex
+
+    from asyncrl.config import load_config
+
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, v=None):\n    return 0.0\n")
+    (item,) = shlex.split(f"custom_reward_function.reward_kwargs.v={typed}")  # as a shell hands it over
+    cfg = load_config(overrides=[f"custom_reward_function.path={reward}", item])
+    assert cfg.custom_reward_function.reward_kwargs == {"v": value}
+    assert type(cfg.custom_reward_function.reward_kwargs["v"]) is type(value)
+
+
+def test_tilde_key_resets_a_key_to_the_bases_value_and_empties_a_mapping(tmp_path):
+    """Hydra's ``~key``: ``key={c: 3}`` merges into a mapping (as Hydra does), so a saved run's config.yaml with
+    reward_kwargs could not be switched back to the rule reward from the command line (reward_kwargs without path
+    is refused): ``~custom_reward_function.reward_kwargs`` empties it; a scalar goes back to the recipe's value."""
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.recipes import longtail_grpo_cpu
+
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 0.0\n")
+    saved = tmp_path / "config.yaml"
+    saved.write_text(f"custom_reward_function:\n  path: {reward}\n  reward_kwargs: {{a: 1, b: 2}}\n")
+    assert load_config(saved, ["custom_reward_function.reward_kwargs={c: 3}"]).custom_reward_function.reward_kwargs == {
+        "a": 1, "b": 2, "c": 3}
+    with pytest.raises(ConfigError, match="is set without custom_reward_function.path"):
+        load_config(saved, ["custom_reward_function.path=null"])
+    rule = load_config(saved, ["custom_reward_function.path=null", "~custom_reward_function.reward_kwargs"])
+    assert (rule.custom_reward_function.path, rule.custom_reward_function.reward_kwargs) == (None, {})
+    assert load_config(saved, ["~custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs.c=3"]
+                       ).custom_reward_function.reward_kwargs == {"c": 3}
+    recipe = longtail_grpo_cpu()
+    back = load_config(base=recipe, overrides=["trainer.total_training_steps=7", "~trainer.total_training_steps"])
+    assert back.trainer.total_training_steps == recipe.trainer.total_training_steps != 7
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.total_trainig_steps' in override "
+                                          "'~trainer.total_trainig_steps'; did you mean 'trainer.total_training_steps'"):
+        load_config(overrides=["~trainer.total_trainig_steps"])
