@@ -247,7 +247,7 @@ class Experiment(LiveState):
     def wait(self, progress: Optional[bool] = None, poll_s: float = 1.0) -> Summary:
         """Block until training ends (a tqdm progress bar; in a terminal, actor and log lines print above it:
         :func:`asyncrl.progress.progress_bar`), then :meth:`finish`."""
-        from asyncrl.progress import progress_bar
+        from asyncrl.progress import draw_progress, progress_bar
 
         self._require_run("wait")
         show = self.config.trainer.progress_bar if progress is None else progress
@@ -258,13 +258,8 @@ class Experiment(LiveState):
                     while True:
                         ready, _ = ray.wait([self._fit_ref], timeout=poll_s)
                         st = ray.get(self.trainer.status.remote())
-                        bar.update(st["global_steps"] - done_steps)
-                        done_steps = st["global_steps"]
-                        last = st["history"][-1] if st["history"] else {}
                         evals = ray.get(self.rollouter.snapshot.remote())["eval_history"]
-                        bar.set_postfix(reward=f"{last.get('reward/mean', 0):.2f}",
-                                        lag=f"{last.get('staleness/lag_max', 0):.0f}",
-                                        acc=f"{evals[-1]['accuracy']:.2f}" if evals else "-")
+                        done_steps = draw_progress(bar, st, evals, done_steps)
                         if ready:
                             break
             except KeyboardInterrupt:  # Ctrl-C (Ray's own processes block SIGINT, so the actors live on); bar closed

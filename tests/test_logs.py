@@ -188,3 +188,27 @@ def test_a_real_ray_actors_log_line_has_the_level_word_and_the_logger_name():
     for level, text in (("WARNING", "a warning from an actor"), ("INFO", "an info from an actor")):
         assert any(line.startswith("(Probe pid=") and line.endswith(f" {level} asyncrl.rollouter: {text}")
                    for line in lines), out.stdout + out.stderr
+
+
+def test_the_bar_draws_a_steps_reward_beside_its_count_and_an_evaluation_between_steps():
+    """A fresh user's pass (session 32): ``1/2 ... reward=0.00`` while step 1's log line said 0.5156 (the count was
+    drawn before the values), and the bar's acc= kept step 0's evaluation until another step came."""
+    import io
+
+    from tqdm import tqdm
+
+    from asyncrl.progress import draw_progress
+
+    out = io.StringIO()
+    bar = tqdm(total=2, desc="run", file=out, mininterval=0, ascii=True)
+    step0 = {"step": 0, "reward/mean": 0.0}  # the trainer counts step 1 (global_steps) before its sync and its row
+    done = draw_progress(bar, {"global_steps": 1, "history": [step0]}, [{"accuracy": 0.35}], 0)
+    last = out.getvalue().split("\r")[-1]
+    assert done == 0 and "0/2" in last and "reward=0.00" in last, last  # was: 1/2 beside step 0's reward
+    step1 = {"step": 1, "reward/mean": 0.5156, "staleness/lag_max": 1}
+    done = draw_progress(bar, {"global_steps": 1, "history": [step0, step1]}, [{"accuracy": 0.35}], done)
+    last = out.getvalue().split("\r")[-1]
+    assert done == 1 and "1/2" in last and "reward=0.52" in last and "acc=0.35" in last, last
+    draw_progress(bar, {"global_steps": 1, "history": [step0, step1]}, [{"accuracy": 0.35}, {"accuracy": 0.5}], 1)
+    assert "acc=0.50" in out.getvalue().split("\r")[-1]  # no new step, a new evaluation: drawn
+    bar.close()
