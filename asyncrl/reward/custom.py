@@ -79,6 +79,16 @@ def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional
                           f"call passes it (custom_reward_function.reward_kwargs={dict(reward_kwargs)!r}): add the "
                           f"parameter{'s' if len(refused) > 1 else ''} (or **kwargs) to {name}, or drop the "
                           f"key{'s' if len(refused) > 1 else ''}")
+    accepts_four = takes_any or all(k in by_keyword for k in KEYWORDS)
+    unfilled = [p.name for p in params if p.default is p.empty and p.name not in (*KEYWORDS, *reward_kwargs)
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if accepts_four and unfilled:  # takes the four, and needs more than a row gives: reward_kwargs supplies it
+        more = " and ".join(map(repr, unfilled))
+        sets = " ".join(f"custom_reward_function.reward_kwargs.{k}=..." for k in unfilled)
+        raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} requires {more}, which no row "
+                          f"passes (each call passes {', '.join(KEYWORDS)} and the keys of "
+                          f"custom_reward_function.reward_kwargs): set {sets}, or give "
+                          f"{'it a default value' if len(unfilled) == 1 else 'them default values'} in {name}")
     given = f" and the reward_kwargs {', '.join(reward_kwargs)}" if reward_kwargs else ""
     raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} cannot be called as verl calls it "
                       f"({problem}): it must accept the keywords {', '.join(KEYWORDS)}{given} (rename its parameters "
@@ -106,8 +116,10 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
         asyncrl.config.ConfigError: an empty path, no such file (a relative one: the directory it was resolved
             against), a directory, a file whose import raises (the exception's type and message), no attribute
             ``name`` or one that is not callable (the message lists the file's functions), a function that cannot
-            take the four keywords (its parameters and the four names) or a ``reward_kwargs`` key (the key, the
-            function and its parameters), or a ``reward_kwargs`` key named as one of the four.
+            take the four keywords (its parameters and the four names), a function that takes them but requires
+            another argument no ``reward_kwargs`` key gives (the argument, to set as ``reward_kwargs`` or give a
+            default), a ``reward_kwargs`` key it cannot take (the key, the function and its parameters), or a
+            ``reward_kwargs`` key named as one of the four.
     """
     from asyncrl.config import ConfigError
 
