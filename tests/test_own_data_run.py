@@ -39,6 +39,22 @@ def test_a_run_on_its_own_data_is_named_after_the_train_file(recipe, overrides, 
     assert load_config(overrides=overrides, base=recipe()).trainer.experiment_name == name
 
 
+@pytest.mark.parametrize("recipe_name, task, train_files, name", [
+    ("my/recipe[1]", "arith", "rows.jsonl", "rows_my_recipe_1_"),  # a recipe (or YAML) name with refused characters
+    ("a*b_arith", "arith", "*.jsonl", "a_b_data"),  # a data name of glob characters only
+    ("", "", "../x/train.jsonl", "x"),  # the split file's directory; never empty
+    ("arith_grpo", "arith", "C:\\d\\r?.jsonl", "C_d_r_grpo"),
+])
+def test_a_name_derived_from_the_data_always_passes_the_experiment_name_check(recipe_name, task, train_files, name):
+    from asyncrl.config import validate
+    from asyncrl.config_data import data_experiment_name
+
+    assert data_experiment_name(recipe_name, task, train_files) == name
+    cfg = load_config()
+    cfg.trainer.experiment_name = name
+    validate(cfg)
+
+
 def test_a_yaml_file_names_the_run_as_overrides_do_and_a_run_directorys_config_keeps_its_name(tmp_path):
     (tmp_path / "own.yaml").write_text("data:\n  train_files: my_rows.jsonl\n")
     cfg = load_config(tmp_path / "own.yaml", base=arith_grpo_cpu())
