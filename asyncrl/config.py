@@ -24,7 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, Interpolation
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
                                       validate_sampling)
-from asyncrl.config_data import FILE_KEYS, data_experiment_name, validate_data_files
+from asyncrl.config_data import FILE_KEYS, RUN_NAME_REFUSED, data_experiment_name, validate_data_files
 from asyncrl.config_hints import (KEY_HINTS, NULL_HINTS, _base_hint, _closest, unknown_key_hint,  # noqa: F401
                                   valid_keys)
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
@@ -338,6 +338,11 @@ def validate(cfg: ExperimentConfig) -> None:
 
 def _validate_trainer(cfg: ExperimentConfig) -> None:
     tr = cfg.trainer
+    name = str(tr.experiment_name)
+    if not name.strip() or any(c in name for c in RUN_NAME_REFUSED):  # it names a directory, and resume_mode=auto globs it
+        raise ConfigError(f"trainer.experiment_name={tr.experiment_name!r}: the name of the run directories "
+                          f"(<trainer.default_local_dir>/<name>__<seed>__<time>) must be non-empty and must not "
+                          f"contain / or \\ or the glob characters * ? [ ]: use e.g. trainer.experiment_name=my_run")
     if tr.total_training_steps < 1:  # the fit loop would end before its first step and report zeros
         raise ConfigError(f"trainer.total_training_steps={tr.total_training_steps} would train nothing; use >= 1 "
                           "(trainer.total_time_s can end the run sooner)")

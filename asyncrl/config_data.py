@@ -112,6 +112,23 @@ def resolve_data_paths(data: Any) -> None:
             setattr(data, name, absolute(value))
 
 
+def resolve_run_paths(config: Any) -> None:
+    """Make every relative path of a run's config absolute against this process's working directory, in place:
+    ``data.train_files`` / ``data.val_files`` (:func:`resolve_data_paths`), ``custom_reward_function.path``
+    (:func:`asyncrl.reward.custom.resolve_path`) and ``trainer.default_local_dir`` (not ``~``-expanded: the directory
+    the run writes to stays the one it named). Called by :meth:`asyncrl.experiment.Experiment.start` before
+    ``config.yaml`` is written and the config reaches the actors, so the saved ``config.yaml`` re-runs from any
+    directory: it reads the same files, and writes (and ``trainer.resume_mode=auto`` looks for checkpoints) in the
+    same run directories."""
+    from asyncrl.reward.custom import resolve_path
+
+    resolve_data_paths(config.data)
+    resolve_path(config)
+    trainer = config.trainer
+    if str(trainer.default_local_dir).strip():
+        trainer.default_local_dir = str(Path(trainer.default_local_dir).absolute())
+
+
 SPLIT_NAMES = frozenset({"train", "training", "test", "val", "valid", "validation", "dev", "data", "dataset"})
 """File names that say the split, not the data (verl's layout: ``~/data/gsm8k/train.parquet``): such a file's data is
 named by its directory."""
@@ -128,17 +145,26 @@ def data_name(train_files: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "data"
 
 
+RUN_NAME_REFUSED = "/\\*?[]"
+"""Characters ``trainer.experiment_name`` may not hold: it names a directory (``/``, ``\\``), and
+``trainer.resume_mode=auto`` finds its runs by glob (``*?[]``)."""
+
+
 def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
     """``trainer.experiment_name`` for a run on the user's own rows (``data.train_files`` given, the name not): the
     recipe's name with its ``data.task`` word replaced by :func:`data_name` (``arith_grpo_cpu`` + ``my_rows.jsonl`` ->
     ``my_rows_grpo_cpu``; ``~/data/gsm8k/train.parquet`` -> ``gsm8k_grpo_cpu``), or ``<data name>_<recipe name>`` when
     the recipe's name does not hold the task (``smoke_mode_d`` -> ``my_rows_smoke_mode_d``). Runs are named
     ``{experiment_name}__{seed}__{time}``, and ``trainer.resume_mode=auto`` resumes the newest run of that name: runs on
-    other data no longer share the recipe's name."""
+    other data no longer share the recipe's name. Never empty, and each character of :data:`RUN_NAME_REFUSED` (in
+    the recipe's name) becomes ``_``, so it passes ``trainer.experiment_name``'s check."""
     data = data_name(train_files)
     words = recipe_name.split("_")
     task_words = task.split("_")
     for i in range(len(words) - len(task_words) + 1):
         if words[i:i + len(task_words)] == task_words:
-            return "_".join(words[:i] + [data] + words[i + len(task_words):])
-    return f"{data}_{recipe_name}"
+            name = "_".join(words[:i] + [data] + words[i + len(task_words):])
+            break
+    else:
+        name = f"{data}_{recipe_name}"
+    return "".join("_" if c in RUN_NAME_REFUSED else c for c in name)  # the recipe's name is not checked here

@@ -14,6 +14,7 @@ validators of their sections. Import the names from :mod:`asyncrl.config`.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import typing
@@ -22,6 +23,8 @@ from typing import Any, Optional
 
 from asyncrl.config_schema import ConfigError, ExperimentConfig
 from asyncrl.config_types import _get, _leaf_types
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,8 @@ def check_local_resources(cfg: ExperimentConfig) -> None:
     engines had started, as a traceback; session 30's fresh user): the model, tokenizer and critic directories exist
     and hold a model's ``config.json`` (tokenizer: its files), the CPU cores named by ``*.cpu_affinity`` exist here
     (a local Ray only: on a cluster the cores are the nodes'), and a ``wandb`` / ``tensorboard`` logger can start
-    (its package imports; ``wandb`` online has an API key).
+    (its package imports; ``wandb`` online has an API key). ``async_training.rollouter_cpu_affinity`` on the
+    engine's cores, or where it pins nothing, is a WARNING (:func:`asyncrl.cpu_affinity.glue_placement_warnings`).
 
     Raises:
         ConfigError: naming the key, the value and what to do.
@@ -381,7 +385,7 @@ def check_local_resources(cfg: ExperimentConfig) -> None:
         if not any((Path(path) / f).is_file() for f in needs):
             raise ConfigError(f"{key}={path!r} holds no {' or '.join(needs)}: not a Hugging Face model directory")
     if cfg.ray.address is None:
-        from asyncrl.cpu_affinity import parse_cores
+        from asyncrl.cpu_affinity import cores_text, parse_cores
 
         here = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)) if hasattr(os, "sched_getaffinity") else None
         for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
@@ -389,8 +393,12 @@ def check_local_resources(cfg: ExperimentConfig) -> None:
                           ("async_training.rollouter_cpu_affinity", cfg.async_training.rollouter_cpu_affinity)):
             missing = [c for c in parse_cores(spec) if c not in here] if spec and here is not None else []
             if missing:
-                raise ConfigError(f"{key}={spec!r}: CPU core(s) {missing} do not exist on this machine (cores "
-                                  f"{min(here)}-{max(here)})")
+                raise ConfigError(f"{key}={spec!r}: CPU core(s) {cores_text(missing)} do not exist on this machine "
+                                  f"(cores {min(here)}-{max(here)})")
+    from asyncrl.cpu_affinity import glue_placement_warnings
+
+    for note in glue_placement_warnings(cfg):  # accepted: the run goes on as it says
+        logger.warning("%s", note)
     loggers = list(cfg.trainer.logger or [])
     for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if name in loggers and importlib.util.find_spec(package) is None:

@@ -47,8 +47,42 @@ def parse_cores(spec: str) -> list[int]:
     return sorted(set(cores))
 
 
+def cores_text(cores: list[int], most: int = 8) -> str:
+    """A core list as a message shows it: ``[2, 3]``, or its first ``most`` and the count (``[2, 3, ..., 9, ...]
+    (98 in all)``) when longer (``0-99`` on a 2-core box listed 98 missing cores)."""
+    if len(cores) <= most:
+        return str(list(cores))
+    return f"[{', '.join(map(str, cores[:most]))}, ...] ({len(cores)} in all)"
+
+
+def glue_placement_warnings(cfg: "object") -> list[str]:
+    """What ``async_training.rollouter_cpu_affinity`` will do that the user may not mean (each a WARNING line, the
+    run goes on): nothing, when the rollout runs inside the trainer process (``actor_rollout_ref.hybrid_engine=True``
+    with the hf engine on CPU and no agent-loop workers: there is no rollouter actor to pin); the glue on the
+    engine's cores, when it shares cores with ``actor_rollout_ref.rollout.cpu_affinity``."""
+    from asyncrl.trainer.hybrid_rollout import in_process_rollout
+
+    spec = cfg.async_training.rollouter_cpu_affinity
+    if not spec:
+        return []
+    key = f"async_training.rollouter_cpu_affinity={spec!r}"
+    if in_process_rollout(cfg):
+        return [f"{key} has no effect: with actor_rollout_ref.hybrid_engine=True and the hf engine on CPU the rollout "
+                "runs inside the trainer process (no rollouter actor, no agent-loop workers to pin), on "
+                "trainer.cpu_affinity's cores; drop the key"]
+    rollout = cfg.actor_rollout_ref.rollout.cpu_affinity
+    shared = sorted(set(parse_cores(spec)) & set(parse_cores(rollout))) if rollout else []
+    if shared:
+        return [f"{key} shares core(s) {cores_text(shared)} with actor_rollout_ref.rollout.cpu_affinity={rollout!r}: "
+                "the glue (rollouter, agent-loop workers, queue) takes time from the engine's decode threads there, "
+                "stretching every decode step; put it on the trainer's cores (trainer.cpu_affinity) instead"]
+    return []
+
+
 def pin_process(spec: str, torch_threads: bool = True) -> list[int]:
-    """Restrict this process to the cores in ``spec`` (and torch's intra-op threads to their number).
+    """Restrict the calling thread, and the threads it starts from now on, to the cores in ``spec`` (and torch's
+    intra-op threads to their number). Threads already running (Ray's, in an actor) keep floating:
+    :func:`pin_threads` pins those too.
 
     Returns:
         The cores now allowed (all of them when ``spec`` is empty or pinning is unsupported).
@@ -62,13 +96,14 @@ def pin_process(spec: str, torch_threads: bool = True) -> list[int]:
     available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
     missing = [c for c in cores if c not in available]
     if missing:
-        raise ValueError(f"CPU cores {missing} of affinity {spec!r} do not exist (this machine has {os.cpu_count()})")
+        raise ValueError(f"CPU cores {cores_text(missing)} of affinity {spec!r} do not exist (this machine has "
+                         f"{os.cpu_count()})")
     os.sched_setaffinity(0, cores)
     if torch_threads:
         import torch
 
         torch.set_num_threads(len(cores))
-    logger.info("pinned pid %d to cores %s", os.getpid(), cores)
+    logger.info("pinned pid %d's calling thread and the threads it starts to cores %s", os.getpid(), cores)
     return cores
 
 
@@ -92,7 +127,8 @@ def pin_threads(spec: str) -> list[int]:
     available = set(range(os.cpu_count() or 1))
     missing = [c for c in cores if c not in available]
     if missing:
-        raise ValueError(f"CPU cores {missing} of affinity {spec!r} do not exist (this machine has {os.cpu_count()})")
+        raise ValueError(f"CPU cores {cores_text(missing)} of affinity {spec!r} do not exist (this machine has "
+                         f"{os.cpu_count()})")
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)

@@ -131,8 +131,7 @@ class Experiment(LiveState):
         from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
         from asyncrl.config import validate
-        from asyncrl.config_data import resolve_data_paths
-        from asyncrl.reward.custom import resolve_path
+        from asyncrl.config_data import resolve_run_paths
 
         if self._phase != "new":
             raise RuntimeError(f"Experiment {self.name} was already started{' and stopped' if self._phase == 'stopped' else ''}:"
@@ -145,9 +144,8 @@ class Experiment(LiveState):
         self.t_start = time.time()
         train, val = self.preflight()
         # relative paths made absolute before config.yaml is written and the config reaches the actors: the run
-        # directory's config.yaml re-runs from any directory
-        resolve_path(cfg)  # custom_reward_function.path
-        resolve_data_paths(cfg.data)  # data.train_files, data.val_files
+        # directory's config.yaml re-runs from any directory (data, reward file, trainer.default_local_dir)
+        resolve_run_paths(cfg)
         for note in (no_held_out(self.config.data), no_train_files(self.config.data)):  # once, before anything
             if note:  # starts (--dry-run prints them; the summary repeats the first)
                 logger.warning("%s", note)

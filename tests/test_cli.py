@@ -155,6 +155,27 @@ def test_dry_run_refuses_a_reward_function_verl_could_not_call_and_a_name_withou
                                       "file that defines my_fn, or drop the name")
 
 
+def test_a_reward_files_import_side_effects_leave_dry_runs_yaml_and_exit_status_alone(capsys, tmp_path, monkeypatch):
+    """A ``print`` at a reward file's import went to stdout, so ``asyncrl train --dry-run ... > resolved.yaml`` was no
+    longer YAML; a ``raise SystemExit(0)`` at import ended ``--dry-run`` with status 0 and no output."""
+    from asyncrl.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "noisy.py").write_text("print('loading my reward')\n"
+                                       "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                                       "    return 1.0\n")
+    assert main(["train", "--dry-run", "custom_reward_function.path=noisy.py"]) == 0
+    out, err = capsys.readouterr()
+    assert "loading my reward" in err and "loading my reward" not in out
+    (tmp_path / "resolved.yaml").write_text(out)
+    assert load_config(tmp_path / "resolved.yaml").custom_reward_function.path == "noisy.py"
+    (tmp_path / "script.py").write_text("import sys\nsys.exit(0)\n")
+    code, err = run_cli(capsys, "train", "--dry-run", "custom_reward_function.path=script.py")
+    assert (code, err.strip()) == (2, "config error: custom_reward_function.path='script.py' failed to import: "
+                                      "SystemExit: 0 (the file is imported, not run as a script: move that code "
+                                      "under if __name__ == '__main__':)")
+
+
 def test_dataset_error_in_a_subprocess_has_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", f"data.train_files={tmp_path / 'x.parquet'}"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)

@@ -395,3 +395,21 @@ def test_every_recipe_and_example_validates():
     assert examples
     for path in examples:
         load_config(path)
+
+
+@pytest.mark.parametrize("name", ["a/b", "../escape", "a\\b", "a*b", "run?", "x[1]", "", "  "])
+def test_an_experiment_name_that_breaks_run_directories_is_refused(name):
+    """``trainer.experiment_name=a/b`` made runs under ``runs/a/``, ``../escape`` outside ``runs``, ``a*b`` a glob that
+    ``resume_mode=auto`` matched against other runs, and ``''`` runs named ``__0__<time>``."""
+    from asyncrl.config import validate
+
+    cfg = ExperimentConfig()
+    cfg.trainer.experiment_name = name
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert str(info.value) == (
+        f"trainer.experiment_name={name!r}: the name of the run directories (<trainer.default_local_dir>/"
+        "<name>__<seed>__<time>) must be non-empty and must not contain / or \\ or the glob characters * ? [ ]: use "
+        "e.g. trainer.experiment_name=my_run")
+    cfg.trainer.experiment_name = "my-run.v2_x"
+    validate(cfg)

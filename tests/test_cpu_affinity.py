@@ -51,6 +51,66 @@ def test_the_key_is_checked_like_the_other_core_lists():
     assert load_config().async_training.rollouter_cpu_affinity == ""  # the default pins nothing
 
 
+def test_pin_process_says_it_pins_the_calling_thread_not_the_whole_pid(caplog):
+    """It logged "pinned pid N to cores [...]" while the threads started before it kept floating."""
+    import logging
+
+    from asyncrl.cpu_affinity import pin_process
+
+    here = sorted(os.sched_getaffinity(0))  # pinned to the cores it has: nothing moves
+    with caplog.at_level(logging.INFO, logger="asyncrl.cpu_affinity"):
+        assert pin_process(",".join(map(str, here)), torch_threads=False) == here
+    assert caplog.messages == [f"pinned pid {os.getpid()}'s calling thread and the threads it starts to cores {here}"]
+
+
+def test_a_long_list_of_missing_cores_is_cut_to_eight_and_counted():
+    """``async_training.rollouter_cpu_affinity=0-99`` on a 2-core box listed all 98 missing cores."""
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.config_ranges import check_local_resources
+    from asyncrl.cpu_affinity import pin_process, pin_threads
+
+    listed = "[4096, 4097, 4098, 4099, 4100, 4101, 4102, 4103, ...] (104 in all)"
+    with pytest.raises(ConfigError) as info:
+        check_local_resources(load_config(overrides=["async_training.rollouter_cpu_affinity=4096-4199"]))
+    assert f"CPU core(s) {listed} do not exist on this machine" in str(info.value), info.value
+    for pin in (pin_threads, pin_process):
+        with pytest.raises(ValueError) as info:
+            pin("4096-4199")
+        assert str(info.value).startswith(f"CPU cores {listed} of affinity '4096-4199' do not exist"), info.value
+
+
+def test_glue_on_the_engines_cores_or_with_no_rollouter_is_a_warning_not_an_error(caplog):
+    """``rollouter_cpu_affinity`` overlapping the rollout's cores, or set where the rollout runs inside the trainer
+    (hybrid_engine=True, the hf engine on CPU: no rollouter actor to pin), was accepted silently."""
+    import logging
+
+    from asyncrl.config import ExperimentConfig, load_config
+    from asyncrl.config_ranges import check_local_resources
+    from asyncrl.cpu_affinity import glue_placement_warnings
+
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.async_training.rollouter_cpu_affinity = "0-1", "1"
+    assert glue_placement_warnings(cfg) == [
+        "async_training.rollouter_cpu_affinity='1' shares core(s) [1] with actor_rollout_ref.rollout.cpu_affinity="
+        "'0-1': the glue (rollouter, agent-loop workers, queue) takes time from the engine's decode threads there, "
+        "stretching every decode step; put it on the trainer's cores (trainer.cpu_affinity) instead"]
+    cfg.actor_rollout_ref.rollout.cpu_affinity = "0"
+    assert glue_placement_warnings(cfg) == []  # beside the engine: the intended placement
+    arr = cfg.actor_rollout_ref
+    arr.hybrid_engine, arr.rollout.name, arr.actor.strategy, arr.rollout.agent.num_workers = True, "hf", "cpu", 0
+    assert glue_placement_warnings(cfg) == [
+        "async_training.rollouter_cpu_affinity='1' has no effect: with actor_rollout_ref.hybrid_engine=True and the hf "
+        "engine on CPU the rollout runs inside the trainer process (no rollouter actor, no agent-loop workers to "
+        "pin), on trainer.cpu_affinity's cores; drop the key"]
+    cfg.async_training.rollouter_cpu_affinity = ""
+    assert glue_placement_warnings(cfg) == []
+    with caplog.at_level(logging.WARNING, logger="asyncrl.config_ranges"):  # what --dry-run and a start check
+        check_local_resources(load_config(overrides=["actor_rollout_ref.rollout.cpu_affinity=0",
+                                                     "async_training.rollouter_cpu_affinity=0"]))
+    assert [r.getMessage()[:61] for r in caplog.records] == [
+        "async_training.rollouter_cpu_affinity='0' shares core(s) [0] "]
+
+
 def test_pin_actors_moves_every_thread_of_a_ray_actor(ray_session):
     """The rollouter, queue and agent-loop workers are pinned from outside, through Ray's ``__ray_call__``."""
     import ray

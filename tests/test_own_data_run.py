@@ -39,6 +39,22 @@ def test_a_run_on_its_own_data_is_named_after_the_train_file(recipe, overrides, 
     assert load_config(overrides=overrides, base=recipe()).trainer.experiment_name == name
 
 
+@pytest.mark.parametrize("recipe_name, task, train_files, name", [
+    ("my/recipe[1]", "arith", "rows.jsonl", "rows_my_recipe_1_"),  # a recipe (or YAML) name with refused characters
+    ("a*b_arith", "arith", "*.jsonl", "a_b_data"),  # a data name of glob characters only
+    ("", "", "../x/train.jsonl", "x"),  # the split file's directory; never empty
+    ("arith_grpo", "arith", "C:\\d\\r?.jsonl", "C_d_r_grpo"),
+])
+def test_a_name_derived_from_the_data_always_passes_the_experiment_name_check(recipe_name, task, train_files, name):
+    from asyncrl.config import validate
+    from asyncrl.config_data import data_experiment_name
+
+    assert data_experiment_name(recipe_name, task, train_files) == name
+    cfg = load_config()
+    cfg.trainer.experiment_name = name
+    validate(cfg)
+
+
 def test_a_yaml_file_names_the_run_as_overrides_do_and_a_run_directorys_config_keeps_its_name(tmp_path):
     (tmp_path / "own.yaml").write_text("data:\n  train_files: my_rows.jsonl\n")
     cfg = load_config(tmp_path / "own.yaml", base=arith_grpo_cpu())
@@ -119,10 +135,11 @@ def test_resume_mode_auto_finds_the_run_named_after_the_data(capsys, tmp_path, m
 
 def test_relative_data_paths_are_made_absolute_and_the_saved_config_reruns_from_another_directory(tmp_path,
                                                                                                  monkeypatch):
-    """``config.yaml`` of a run directory kept ``data.train_files`` as typed (relative) while
-    ``custom_reward_function.path`` was made absolute: re-run from elsewhere, it read no data (or other data)."""
+    """``config.yaml`` of a run directory kept ``data.train_files`` (and ``trainer.default_local_dir``) as typed
+    (relative) while ``custom_reward_function.path`` was made absolute: re-run from elsewhere, it read no data (or
+    other data), and wrote to ``<elsewhere>/runs`` where ``resume_mode=auto`` found none of the run's checkpoints."""
+    from asyncrl.config_data import resolve_run_paths
     from asyncrl.experiment import Experiment
-    from asyncrl.reward.custom import resolve_path
 
     work = tmp_path / "project"
     _rows_file(work / "mytask" / "train.jsonl")
@@ -131,10 +148,12 @@ def test_relative_data_paths_are_made_absolute_and_the_saved_config_reruns_from_
     monkeypatch.chdir(work)
     cfg = load_config(overrides=["data.train_files=mytask/train.jsonl", "data.val_files=[./mytask/test.jsonl]",
                                  "custom_reward_function.path=mytask/reward.py"])
-    resolve_data_paths(cfg.data)  # as Experiment.start does, beside resolve_path, before config.yaml is written
-    resolve_path(cfg)
+    before = Experiment(cfg).run_dir.absolute()
+    resolve_run_paths(cfg)  # as Experiment.start does, before config.yaml is written
     assert (cfg.data.train_files, cfg.data.val_files) == (str(work / "mytask/train.jsonl"),
                                                           str(work / "mytask/test.jsonl"))
+    assert cfg.trainer.default_local_dir == str(work / "runs")  # where the run writes, unchanged
+    assert Experiment(cfg).run_dir.parent == before.parent
     (tmp_path / "config.yaml").write_text(to_yaml(cfg))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -142,6 +161,7 @@ def test_relative_data_paths_are_made_absolute_and_the_saved_config_reruns_from_
     again = load_config(tmp_path / "config.yaml")
     train, val = Experiment(again).preflight()  # reads the rows and loads the reward as a run would
     assert (len(train), len(val), again.trainer.experiment_name) == (64, 8, "mytask_grpo_cpu")
+    assert again.trainer.default_local_dir == str(work / "runs")  # not <elsewhere>/runs
 
 
 def test_resolve_data_paths_takes_each_file_of_a_list_and_expands_home(tmp_path, monkeypatch):

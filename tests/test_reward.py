@@ -241,7 +241,6 @@ def test_a_rule_reward_is_checked_the_same_way_and_keeps_its_string_extras(monke
 
 @pytest.mark.parametrize("signature, ok", [
     ("solution, truth", False), ("data_source, solution_str, ground_truth", False),
-    ("data_source, solution_str, ground_truth, extra_info, tokenizer", False),
     ("**kwargs", True), ("data_source, solution_str, ground_truth, extra_info=None, *, scale=1", True),
     ("*, data_source, solution_str, **rest", True),
 ])

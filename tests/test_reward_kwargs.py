@@ -106,9 +106,18 @@ def test_a_reward_kwarg_the_function_cannot_take_is_a_config_error_naming_the_ke
     (tmp_path / "need.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, bonus):\n"
                                       "    return 1.0\n")  # a parameter without a default, given by reward_kwargs
     load_custom_reward(str(tmp_path / "need.py"), reward_kwargs={"bonus": 1})
-    with pytest.raises(ConfigError, match=r"^custom_reward_function.name='compute_score': .*need.py:compute_score\(.*\) "
-                                          r"cannot be called as verl calls it \(missing a required argument: 'bonus'\)"):
+    with pytest.raises(ConfigError) as info:
         load_custom_reward(str(tmp_path / "need.py"))
+    assert str(info.value) == (  # the fix is reward_kwargs or a default, not renaming it to one of verl's four
+        f"custom_reward_function.name='compute_score': {tmp_path}/need.py:compute_score(data_source, solution_str, "
+        "ground_truth, extra_info, bonus) requires 'bonus', which no row passes (each call passes data_source, "
+        "solution_str, ground_truth, extra_info and the keys of custom_reward_function.reward_kwargs): set "
+        "custom_reward_function.reward_kwargs.bonus=..., or give it a default value in compute_score")
+    (tmp_path / "two.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, *, tok, "
+                                     "n, m=1):\n    return 1.0\n")  # keyword-only ones too; reward_kwargs gives n
+    with pytest.raises(ConfigError, match=r"requires 'tok', which no row passes .*: set "
+                                          r"custom_reward_function.reward_kwargs.tok=\.\.\., or give it a default"):
+        load_custom_reward(str(tmp_path / "two.py"), reward_kwargs={"n": 2})
 
 
 def test_a_reward_kwarg_named_as_one_of_the_four_keywords_is_refused(tmp_path):

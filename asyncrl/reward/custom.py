@@ -15,6 +15,7 @@ another directory load the same file. What the function returns is checked per s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -79,6 +80,16 @@ def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional
                           f"call passes it (custom_reward_function.reward_kwargs={dict(reward_kwargs)!r}): add the "
                           f"parameter{'s' if len(refused) > 1 else ''} (or **kwargs) to {name}, or drop the "
                           f"key{'s' if len(refused) > 1 else ''}")
+    accepts_four = takes_any or all(k in by_keyword for k in KEYWORDS)
+    unfilled = [p.name for p in params if p.default is p.empty and p.name not in (*KEYWORDS, *reward_kwargs)
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if accepts_four and unfilled:  # takes the four, and needs more than a row gives: reward_kwargs supplies it
+        more = " and ".join(map(repr, unfilled))
+        sets = " ".join(f"custom_reward_function.reward_kwargs.{k}=..." for k in unfilled)
+        raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} requires {more}, which no row "
+                          f"passes (each call passes {', '.join(KEYWORDS)} and the keys of "
+                          f"custom_reward_function.reward_kwargs): set {sets}, or give "
+                          f"{'it a default value' if len(unfilled) == 1 else 'them default values'} in {name}")
     given = f" and the reward_kwargs {', '.join(reward_kwargs)}" if reward_kwargs else ""
     raise ConfigError(f"custom_reward_function.name={name!r}: {path}:{name}{sig} cannot be called as verl calls it "
                       f"({problem}): it must accept the keywords {', '.join(KEYWORDS)}{given} (rename its parameters "
@@ -91,7 +102,7 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
 
     Args:
         path: a ``.py`` file (``~`` expanded; a relative path against the working directory); imported as a module of
-            its own, once per call.
+            its own, once per call, with its output to stdout sent to stderr.
         name: the function's name in it; it must accept the keywords :data:`KEYWORDS` (checked, never called here).
         reward_kwargs: ``custom_reward_function.reward_kwargs``: more keywords passed on every call (verl's
             ``partial(raw_fn, **reward_kwargs)``); the function must accept each (checked with the four).
@@ -104,10 +115,13 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
 
     Raises:
         asyncrl.config.ConfigError: an empty path, no such file (a relative one: the directory it was resolved
-            against), a directory, a file whose import raises (the exception's type and message), no attribute
+            against), a directory, a file whose import raises (the exception's type and message; ``SystemExit`` too, ``KeyboardInterrupt``
+            propagates), no attribute
             ``name`` or one that is not callable (the message lists the file's functions), a function that cannot
-            take the four keywords (its parameters and the four names) or a ``reward_kwargs`` key (the key, the
-            function and its parameters), or a ``reward_kwargs`` key named as one of the four.
+            take the four keywords (its parameters and the four names), a function that takes them but requires
+            another argument no ``reward_kwargs`` key gives (the argument, to set as ``reward_kwargs`` or give a
+            default), a ``reward_kwargs`` key it cannot take (the key, the function and its parameters), or a
+            ``reward_kwargs`` key named as one of the four.
     """
     from asyncrl.config import ConfigError
 
@@ -128,12 +142,18 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
         raise ConfigError(f"{key}={path!r} cannot be imported as a Python module (a .py file)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up by name
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # the user's code: any error, named in one line
+    try:  # the user's code: its prints go to stderr (stdout may be `asyncrl train --dry-run`'s YAML, piped to a file)
+        with contextlib.redirect_stdout(sys.stderr):
+            spec.loader.exec_module(module)
+    except KeyboardInterrupt:
         sys.modules.pop(module_name, None)
+        raise
+    except BaseException as exc:  # any error, SystemExit too (it ended --dry-run with status 0 and no output)
+        sys.modules.pop(module_name, None)
+        hint = (" (the file is imported, not run as a script: move that code under if __name__ == '__main__':)"
+                if isinstance(exc, SystemExit) else "")
         raise ConfigError(f"{key}={path!r} failed to import: {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())[:200]}") from None
+                          f"{' '.join(str(exc).split())[:200]}{hint}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         funcs = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module_name)
