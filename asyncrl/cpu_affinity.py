@@ -60,7 +60,7 @@ def glue_placement_warnings(cfg: "object") -> list[str]:
     run goes on): nothing, when the rollout runs inside the trainer process (``actor_rollout_ref.hybrid_engine=True``
     with the hf engine on CPU and no agent-loop workers: there is no rollouter actor to pin); the glue on the
     engine's cores, when it shares cores with ``actor_rollout_ref.rollout.cpu_affinity``."""
-    from asyncrl.trainer.hybrid_rollout import in_process_rollout
+    from asyncrl.placement import in_process_rollout
 
     spec = cfg.async_training.rollouter_cpu_affinity
     if not spec:

@@ -262,3 +262,12 @@ class Placement:
             except Exception:  # pragma: no cover - already removed with the cluster
                 logger.debug("placement group removal failed", exc_info=True)
         self.pgs = {}
+
+
+def in_process_rollout(cfg: Any) -> bool:
+    """Whether this config runs the rollout inside the trainer process (:mod:`asyncrl.trainer.hybrid_rollout`):
+    colocated (``hybrid_engine``), the hf engine, the CPU trainer and no agent-loop worker processes (they could not
+    reach an engine inside the trainer)."""
+    arr = cfg.actor_rollout_ref
+    return bool(arr.hybrid_engine and arr.rollout.name == "hf" and arr.actor.strategy == "cpu"
+                and arr.rollout.agent.num_workers == 0)

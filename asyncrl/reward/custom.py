@@ -50,7 +50,7 @@ def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional
     **reward_kwargs)`` would fail on (a ``**kwargs`` function takes it), and a ``reward_kwargs`` key named as one of
     the four (verl's merge let it replace that argument on every row); the function is not called (made-up input may
     legitimately fail)."""
-    from asyncrl.config import ConfigError
+    from asyncrl.config_schema import ConfigError
 
     reward_kwargs = reward_kwargs or {}
     clash = [k for k in KEYWORDS if k in reward_kwargs]
@@ -123,7 +123,7 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
             default), a ``reward_kwargs`` key it cannot take (the key, the function and its parameters), or a
             ``reward_kwargs`` key named as one of the four.
     """
-    from asyncrl.config import ConfigError
+    from asyncrl.config_schema import ConfigError
 
     key = "custom_reward_function.path"
     if not str(path).strip():

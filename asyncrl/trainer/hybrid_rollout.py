@@ -36,6 +36,7 @@ from typing import Any, Optional
 import torch
 
 from asyncrl.compute_thread import run_compute
+from asyncrl.placement import in_process_rollout  # noqa: F401 - public here (the module's predicate)
 from asyncrl.rollout.hf_backend import HFEngine
 from asyncrl.rollout.hf_batch import ContinuousBatcher
 from asyncrl.rollout.hf_forward import StaticCacheLM
@@ -45,13 +46,6 @@ logger = logging.getLogger(__name__)
 
 SERVER_ID = "replica_0"
 """The in-process engine's name in the load balancer and the rollouter's replica map."""
-
-
-def in_process_rollout(cfg: Any) -> bool:
-    """Whether this config runs the rollout inside the trainer process (see the module docstring)."""
-    arr = cfg.actor_rollout_ref
-    return bool(arr.hybrid_engine and arr.rollout.name == "hf" and arr.actor.strategy == "cpu"
-                and arr.rollout.agent.num_workers == 0)  # agent-loop worker processes could not reach the engine
 
 
 def _fused_groups(layer: Any) -> list[list[Any]]:
