@@ -131,7 +131,7 @@ class Experiment(LiveState):
         from asyncrl.trainer.hybrid_rollout import QueueForward, RolloutForward, in_process_rollout
 
         from asyncrl.config import validate
-        from asyncrl.config_data import resolve_run_paths
+        from asyncrl.run_paths import resolve_run_paths
 
         if self._phase != "new":
             raise RuntimeError(f"Experiment {self.name} was already started{' and stopped' if self._phase == 'stopped' else ''}:"

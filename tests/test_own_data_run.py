@@ -138,7 +138,7 @@ def test_relative_data_paths_are_made_absolute_and_the_saved_config_reruns_from_
     """``config.yaml`` of a run directory kept ``data.train_files`` (and ``trainer.default_local_dir``) as typed
     (relative) while ``custom_reward_function.path`` was made absolute: re-run from elsewhere, it read no data (or
     other data), and wrote to ``<elsewhere>/runs`` where ``resume_mode=auto`` found none of the run's checkpoints."""
-    from asyncrl.config_data import resolve_run_paths
+    from asyncrl.run_paths import resolve_run_paths
     from asyncrl.experiment import Experiment
 
     work = tmp_path / "project"
