@@ -20,6 +20,7 @@ bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import sys
@@ -85,7 +86,7 @@ def _load_with_recipe(args: argparse.Namespace):
 
     yaml_path = None
     overrides = list(args.overrides)
-    if overrides and "=" not in overrides[0]:
+    if overrides and "=" not in overrides[0] and not overrides[0].lstrip().startswith("~"):  # ~key: an override
         yaml_path = overrides.pop(0)
         if not os.path.isfile(yaml_path):
             raise UserError("config", f"no config file {yaml_path!r} (overrides are key=value, e.g. "
@@ -184,9 +185,13 @@ def _dry_run(exp, recipe_name: str) -> int:
 
     from asyncrl.data.dataset import held_out_source, no_train_files
 
+    from asyncrl.run_paths import resolve_run_paths
+
     cfg = exp.config
     train, val = exp.preflight()
-    print(to_yaml(cfg), end="")
+    printed = copy.deepcopy(cfg)
+    resolve_run_paths(printed)  # as a run's config.yaml: re-runs from any directory
+    print(to_yaml(printed), end="")
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
     print(_run_line(exp, recipe_name, dry_run=True), file=sys.stderr)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, ValidationError
+from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, GrammarParseError, InterpolationResolutionError,
+                              ValidationError)
 
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
@@ -114,6 +115,9 @@ def _parse_override(item: str):
         return parse_override(item)
     except yaml.YAMLError as exc:
         raise _yaml_problem(exc, f"the value of override {item!r}") from None
+    except GrammarParseError:  # 'a${b': OmegaConf reads ${ as the start of an interpolation
+        raise ConfigError(f"the value of override {item!r} holds a '${{' that starts no complete interpolation such "
+                          "as ${oc.env:HOME}: close it, or write a literal $ before { as \\${") from None
 
 
 def load_config(
@@ -193,7 +197,7 @@ def load_config(
         cfg = _merge(cfg, given[-1], f"override {item!r}" if item == typed else f"override {typed!r}")
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
-    except (InterpolationResolutionError, ValidationError) as exc:
+    except (InterpolationResolutionError, GrammarParseError, ValidationError) as exc:
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r}: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     if _sets(given, "data.train_files") and not _sets(given, "trainer.experiment_name") and out.data.train_files:

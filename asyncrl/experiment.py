@@ -80,14 +80,15 @@ class Experiment(LiveState):
         from asyncrl.checkpoint import find_resume_checkpoint
 
         tr = self.config.trainer
-        self.resume_from = find_resume_checkpoint(tr.default_local_dir, tr.experiment_name, tr.seed, tr.resume_mode,
+        local_dir = Path(tr.default_local_dir).expanduser()  # ~/runs: the home's, not a directory named ~
+        self.resume_from = find_resume_checkpoint(str(local_dir), tr.experiment_name, tr.seed, tr.resume_mode,
                                                   tr.resume_from_path, source=train_source(self.config.data))
         if self.resume_from is not None:  # continue in the checkpoint's run directory
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name
         else:
             self.name = run_name(tr.experiment_name, tr.seed)
-            self.run_dir = Path(tr.default_local_dir) / self.name
+            self.run_dir = local_dir / self.name
         self._started_ray = False
         self.replicas: dict[str, Any] = {}
         self._external_replicas = list(replicas) if replicas else None

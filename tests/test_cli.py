@@ -168,7 +168,7 @@ def test_a_reward_files_import_side_effects_leave_dry_runs_yaml_and_exit_status_
     out, err = capsys.readouterr()
     assert "loading my reward" in err and "loading my reward" not in out
     (tmp_path / "resolved.yaml").write_text(out)
-    assert load_config(tmp_path / "resolved.yaml").custom_reward_function.path == "noisy.py"
+    assert load_config(tmp_path / "resolved.yaml").custom_reward_function.path == str(tmp_path / "noisy.py")  # absolute
     (tmp_path / "script.py").write_text("import sys\nsys.exit(0)\n")
     code, err = run_cli(capsys, "train", "--dry-run", "custom_reward_function.path=script.py")
     assert (code, err.strip()) == (2, "config error: custom_reward_function.path='script.py' failed to import: "
@@ -281,7 +281,9 @@ def test_train_dry_run_checks_and_prints_the_config_and_starts_nothing(capsys, t
     out, err = capsys.readouterr()
     saved = tmp_path / "resolved.yaml"
     saved.write_text(out)
-    assert load_config(saved) == load_config(None, ["trainer.total_training_steps=3"], base=arith_grpo_cpu())
+    expected = load_config(None, ["trainer.total_training_steps=3"], base=arith_grpo_cpu())
+    expected.trainer.default_local_dir = str(Path(expected.trainer.default_local_dir).absolute())  # as a run's config.yaml
+    assert load_config(saved) == expected
     assert "config ok" in err and "nothing started" in err
     assert main(["train", str(saved), "--cfg", "job"]) == 0
     capsys.readouterr()

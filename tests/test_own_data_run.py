@@ -174,3 +174,26 @@ def test_resolve_data_paths_takes_each_file_of_a_list_and_expands_home(tmp_path,
     resolve_data_paths(data)
     assert (data.train_files, data.val_files) == (
         [str(tmp_path / "a.jsonl"), str(tmp_path / "home" / "b.parquet"), "/abs/c.jsonl"], None)
+
+
+def test_dry_run_prints_absolute_paths_takes_a_leading_tilde_key_and_expands_home_in_the_run_directory(
+        tmp_path, monkeypatch, capsys):
+    """A fresh user's re-check (session 32): ``--dry-run > resolved.yaml`` kept relative data / reward / run paths
+    (only a real run's config.yaml was absolute), so it did not re-run from another directory; a ``~key`` written
+    first after ``train`` was read as a config file's name; ``trainer.default_local_dir=~/runs`` (the shell does not
+    expand ~ after a dotted key) became ``<cwd>/~/runs``; an unclosed ``${`` was an OmegaConf traceback."""
+    import yaml
+
+    from asyncrl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code = main(["train", "--dry-run", "~trainer.total_training_steps", "trainer.default_local_dir=~/runs"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    assert printed["trainer"]["default_local_dir"] == str(tmp_path / "home" / "runs")
+    assert f"run: {tmp_path / 'home' / 'runs'}/" in err, err
+    assert main(["train", "--dry-run", "trainer.experiment_name=run${x"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a '${' that starts no complete interpolation" in err and "Traceback" not in err, err
