@@ -17,13 +17,15 @@ from test_e2e import _restore_checkpoint
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
-def _run(cfg, replica, tmp_path):
+def _run(cfg, replica, tmp_path, started=None):
     cfg.trainer.default_local_dir = str(tmp_path)
     cfg.trainer.progress_bar = False
     cfg.trainer.total_time_s = 0.0
     exp = Experiment(cfg, replicas=[replica])  # the trainer pushes its checkpoint into the replica first
     try:
         exp.start()
+        if started is not None:
+            started(exp)
         return exp.wait(progress=False)
     finally:
         exp.stop()
@@ -78,7 +80,8 @@ def test_own_data_and_custom_reward_file_train_end_to_end(shared_replica, tmp_pa
     (``custom_reward_function.path``, given relative to the working directory) through a real run: the Ray actors
     load the file (the path travels absolute), a string extra (verl's ``"pred"``) fails nothing, a numeric one is a
     ``reward/<key>`` metric, and ``acc`` is what the held-out accuracy averages. Session 32: the config's
-    ``reward_kwargs`` reach the function in the actors, and ``config.yaml`` holds the data files' absolute paths."""
+    ``reward_kwargs`` reach the function in the actors, ``config.yaml`` holds the data files' absolute paths, and
+    ``async_training.rollouter_cpu_affinity`` pins every thread of the rollouter and queue actors."""
     import csv
     import json
     from pathlib import Path
@@ -103,7 +106,23 @@ def test_own_data_and_custom_reward_file_train_end_to_end(shared_replica, tmp_pa
     cfg.data.train_files, cfg.data.val_files = "mytask/train.jsonl", "mytask/test.jsonl"
     cfg.custom_reward_function.path = "mytask/reward.py"
     cfg.custom_reward_function.reward_kwargs = {"bonus": 0.25}  # verl's: bound in every actor that scores
-    s = _run(cfg, shared_replica, tmp_path / "runs")
+    import os
+
+    import ray
+
+    glue = max(os.sched_getaffinity(0))  # session 32: the glue actors pinned, every thread of each
+    cfg.async_training.rollouter_cpu_affinity = str(glue)
+    pinned = {}
+
+    def threads_cores(_actor):
+        return sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")})
+
+    def started(exp):
+        pinned.update(zip(("rollouter", "queue"), ray.get([h.__ray_call__.remote(threads_cores)
+                                                           for h in (exp.rollouter, exp.mq.actor)])))
+
+    s = _run(cfg, shared_replica, tmp_path / "runs", started)
+    assert pinned == {"rollouter": [(glue,)], "queue": [(glue,)]}, pinned
     assert s.steps == 2 and s.accounting["balanced"] and s.accounting["failed_total"] == 0, s.accounting
     saved = (Path(s.run_dir) / "config.yaml").read_text()  # absolute for the actors, and to re-run from elsewhere
     assert f"path: {work / 'reward.py'}" in saved and "bonus: 0.25" in saved, saved
