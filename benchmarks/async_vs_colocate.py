@@ -10,7 +10,8 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   at most 32 groups in generation; ``d_s1_m32`` / ``d_s1_m48``: d_s1 with 32 / 48 decode seats, ``rollout.max_num_seqs``,
   each on a replica of its own; ``d_s1_p32`` / ``d_s1_p48`` / ``d_s1_p64``: the same seated oldest sample first,
   ``rollout.scheduling_policy=priority``; ``d_s1_keep`` / ``d_s1_keep_m48``: d_s1 / d_s1_m48 with
-  ``partial_rollout_mode=keep``), ``d_t2`` (two updates per sync): the replica on
+  ``partial_rollout_mode=keep``), ``d_t2`` (two updates per sync; ``d_s1_t2`` staleness 1 too, ``d_s1_t2_c16`` / ``d_s1_t2_c32``: with at most
+  16 / 32 groups in generation): the replica on
   core 0, the trainer and the glue (rollouter, queue: ``async_training.rollouter_cpu_affinity``; ``d_t2_float`` /
   ``d_s1_t2_float``: the glue floating) on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
@@ -142,6 +143,15 @@ MODES = {
     # fewer versions (the bound is in versions; session 23)
     "d_s1_t2": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
                 "async_training.trigger_parameter_sync_step": 2},
+    # d_s1_t2 with fewer prompt groups in generation at once: its staleness budget (128 groups, ~1,000 requests)
+    # let the CPU engine fall behind in most session-32 runs (200+ sequences an iteration, long responses outliving
+    # the bound); a group cap keeps the batch near where the engine kept up (43-103 sequences)
+    "d_s1_t2_c16": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                    "async_training.trigger_parameter_sync_step": 2,
+                    "actor_rollout_ref.rollout.concurrent_samples_per_replica": 16},
+    "d_s1_t2_c32": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                    "async_training.trigger_parameter_sync_step": 2,
+                    "actor_rollout_ref.rollout.concurrent_samples_per_replica": 32},
     # d_t2 / d_s1_t2 with the glue (rollouter, queue) left floating over both cores, as before session 32
     "d_t2_float": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
                    "async_training.trigger_parameter_sync_step": 2, "async_training.rollouter_cpu_affinity": "''"},
