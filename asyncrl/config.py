@@ -343,7 +343,7 @@ def validate(cfg: ExperimentConfig) -> None:
 def _validate_trainer(cfg: ExperimentConfig) -> None:
     tr = cfg.trainer
     name = str(tr.experiment_name)
-    if not name.strip() or any(c in name for c in RUN_NAME_REFUSED):  # it names a directory, and resume_mode=auto globs it
+    if not name.strip() or any(c in name for c in RUN_NAME_REFUSED):  # it names a directory; no glob characters
         raise ConfigError(f"trainer.experiment_name={tr.experiment_name!r}: the name of the run directories "
                           f"(<trainer.default_local_dir>/<name>__<seed>__<time>) must be non-empty and must not "
                           f"contain / or \\ or the glob characters * ? [ ]: use e.g. trainer.experiment_name=my_run")

@@ -121,7 +121,7 @@ def data_name(train_files: Any) -> str:
     """The name of a run's own data: the first ``data.train_files`` file's name without its suffix (``my_rows`` for
     ``my_rows.jsonl``), or its directory's when the file is named after its split (``gsm8k`` for
     ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters, digits,
-    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, and ``trainer.resume_mode=auto`` globs it)."""
+    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, typed in shells)."""
     first = Path(str(train_files if isinstance(train_files, (str, bytes)) or not train_files else train_files[0]))
     path = first.expanduser().absolute()
     name = path.stem if path.stem.lower() not in SPLIT_NAMES or not path.parent.name else path.parent.name
@@ -130,7 +130,8 @@ def data_name(train_files: Any) -> str:
 
 RUN_NAME_REFUSED = "/\\*?[]"
 """Characters ``trainer.experiment_name`` may not hold: it names a directory (``/``, ``\\``), and
-``trainer.resume_mode=auto`` finds its runs by glob (``*?[]``)."""
+a shell glob over run directories (``ls runs/<name>__*``) reads ``*?[]`` as patterns (``trainer.resume_mode=auto``
+no longer globs: :func:`asyncrl.run_names.run_name_pattern`)."""
 
 
 def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:

@@ -33,8 +33,9 @@ from asyncrl.cpu_affinity import pin_actors
 from asyncrl.data.dataset import no_held_out, no_train_files, train_source
 from asyncrl.experiment_status import LiveState
 from asyncrl.interrupts import RunInterrupted, SigintCounter
-from asyncrl.metrics import run_name, write_run_artifacts
+from asyncrl.metrics import write_run_artifacts
 from asyncrl.ray_start import init_ray
+from asyncrl.run_names import run_name
 from asyncrl.staleness import sample_budget
 from asyncrl.summary import Summary, TrainerError, held_out  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
