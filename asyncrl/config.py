@@ -347,6 +347,7 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.experiment_name={tr.experiment_name!r}: the name of the run directories "
                           f"(<trainer.default_local_dir>/<name>__<seed>__<time>) must be non-empty and must not "
                           f"contain / or \\ or the glob characters * ? [ ]: use e.g. trainer.experiment_name=my_run")
+    _check_run_name_length(tr)
     if tr.total_training_steps < 1:  # the fit loop would end before its first step and report zeros
         raise ConfigError(f"trainer.total_training_steps={tr.total_training_steps} would train nothing; use >= 1 "
                           "(trainer.total_time_s can end the run sooner)")
@@ -361,6 +362,25 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.resume_from_path={tr.resume_from_path!r} is read only with "
                           f"trainer.resume_mode=resume_path (it is {tr.resume_mode!r}): add that, or drop the path")
     # trainer.save_freq <= 0 means no checkpoints, as in verl (the trainer and Experiment save only when > 0)
+
+
+def _check_run_name_length(tr: Any) -> None:
+    """Refuse an ``experiment_name`` whose run directory name (``{name}__{seed}__{YYYYmmdd-HHMMSS}``) is longer than
+    the file system of ``trainer.default_local_dir`` takes in one name (:func:`asyncrl.run_names.name_max`, 255 bytes
+    on Linux and macOS): it failed with an OSError once the run had started (a derived name always fits 255:
+    :func:`asyncrl.config_data.data_experiment_name`)."""
+    from asyncrl.run_names import name_max, run_name_bytes
+
+    name = str(tr.experiment_name)
+    limit = name_max(tr.default_local_dir)
+    over = run_name_bytes(name, tr.seed) - limit
+    if over > 0:
+        n = len(name.encode("utf-8", "surrogateescape"))
+        shown = name if len(name) <= 40 else f"{name[:37]}..."
+        raise ConfigError(f"trainer.experiment_name={shown!r} is too long: {n} bytes, and its run directories "
+                          f"<name>__{tr.seed}__<YYYYmmdd-HHMMSS> would be named with {limit + over} bytes, {over} "
+                          f"over the file system's limit of {limit} bytes per file name (under "
+                          f"trainer.default_local_dir={tr.default_local_dir!r}): use a name of at most {n - over} bytes")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

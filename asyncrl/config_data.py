@@ -141,14 +141,31 @@ def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
     the recipe's name does not hold the task (``smoke_mode_d`` -> ``my_rows_smoke_mode_d``). Runs are named
     ``{experiment_name}__{seed}__{time}``, and ``trainer.resume_mode=auto`` resumes the newest run of that name: runs on
     other data no longer share the recipe's name. Never empty, and each character of :data:`RUN_NAME_REFUSED` (in
-    the recipe's name) becomes ``_``, so it passes ``trainer.experiment_name``'s check."""
+    the recipe's name) becomes ``_``, so it passes ``trainer.experiment_name``'s check.
+
+    At most :data:`asyncrl.run_names.DERIVED_NAME_MAX` (226) bytes, so its run directory name fits the 255 bytes a
+    file name may hold whatever the seed: a longer data name is cut, the recipe's words kept, and ends in ``-`` and 8
+    hex digits of its SHA-1, so two long file names that begin alike still name two runs (``<first 208 characters>-
+    1a2b3c4d_grpo_cpu``). A recipe's name too long to leave room is not cut (``trainer.experiment_name``'s check
+    refuses it)."""
+    import hashlib
+
+    from asyncrl.run_names import DERIVED_NAME_MAX
+
     data = data_name(train_files)
     words = recipe_name.split("_")
     task_words = task.split("_")
     for i in range(len(words) - len(task_words) + 1):
         if words[i:i + len(task_words)] == task_words:
-            name = "_".join(words[:i] + [data] + words[i + len(task_words):])
+            before, after = "_".join(words[:i] + [""]), "_".join([""] + words[i + len(task_words):])
             break
     else:
-        name = f"{data}_{recipe_name}"
-    return "".join("_" if c in RUN_NAME_REFUSED else c for c in name)  # the recipe's name is not checked here
+        before, after = "", f"_{recipe_name}"
+    before, after = ("".join("_" if c in RUN_NAME_REFUSED else c for c in part)  # the recipe's name is not checked
+                     for part in (before, after))
+    room = DERIVED_NAME_MAX - len(f"{before}{after}".encode("utf-8", "surrogateescape"))
+    if len(data) > room:  # data_name is ASCII: one byte a character
+        digest = hashlib.sha1(data.encode()).hexdigest()[:8]
+        kept = data[:max(room - len(digest) - 1, 1)].rstrip("._-")
+        data = f"{kept}-{digest}" if kept else digest
+    return f"{before}{data}{after}"

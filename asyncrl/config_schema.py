@@ -295,7 +295,8 @@ class TrainerConfig:
     experiment_name: str = "arith_grpo_cpu"
     """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``. ``data.train_files`` set in a YAML file or an
     override without this key names it after the data (``my_rows_grpo_cpu``; :func:`asyncrl.config_data.
-    data_experiment_name`)."""
+    data_experiment_name`, cut to fit). The run directory's name must fit the file system's limit on one name (255
+    bytes on Linux and macOS: a name of up to 255 - 20 - the seed's digits bytes; checked when the config is loaded)."""
     default_local_dir: str = "runs"
     """Directory under which run artifacts are written."""
     seed: int = 0

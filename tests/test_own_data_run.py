@@ -55,6 +55,23 @@ def test_a_name_derived_from_the_data_always_passes_the_experiment_name_check(re
     validate(cfg)
 
 
+def test_a_name_derived_from_a_long_data_file_name_is_cut_to_fit_one_file_name(tmp_path):
+    """A data file name of 240 characters made ``<240 characters>_grpo_cpu``: its run directory name passed the 255
+    bytes a file name may hold. The data part is cut (the recipe's words kept) and ends in a digest of the whole."""
+    from asyncrl.config_data import data_experiment_name
+    from asyncrl.run_names import DERIVED_NAME_MAX, run_name
+
+    long_a, long_b = "r" * 240 + "_a.jsonl", "r" * 240 + "_b.jsonl"
+    cfg = load_config(overrides=[f"data.train_files={long_a}", f"trainer.default_local_dir={tmp_path}",
+                                 "trainer.seed=4294967295"], base=arith_grpo_cpu())
+    name = cfg.trainer.experiment_name
+    assert len(name) == DERIVED_NAME_MAX == 226 and name.startswith("r" * 208 + "-") and name.endswith("_grpo_cpu")
+    (tmp_path / run_name(name, cfg.trainer.seed)).mkdir()  # the file system takes it
+    assert name != data_experiment_name("arith_grpo_cpu", "arith", long_b)  # two long names that begin alike
+    assert data_experiment_name("smoke_mode_d", "arith", long_a).endswith("_smoke_mode_d")
+    assert data_experiment_name("arith_grpo_cpu", "arith", "r" * 217 + ".jsonl") == "r" * 217 + "_grpo_cpu"  # fits
+
+
 def test_a_yaml_file_names_the_run_as_overrides_do_and_a_run_directorys_config_keeps_its_name(tmp_path):
     (tmp_path / "own.yaml").write_text("data:\n  train_files: my_rows.jsonl\n")
     cfg = load_config(tmp_path / "own.yaml", base=arith_grpo_cpu())
