@@ -25,7 +25,8 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, GrammarParse
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
                                       validate_sampling)
-from asyncrl.config_data import FILE_KEYS, RUN_NAME_REFUSED, data_experiment_name, validate_data_files
+from asyncrl.config_data import (FILE_KEYS, RECIPE_MARK, RUN_NAME_REFUSED, mark_recipe_name, name_after_data,
+                                 validate_data_files)
 from asyncrl.config_hints import (KEY_HINTS, NULL_HINTS, _base_hint, _closest, unknown_key_hint,  # noqa: F401
                                   valid_keys)
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
@@ -136,7 +137,9 @@ def load_config(
         A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig). When the YAML file or the
         overrides set ``data.train_files`` and not ``trainer.experiment_name``, the run is named after the data
         (:func:`asyncrl.config_data.data_experiment_name`: ``arith_grpo_cpu`` on ``my_rows.jsonl`` is
-        ``my_rows_grpo_cpu``); a name they set wins.
+        ``my_rows_grpo_cpu``), as is a base recipe's on train files set by attribute; a name they set wins, and so
+        does one set on ``base`` after its recipe made it (:func:`asyncrl.config_data.name_after_data`). Unless a
+        name is given, it stays marked as the recipe's: train files set later by attribute rename the run again.
 
     Raises:
         ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type (on ``base``: of
@@ -200,9 +203,11 @@ def load_config(
     except (InterpolationResolutionError, GrammarParseError, ValidationError) as exc:
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r}: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
-    if _sets(given, "data.train_files") and not _sets(given, "trainer.experiment_name") and out.data.train_files:
-        out.trainer.experiment_name = data_experiment_name(out.trainer.experiment_name, out.data.task,
-                                                           out.data.train_files)
+    # named after the data from the recipe's name (config_data.name_after_data) unless a name is given: by the YAML
+    # file, an override, or set on the base after its recipe made it (no mark then)
+    start = base if base is not None else ExperimentConfig()
+    name_after_data(mark_recipe_name(out, None if _sets(given, "trainer.experiment_name")
+                                     else start.trainer.__dict__.get(RECIPE_MARK)))
     validate(out)
     return out
 

@@ -128,6 +128,41 @@ def data_name(train_files: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "data"
 
 
+RECIPE_MARK = "_recipe_name"
+"""Attribute of a :class:`~asyncrl.config.TrainerConfig` holding the name a recipe gave the run, while that name is
+not the user's (:func:`mark_recipe_name`, :func:`name_after_data`); assigning ``experiment_name`` removes it."""
+
+
+def mark_recipe_name(config: Any, name: Optional[str] = "") -> Any:
+    """Mark ``config.trainer.experiment_name`` (or ``name``; ``None`` unmarks) as the recipe's name, not one the user
+    chose, so :func:`name_after_data` may name the run after ``data.train_files``. Recipes (:mod:`asyncrl.recipes`)
+    mark what they return; :func:`asyncrl.config.load_config` marks its result as its YAML file and overrides say.
+    Returns ``config``."""
+    trainer = config.trainer
+    trainer.__dict__.pop(RECIPE_MARK, None)
+    if name is not None:
+        trainer.__dict__[RECIPE_MARK] = name or trainer.experiment_name
+    return config
+
+
+def name_after_data(config: Any) -> None:
+    """Name the run after its own data, in place, as the command line does: when ``trainer.experiment_name`` is still a
+    recipe's (:func:`mark_recipe_name`), it becomes :func:`data_experiment_name` of that recipe name and
+    ``data.train_files``, or the recipe's again without train files. A name the user set (``cfg.trainer.experiment_name
+    = ...`` after the recipe, the same name included; a YAML file's or an override's) is kept. So ``cfg =
+    arith_grpo_cpu(); cfg.data.train_files = "my_rows.jsonl"`` runs as ``my_rows_grpo_cpu``, as ``asyncrl train
+    data.train_files=my_rows.jsonl`` does, and neither shares (nor ``trainer.resume_mode=auto`` resumes) the recipe's
+    runs. Called by :func:`asyncrl.config.load_config` and :class:`asyncrl.experiment.Experiment`. A ``TrainerConfig``
+    built anew (``dataclasses.replace(cfg.trainer, ...)``) keeps a recipe's name other than the default as given."""
+    trainer = config.trainer
+    recipe = trainer.__dict__.get(RECIPE_MARK)
+    if recipe is None:
+        return
+    data = config.data
+    name = data_experiment_name(recipe, data.task, data.train_files) if data.train_files else recipe
+    object.__setattr__(trainer, "experiment_name", name)  # the library's name: the mark stays
+
+
 RUN_NAME_REFUSED = "/\\*?[]"
 """Characters ``trainer.experiment_name`` may not hold: it names a directory (``/``, ``\\``), and
 a shell glob over run directories (``ls runs/<name>__*``) reads ``*?[]`` as patterns (``trainer.resume_mode=auto``
