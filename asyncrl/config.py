@@ -25,7 +25,8 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, GrammarParse
 from asyncrl.config_algorithm import (ALGORITHM_CHOICES, ALGORITHM_HINTS, AlgorithmConfig, MultiTurnConfig,  # noqa: F401
                                       CustomRewardFunctionConfig, RewardModelConfig, validate_algorithm,
                                       validate_sampling)
-from asyncrl.config_data import FILE_KEYS, RUN_NAME_REFUSED, data_experiment_name, validate_data_files
+from asyncrl.config_data import (FILE_KEYS, RECIPE_MARK, RUN_NAME_REFUSED, mark_recipe_name, name_after_data,
+                                 validate_data_files)
 from asyncrl.config_hints import (KEY_HINTS, NULL_HINTS, _base_hint, _closest, unknown_key_hint,  # noqa: F401
                                   valid_keys)
 from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this module's API
@@ -136,7 +137,9 @@ def load_config(
         A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig). When the YAML file or the
         overrides set ``data.train_files`` and not ``trainer.experiment_name``, the run is named after the data
         (:func:`asyncrl.config_data.data_experiment_name`: ``arith_grpo_cpu`` on ``my_rows.jsonl`` is
-        ``my_rows_grpo_cpu``); a name they set wins.
+        ``my_rows_grpo_cpu``), as is a base recipe's on train files set by attribute; a name they set wins, and so
+        does one set on ``base`` after its recipe made it (:func:`asyncrl.config_data.name_after_data`). Unless a
+        name is given, it stays marked as the recipe's: train files set later by attribute rename the run again.
 
     Raises:
         ConfigError: for an unknown key (naming the closest valid one), a value of the wrong type (on ``base``: of
@@ -200,9 +203,11 @@ def load_config(
     except (InterpolationResolutionError, GrammarParseError, ValidationError) as exc:
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r}: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
-    if _sets(given, "data.train_files") and not _sets(given, "trainer.experiment_name") and out.data.train_files:
-        out.trainer.experiment_name = data_experiment_name(out.trainer.experiment_name, out.data.task,
-                                                           out.data.train_files)
+    # named after the data from the recipe's name (config_data.name_after_data) unless a name is given: by the YAML
+    # file, an override, or set on the base after its recipe made it (no mark then)
+    start = base if base is not None else ExperimentConfig()
+    name_after_data(mark_recipe_name(out, None if _sets(given, "trainer.experiment_name")
+                                     else start.trainer.__dict__.get(RECIPE_MARK)))
     validate(out)
     return out
 
@@ -343,10 +348,11 @@ def validate(cfg: ExperimentConfig) -> None:
 def _validate_trainer(cfg: ExperimentConfig) -> None:
     tr = cfg.trainer
     name = str(tr.experiment_name)
-    if not name.strip() or any(c in name for c in RUN_NAME_REFUSED):  # it names a directory, and resume_mode=auto globs it
+    if not name.strip() or any(c in name for c in RUN_NAME_REFUSED):  # it names a directory; no glob characters
         raise ConfigError(f"trainer.experiment_name={tr.experiment_name!r}: the name of the run directories "
                           f"(<trainer.default_local_dir>/<name>__<seed>__<time>) must be non-empty and must not "
                           f"contain / or \\ or the glob characters * ? [ ]: use e.g. trainer.experiment_name=my_run")
+    _check_run_name_length(tr)
     if tr.total_training_steps < 1:  # the fit loop would end before its first step and report zeros
         raise ConfigError(f"trainer.total_training_steps={tr.total_training_steps} would train nothing; use >= 1 "
                           "(trainer.total_time_s can end the run sooner)")
@@ -361,6 +367,25 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.resume_from_path={tr.resume_from_path!r} is read only with "
                           f"trainer.resume_mode=resume_path (it is {tr.resume_mode!r}): add that, or drop the path")
     # trainer.save_freq <= 0 means no checkpoints, as in verl (the trainer and Experiment save only when > 0)
+
+
+def _check_run_name_length(tr: Any) -> None:
+    """Refuse an ``experiment_name`` whose run directory name (``{name}__{seed}__{YYYYmmdd-HHMMSS}``) is longer than
+    the file system of ``trainer.default_local_dir`` takes in one name (:func:`asyncrl.run_names.name_max`, 255 bytes
+    on Linux and macOS): it failed with an OSError once the run had started (a derived name always fits 255:
+    :func:`asyncrl.config_data.data_experiment_name`)."""
+    from asyncrl.run_names import name_max, run_name_bytes
+
+    name = str(tr.experiment_name)
+    limit = name_max(tr.default_local_dir)
+    over = run_name_bytes(name, tr.seed) - limit
+    if over > 0:
+        n = len(name.encode("utf-8", "surrogateescape"))
+        shown = name if len(name) <= 40 else f"{name[:37]}..."
+        raise ConfigError(f"trainer.experiment_name={shown!r} is too long: {n} bytes, and its run directories "
+                          f"<name>__{tr.seed}__<YYYYmmdd-HHMMSS> would be named with {limit + over} bytes, {over} "
+                          f"over the file system's limit of {limit} bytes per file name (under "
+                          f"trainer.default_local_dir={tr.default_local_dir!r}): use a name of at most {n - over} bytes")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

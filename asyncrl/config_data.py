@@ -121,16 +121,52 @@ def data_name(train_files: Any) -> str:
     """The name of a run's own data: the first ``data.train_files`` file's name without its suffix (``my_rows`` for
     ``my_rows.jsonl``), or its directory's when the file is named after its split (``gsm8k`` for
     ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters, digits,
-    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, and ``trainer.resume_mode=auto`` globs it)."""
+    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, typed in shells)."""
     first = Path(str(train_files if isinstance(train_files, (str, bytes)) or not train_files else train_files[0]))
     path = first.expanduser().absolute()
     name = path.stem if path.stem.lower() not in SPLIT_NAMES or not path.parent.name else path.parent.name
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "data"
 
 
+RECIPE_MARK = "_recipe_name"
+"""Attribute of a :class:`~asyncrl.config.TrainerConfig` holding the name a recipe gave the run, while that name is
+not the user's (:func:`mark_recipe_name`, :func:`name_after_data`); assigning ``experiment_name`` removes it."""
+
+
+def mark_recipe_name(config: Any, name: Optional[str] = "") -> Any:
+    """Mark ``config.trainer.experiment_name`` (or ``name``; ``None`` unmarks) as the recipe's name, not one the user
+    chose, so :func:`name_after_data` may name the run after ``data.train_files``. Recipes (:mod:`asyncrl.recipes`)
+    mark what they return; :func:`asyncrl.config.load_config` marks its result as its YAML file and overrides say.
+    Returns ``config``."""
+    trainer = config.trainer
+    trainer.__dict__.pop(RECIPE_MARK, None)
+    if name is not None:
+        trainer.__dict__[RECIPE_MARK] = name or trainer.experiment_name
+    return config
+
+
+def name_after_data(config: Any) -> None:
+    """Name the run after its own data, in place, as the command line does: when ``trainer.experiment_name`` is still a
+    recipe's (:func:`mark_recipe_name`), it becomes :func:`data_experiment_name` of that recipe name and
+    ``data.train_files``, or the recipe's again without train files. A name the user set (``cfg.trainer.experiment_name
+    = ...`` after the recipe, the same name included; a YAML file's or an override's) is kept. So ``cfg =
+    arith_grpo_cpu(); cfg.data.train_files = "my_rows.jsonl"`` runs as ``my_rows_grpo_cpu``, as ``asyncrl train
+    data.train_files=my_rows.jsonl`` does, and neither shares (nor ``trainer.resume_mode=auto`` resumes) the recipe's
+    runs. Called by :func:`asyncrl.config.load_config` and :class:`asyncrl.experiment.Experiment`. A ``TrainerConfig``
+    built anew (``dataclasses.replace(cfg.trainer, ...)``) keeps a recipe's name other than the default as given."""
+    trainer = config.trainer
+    recipe = trainer.__dict__.get(RECIPE_MARK)
+    if recipe is None:
+        return
+    data = config.data
+    name = data_experiment_name(recipe, data.task, data.train_files) if data.train_files else recipe
+    object.__setattr__(trainer, "experiment_name", name)  # the library's name: the mark stays
+
+
 RUN_NAME_REFUSED = "/\\*?[]"
 """Characters ``trainer.experiment_name`` may not hold: it names a directory (``/``, ``\\``), and
-``trainer.resume_mode=auto`` finds its runs by glob (``*?[]``)."""
+a shell glob over run directories (``ls runs/<name>__*``) reads ``*?[]`` as patterns (``trainer.resume_mode=auto``
+no longer globs: :func:`asyncrl.run_names.run_name_pattern`)."""
 
 
 def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
@@ -140,14 +176,31 @@ def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
     the recipe's name does not hold the task (``smoke_mode_d`` -> ``my_rows_smoke_mode_d``). Runs are named
     ``{experiment_name}__{seed}__{time}``, and ``trainer.resume_mode=auto`` resumes the newest run of that name: runs on
     other data no longer share the recipe's name. Never empty, and each character of :data:`RUN_NAME_REFUSED` (in
-    the recipe's name) becomes ``_``, so it passes ``trainer.experiment_name``'s check."""
+    the recipe's name) becomes ``_``, so it passes ``trainer.experiment_name``'s check.
+
+    At most :data:`asyncrl.run_names.DERIVED_NAME_MAX` (226) bytes, so its run directory name fits the 255 bytes a
+    file name may hold whatever the seed: a longer data name is cut, the recipe's words kept, and ends in ``-`` and 8
+    hex digits of its SHA-1, so two long file names that begin alike still name two runs (``<first 208 characters>-
+    1a2b3c4d_grpo_cpu``). A recipe's name too long to leave room is not cut (``trainer.experiment_name``'s check
+    refuses it)."""
+    import hashlib
+
+    from asyncrl.run_names import DERIVED_NAME_MAX
+
     data = data_name(train_files)
     words = recipe_name.split("_")
     task_words = task.split("_")
     for i in range(len(words) - len(task_words) + 1):
         if words[i:i + len(task_words)] == task_words:
-            name = "_".join(words[:i] + [data] + words[i + len(task_words):])
+            before, after = "_".join(words[:i] + [""]), "_".join([""] + words[i + len(task_words):])
             break
     else:
-        name = f"{data}_{recipe_name}"
-    return "".join("_" if c in RUN_NAME_REFUSED else c for c in name)  # the recipe's name is not checked here
+        before, after = "", f"_{recipe_name}"
+    before, after = ("".join("_" if c in RUN_NAME_REFUSED else c for c in part)  # the recipe's name is not checked
+                     for part in (before, after))
+    room = DERIVED_NAME_MAX - len(f"{before}{after}".encode("utf-8", "surrogateescape"))
+    if len(data) > room:  # data_name is ASCII: one byte a character
+        digest = hashlib.sha1(data.encode()).hexdigest()[:8]
+        kept = data[:max(room - len(digest) - 1, 1)].rstrip("._-")
+        data = f"{kept}-{digest}" if kept else digest
+    return f"{before}{data}{after}"

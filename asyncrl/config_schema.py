@@ -12,7 +12,11 @@ from typing import Any, Optional
 
 from asyncrl.config_agent import AgentConfig, SandboxConfig
 from asyncrl.config_algorithm import AlgorithmConfig, CustomRewardFunctionConfig, MultiTurnConfig, RewardModelConfig
-from asyncrl.config_data import DataConfig, LengthWorkloadConfig, WordProblemsConfig  # noqa: F401 - re-exported
+from asyncrl.config_data import (RECIPE_MARK, DataConfig, LengthWorkloadConfig,  # noqa: F401 - re-exported
+                                 WordProblemsConfig)
+
+DEFAULT_EXPERIMENT_NAME = "arith_grpo_cpu"
+"""``trainer.experiment_name`` of ``ExperimentConfig()``: the default recipe's (:func:`asyncrl.recipes.arith_grpo_cpu`)."""
 
 MODEL_DIR = Path(__file__).resolve().parent / "models" / "tiny_qwen2_arith"
 
@@ -292,10 +296,12 @@ class TrainerConfig:
     """Run-group name used in artifact paths."""
     critic_warmup: int = 0
     """Trainer steps that update only the critic before the actor starts (``gae``; 0 = none)."""
-    experiment_name: str = "arith_grpo_cpu"
+    experiment_name: str = DEFAULT_EXPERIMENT_NAME
     """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``. ``data.train_files`` set in a YAML file or an
-    override without this key names it after the data (``my_rows_grpo_cpu``; :func:`asyncrl.config_data.
-    data_experiment_name`)."""
+    override without this key, or set on a recipe's config by attribute, names it after the data
+    (``my_rows_grpo_cpu``; :func:`asyncrl.config_data.name_after_data`, cut to fit). The run directory's name must fit
+    the file system's limit on one name (255 bytes on Linux and macOS: a name of up to 255 - 20 - the seed's digits
+    bytes; checked when the config is loaded)."""
     default_local_dir: str = "runs"
     """Directory under which run artifacts are written."""
     seed: int = 0
@@ -343,6 +349,15 @@ class TrainerConfig:
     watchdog_timeout_s: float = 300.0
     """Seconds without a completed trainer step before the funnel state and the binding limit are
     logged (and shown in ``status()["watchdog"]``); 0 = off."""
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if key == "experiment_name":  # named after the recipe made the config: the user's name, kept as given
+            self.__dict__.pop(RECIPE_MARK, None)
+        object.__setattr__(self, key, value)
+
+    def __post_init__(self) -> None:
+        if self.experiment_name == DEFAULT_EXPERIMENT_NAME:  # ExperimentConfig(): the default recipe's name
+            self.__dict__[RECIPE_MARK] = self.experiment_name
 
 
 @dataclass

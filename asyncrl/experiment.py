@@ -29,12 +29,14 @@ import ray
 
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
+from asyncrl.config_data import name_after_data
 from asyncrl.cpu_affinity import pin_actors
 from asyncrl.data.dataset import no_held_out, no_train_files, train_source
 from asyncrl.experiment_status import LiveState
 from asyncrl.interrupts import RunInterrupted, SigintCounter
-from asyncrl.metrics import run_name, write_run_artifacts
+from asyncrl.metrics import write_run_artifacts
 from asyncrl.ray_start import init_ray
+from asyncrl.run_names import run_name
 from asyncrl.staleness import sample_budget
 from asyncrl.summary import Summary, TrainerError, held_out  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
@@ -75,6 +77,7 @@ class Experiment(LiveState):
             raise TypeError(f"Experiment(replicas=...): expected a list of running RolloutReplica objects "
                             f"(e.g. from NotebookSession.replica(cfg)), got {replicas!r}")
         self.config = config if config is not None else ExperimentConfig()
+        name_after_data(self.config)  # a recipe's name on own data: named after it, as the CLI names it
         validate(self.config)
         self.budget = sample_budget(self.config)
         from asyncrl.checkpoint import find_resume_checkpoint

@@ -1,4 +1,4 @@
-"""Metric namespace, run naming and run artifacts (table, plot, resolved config, summary).
+"""Metric namespace and run artifacts (table, plot, resolved config, summary).
 
 Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as the step ends by
 :class:`asyncrl.tracking.Tracking`; seconds unless said otherwise):
@@ -72,9 +72,8 @@ Glossary (one row per trainer step in ``metrics.csv``, appended and flushed as t
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -88,11 +87,6 @@ RENAMED = {"eval/tool_call_success": "eval/tool_call_success_rate"}
 def renamed(row: dict) -> dict:
     """``row`` with old metric names (:data:`RENAMED`) under their new names."""
     return {RENAMED.get(k, k): v for k, v in row.items()}
-
-
-def run_name(recipe: str, seed: int, when: Optional[float] = None) -> str:
-    """``{recipe}__{seed}__{YYYYmmdd-HHMMSS}``."""
-    return f"{recipe}__{seed}__{time.strftime('%Y%m%d-%H%M%S', time.localtime(when or time.time()))}"
 
 
 def plot_run(history: pd.DataFrame, evals: pd.DataFrame, path: Path) -> Path:

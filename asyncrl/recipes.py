@@ -11,9 +11,24 @@ lr 1e-4 climbed steadily to 0.74; 2e-4 and 3e-4 first dipped to 0.26-0.38 and re
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 from asyncrl.config import ExperimentConfig
+from asyncrl.config_data import mark_recipe_name
 
 
+def recipe(make: Callable[..., ExperimentConfig]) -> Callable[..., ExperimentConfig]:
+    """A recipe function: its config's ``trainer.experiment_name`` is marked as the recipe's
+    (:func:`asyncrl.config_data.mark_recipe_name`), so a run on other ``data.train_files`` set by attribute is named
+    after them (``my_rows_grpo_cpu``), as on the command line, unless ``trainer.experiment_name`` is set too."""
+    @functools.wraps(make)
+    def made(*args, **kwargs) -> ExperimentConfig:
+        return mark_recipe_name(make(*args, **kwargs))
+    return made
+
+
+@recipe
 def arith_grpo_cpu() -> ExperimentConfig:
     """Mode d (staleness 0.5, partial rollout) on ``arith``; ~5 minutes of training on 2 cores."""
     cfg = ExperimentConfig()
@@ -36,6 +51,7 @@ def arith_grpo_cpu() -> ExperimentConfig:
     return cfg
 
 
+@recipe
 def smoke_cpu(mode: str = "d", family: str = "grpo") -> ExperimentConfig:
     """A few-step run of mode ``a`` | ``b`` | ``c`` | ``d`` for tests and notebooks' CI switch.
 
@@ -65,6 +81,7 @@ def smoke_cpu(mode: str = "d", family: str = "grpo") -> ExperimentConfig:
     return cfg
 
 
+@recipe
 def calc_tool_grpo_cpu() -> ExperimentConfig:
     """Multi-turn GRPO on ``calc_tool``: the calc_tool checkpoint learns to use its calculator reliably.
 
@@ -104,6 +121,7 @@ def calc_tool_grpo_cpu() -> ExperimentConfig:
 RECIPES = {"arith_grpo_cpu": arith_grpo_cpu, "smoke_cpu": smoke_cpu, "calc_tool_grpo_cpu": calc_tool_grpo_cpu}
 
 
+@recipe
 def swe_grpo_cpu() -> ExperimentConfig:
     """Sandboxed SWE-style agent RL on the Harbor-format tasks in ``examples/tasks/``.
 
@@ -142,6 +160,7 @@ def swe_grpo_cpu() -> ExperimentConfig:
 RECIPES["swe_grpo_cpu"] = swe_grpo_cpu
 
 
+@recipe
 def longtail_grpo_cpu(colocated: bool = False) -> ExperimentConfig:
     """GRPO on the long-tail countdown task (``data.task=longtail``), the workload where async pays.
 
@@ -183,6 +202,7 @@ RECIPES["longtail_grpo_cpu"] = longtail_grpo_cpu
 RECIPES["longtail_colocated_cpu"] = lambda: longtail_grpo_cpu(colocated=True)
 
 
+@recipe
 def terminus_grpo_cpu() -> ExperimentConfig:
     """Harbor's Terminus-2 agent on the example tasks, served by the long-context embedded model.
 
@@ -210,6 +230,7 @@ TASK_RECIPES = {"arith": arith_grpo_cpu, "calc_tool": calc_tool_grpo_cpu, "swe_e
 """``asyncrl train task=NAME`` starts from this recipe unless ``--recipe`` is given."""
 
 
+@recipe
 def smollm2_word_problems(model_path: str | None = None) -> ExperimentConfig:
     """A real pretrained chat model on ``word_problems``, CPU-sized: SmolLM2-135M-Instruct learns to end
     its answers with a well-formed ``#### <integer>`` (and, more slowly, to get them right).
@@ -275,6 +296,7 @@ SMOLLM2_GPU_OVERRIDES = [
 """The GPU keys of :func:`smollm2_word_problems_gpu` (verl fully-async resource split)."""
 
 
+@recipe
 def smollm2_word_problems_gpu(model_path: str | None = None) -> ExperimentConfig:
     """:func:`smollm2_word_problems` at full batch size on two GPUs: hf rollout on GPU 0, FSDP2 trainer on
     GPU 1, NCCL weight sync after every step (``scripts/gpu/smollm2_h200.py`` runs it and reports).
@@ -308,6 +330,7 @@ ALGORITHM_FAMILIES = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "ppo_gae
 """Families of :func:`arith_family_cpu` (``docs/algorithms.md`` says when to use which)."""
 
 
+@recipe
 def arith_family_cpu(family: str = "grpo") -> ExperimentConfig:
     """:func:`arith_grpo_cpu` with the advantage estimator and losses of one algorithm family (verl keys).
 

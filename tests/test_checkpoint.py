@@ -54,6 +54,22 @@ def test_find_resume_checkpoint_modes(tmp_path):
         find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(tmp_path / "nope"))
 
 
+def test_auto_resume_takes_only_the_run_directories_of_exactly_this_name_and_seed(tmp_path):
+    """``auto`` globbed ``{experiment_name}__{seed}__*``: experiment ``x`` seed 1 resumed the newer run of experiment
+    ``x__1__y`` (its directory ``x__1__y__1__<time>`` matched). It now matches the form :func:`run_name` writes."""
+    from asyncrl.run_names import run_name, run_name_pattern
+
+    mine = CheckpointManager(tmp_path / run_name("x", 1, 1e9) / "checkpoints").save(3, _write("x"))
+    for other in ("x__1__y__1__20300101-000000", "x__1__20300101-000000__1__20300101-000000",  # other experiments
+                  "x__1__20300101-000000.bak", "x__1__latest", "x__10__20300101-000000"):  # not a run of x, seed 1
+        CheckpointManager(tmp_path / other / "checkpoints").save(9, _write(other))
+    (tmp_path / "x__1__20300101-000001").write_text("a file, not a run directory")
+    assert find_resume_checkpoint(tmp_path, "x", 1, "auto") == mine
+    assert find_resume_checkpoint(tmp_path, "x__1__y", 1, "auto").parent.parent.name == "x__1__y__1__20300101-000000"
+    assert run_name_pattern("a.b+", 0).fullmatch(run_name("a.b+", 0)) and not run_name_pattern("a.b+", 0).fullmatch(
+        run_name("aXbb", 0))  # the name is taken literally, not as a regex
+
+
 def test_auto_resume_passes_over_a_checkpoint_trained_on_other_data(tmp_path, caplog):
     """Runs are named after the recipe (``arith_grpo_cpu__0__...``), not the data: with ``trainer.resume_mode=auto``
     (the default) a run on ``b.jsonl`` resumed the weights a run on ``a.jsonl`` under the same recipe had saved (session

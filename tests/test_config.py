@@ -413,3 +413,20 @@ def test_an_experiment_name_that_breaks_run_directories_is_refused(name):
         "e.g. trainer.experiment_name=my_run")
     cfg.trainer.experiment_name = "my-run.v2_x"
     validate(cfg)
+
+
+def test_an_experiment_name_too_long_for_one_file_name_is_refused_at_config_time(tmp_path):
+    """A name whose run directory ``{name}__{seed}__{YYYYmmdd-HHMMSS}`` passed the file system's 255 bytes per name
+    failed with an OSError ("File name too long") once the run had started."""
+    from asyncrl.run_names import name_max
+
+    assert name_max(tmp_path / "not" / "made" / "yet") == name_max(tmp_path) == 255  # Linux: tmpfs, ext4, ...
+    overrides = [f"trainer.default_local_dir={tmp_path}", "trainer.seed=7"]
+    fits = "n" * (255 - len("__7__20260101-000000"))
+    assert load_config(overrides=[*overrides, f"trainer.experiment_name={fits}"]).trainer.experiment_name == fits
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[*overrides, f"trainer.experiment_name={fits}é"])  # é: 2 bytes in UTF-8
+    assert str(info.value) == (
+        f"trainer.experiment_name='{'n' * 37}...' is too long: 237 bytes, and its run directories "
+        "<name>__7__<YYYYmmdd-HHMMSS> would be named with 257 bytes, 2 over the file system's limit of 255 bytes per "
+        f"file name (under trainer.default_local_dir={str(tmp_path)!r}): use a name of at most 235 bytes")

@@ -4,12 +4,13 @@ recipe (``arith_grpo_cpu__...`` trained on ``my_rows.jsonl`` said nothing of it)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from asyncrl.config import load_config, to_yaml
+from asyncrl.config import ExperimentConfig, load_config, to_yaml
 from asyncrl.config_data import resolve_data_paths
 from asyncrl.data.dataset import get_task_rows
 from asyncrl.recipes import arith_grpo_cpu, calc_tool_grpo_cpu, smoke_cpu
@@ -53,6 +54,68 @@ def test_a_name_derived_from_the_data_always_passes_the_experiment_name_check(re
     cfg = load_config()
     cfg.trainer.experiment_name = name
     validate(cfg)
+
+
+def test_a_name_derived_from_a_long_data_file_name_is_cut_to_fit_one_file_name(tmp_path):
+    """A data file name of 240 characters made ``<240 characters>_grpo_cpu``: its run directory name passed the 255
+    bytes a file name may hold. The data part is cut (the recipe's words kept) and ends in a digest of the whole."""
+    from asyncrl.config_data import data_experiment_name
+    from asyncrl.run_names import DERIVED_NAME_MAX, run_name
+
+    long_a, long_b = "r" * 240 + "_a.jsonl", "r" * 240 + "_b.jsonl"
+    cfg = load_config(overrides=[f"data.train_files={long_a}", f"trainer.default_local_dir={tmp_path}",
+                                 "trainer.seed=4294967295"], base=arith_grpo_cpu())
+    name = cfg.trainer.experiment_name
+    assert len(name) == DERIVED_NAME_MAX == 226 and name.startswith("r" * 208 + "-") and name.endswith("_grpo_cpu")
+    (tmp_path / run_name(name, cfg.trainer.seed)).mkdir()  # the file system takes it
+    assert name != data_experiment_name("arith_grpo_cpu", "arith", long_b)  # two long names that begin alike
+    assert data_experiment_name("smoke_mode_d", "arith", long_a).endswith("_smoke_mode_d")
+    assert data_experiment_name("arith_grpo_cpu", "arith", "r" * 217 + ".jsonl") == "r" * 217 + "_grpo_cpu"  # fits
+
+
+@pytest.mark.parametrize("make", [arith_grpo_cpu, calc_tool_grpo_cpu, smoke_cpu, ExperimentConfig])
+def test_train_files_set_by_attribute_name_the_run_as_the_command_line_does(make, tmp_path, monkeypatch):
+    """``cfg.data.train_files = "my_rows.jsonl"`` on a recipe's config (the notebook's way) kept the recipe's name
+    (``arith_grpo_cpu``: it shared, and ``resume_mode=auto`` resumed, the recipe's runs) where the override
+    ``data.train_files=my_rows.jsonl`` names the run ``my_rows_grpo_cpu``. Both now name it after the data."""
+    from asyncrl.experiment import Experiment
+
+    monkeypatch.chdir(tmp_path)
+    _rows_file(tmp_path / "my_rows.jsonl")
+    by_cli = load_config(overrides=["data.train_files=my_rows.jsonl"], base=make()).trainer.experiment_name
+    cfg = make()
+    cfg.data.train_files = "my_rows.jsonl"
+    exp = Experiment(cfg)
+    assert by_cli.startswith("my_rows_") and by_cli != make().trainer.experiment_name
+    assert (cfg.trainer.experiment_name, exp.name.rpartition("__")[0].rpartition("__")[0]) == (by_cli, by_cli)
+    cfg = dataclasses.replace(make(), data=dataclasses.replace(make().data, train_files="my_rows.jsonl"))
+    assert Experiment(cfg).config.trainer.experiment_name == by_cli
+    cfg = load_config(base=make())  # through load_config first: a later attribute still renames it
+    cfg.data.train_files = "more_rows.jsonl"
+    _rows_file(tmp_path / "more_rows.jsonl")
+    assert Experiment(cfg).config.trainer.experiment_name == by_cli.replace("my_rows_", "more_rows_", 1)
+    assert load_config(base=cfg).trainer.experiment_name == by_cli.replace("my_rows_", "more_rows_", 1)
+    cfg.data.train_files = None  # back to the task's rows: the recipe's name again
+    assert Experiment(cfg).config.trainer.experiment_name == make().trainer.experiment_name
+
+
+@pytest.mark.parametrize("name_first", [True, False])
+def test_a_name_set_by_attribute_wins_over_the_data_as_an_override_does(name_first, tmp_path, monkeypatch):
+    """As ``trainer.experiment_name=arith_grpo_cpu data.train_files=my_rows.jsonl`` keeps ``arith_grpo_cpu``: a name
+    the user sets, the recipe's own included, in either order."""
+    from asyncrl.experiment import Experiment
+
+    monkeypatch.chdir(tmp_path)
+    _rows_file(tmp_path / "my_rows.jsonl")
+    for name in ("mine", "arith_grpo_cpu"):
+        cfg = arith_grpo_cpu()
+        if name_first:
+            cfg.trainer.experiment_name = name
+        cfg.data.train_files = "my_rows.jsonl"
+        if not name_first:
+            cfg.trainer.experiment_name = name
+        assert Experiment(cfg).config.trainer.experiment_name == name
+        assert load_config(base=cfg, overrides=["data.train_files=my_rows.jsonl"]).trainer.experiment_name == name
 
 
 def test_a_yaml_file_names_the_run_as_overrides_do_and_a_run_directorys_config_keeps_its_name(tmp_path):

@@ -139,6 +139,52 @@ def test_a_custom_reward_function_that_cannot_load_is_a_config_error(tmp_path, p
         load_custom_reward(str(tmp_path / path) if path else path, name)
 
 
+def test_a_reward_files_output_at_import_goes_to_stderr_below_python_too(tmp_path, capfd, monkeypatch):
+    """``print`` at import went to stderr, but a raw ``os.write(1, ...)`` or a C extension's output (here libc's
+    ``printf``, buffered) bypassed ``sys.stdout`` and landed in ``asyncrl train --dry-run``'s YAML on stdout. The
+    descriptor is used by number: as in a Jupyter kernel, ``sys.stdout`` here has no descriptor of its own."""
+    import io
+    import os
+
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "noisy.py").write_text(
+        "import ctypes, os, sys\n"
+        "print('python print')\n"
+        "os.write(1, b'raw fd write\\n')\n"
+        "ctypes.CDLL(None).printf(b'c printf\\n')\n"
+        "sys.__stdout__.write('python stdout object\\n')\n"
+        "def compute_score(**kw):\n    return 1.0\n")
+    os.write(1, b"before\n")
+    notebook = io.StringIO()  # a notebook's stream: not fd 1
+    monkeypatch.setattr("sys.stdout", notebook)
+    assert load_custom_reward(str(tmp_path / "noisy.py"))("s", "x", "y") == 1.0
+    os.write(1, b"after\n")  # fd 1 is given back
+    out, err = capfd.readouterr()
+    assert out.split() == ["before", "after"], (out, err)
+    for line in ("python print", "raw fd write", "c printf", "python stdout object"):
+        assert line in err
+    assert notebook.getvalue() == ""
+
+
+def test_ctrl_c_while_a_reward_file_imports_is_an_interrupt_not_a_config_error(tmp_path, capfd):
+    """``KeyboardInterrupt`` raised during the import propagates as itself (a config error would have reported a
+    Ctrl-C as a broken file), with the half-imported module dropped and fd 1 given back."""
+    import os
+    import sys
+
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "slow.py").write_text("import os\nos.write(1, b'importing\\n')\nraise KeyboardInterrupt\n")
+    loaded = {m for m in sys.modules if m.startswith("asyncrl_custom_reward_")}
+    with pytest.raises(KeyboardInterrupt):
+        load_custom_reward(str(tmp_path / "slow.py"))
+    assert {m for m in sys.modules if m.startswith("asyncrl_custom_reward_")} == loaded
+    os.write(1, b"after\n")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("after\n", "importing\n")
+
+
 def _worker_outputs(tmp_path, model_dir, reward_source: str, reward_kwargs: dict | None = None) -> list:
     """Two trajectories answering "42" to a ``my_task`` row, scored by an AgentLoopWorker with the reward file
     ``reward_source`` as its ``custom_reward_function`` (and ``reward_kwargs``)."""

@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from asyncrl.run_names import run_name_pattern
+
 logger = logging.getLogger(__name__)
 
 LATEST = "latest_checkpointed_iteration.txt"
@@ -163,7 +165,9 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
 
     Args:
         default_local_dir: where run directories live (``trainer.default_local_dir``).
-        experiment_name, seed: ``auto`` looks at run directories ``<experiment_name>__<seed>__*``.
+        experiment_name, seed: ``auto`` looks at the run directories of exactly this name and seed,
+            ``<experiment_name>__<seed>__<YYYYmmdd-HHMMSS>`` (:func:`asyncrl.run_names.run_name_pattern`): not those
+            of another experiment whose name begins ``<experiment_name>__<seed>__``.
         resume_mode: ``disable`` (``None``), ``resume_path`` (``resume_from_path``), or ``auto``
             (the newest complete checkpoint among those run directories, if any, trained on ``source``).
         resume_from_path: a ``global_step_<N>`` directory.
@@ -183,7 +187,10 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
     base = Path(default_local_dir)
     if not base.is_dir():
         return None
-    for run in base.glob(f"{experiment_name}__{seed}__*"):
+    pattern = run_name_pattern(experiment_name, seed)
+    for run in base.iterdir():
+        if not pattern.fullmatch(run.name) or not run.is_dir():
+            continue
         latest = CheckpointManager(run / "checkpoints").latest()
         if latest is not None and source is not None and _trained_on(latest) not in (None, source):
             logger.warning("trainer.resume_mode=auto: not resuming %s: it trained on %s, this run on %s (to continue "

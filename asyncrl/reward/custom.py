@@ -21,8 +21,9 @@ import importlib.util
 import inspect
 import os
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
 """The keywords verl calls a ``custom_reward_function`` with, all four every time."""
@@ -43,6 +44,57 @@ def resolve_path(config: Any) -> None:
 def _resolved(file: Path) -> str:
     """`` (resolved against <cwd>)`` for a relative path, else nothing."""
     return "" if file.is_absolute() else f" (resolved against {os.getcwd()})"
+
+
+_FD_LOCK = threading.RLock()  # one swap of fd 1 at a time: two threads' saves and restores would leave it on stderr
+
+
+def _flush_stdout() -> None:
+    """Write out what is buffered for fd 1 before it is swapped: Python's stdout objects and C's stdio buffers (a C
+    extension's ``printf`` to a pipe or file waits in libc's buffer until a flush or the process's exit)."""
+    for stream in {id(s): s for s in (sys.stdout, sys.__stdout__) if s is not None}.values():
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed, or a stand-in without flush
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # fflush(NULL): every C output stream
+    except (OSError, TypeError, AttributeError):  # no C library to ask (Windows: CDLL(None) raises TypeError)
+        pass
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send to stderr what the code inside writes to stdout: Python's ``print`` (``sys.stdout`` is ``sys.stderr``
+    meanwhile) and, a level below, a raw ``os.write(1, ...)`` or a C extension's ``printf`` (file descriptor 1 is a
+    copy of descriptor 2 meanwhile, and C's buffered output is flushed before descriptor 1 is given back); restored
+    in ``finally``, on an exception or ``KeyboardInterrupt`` too.
+
+    The descriptors are used by number, never through ``sys.stdout.fileno()``: in a Jupyter kernel ``sys.stdout`` is
+    the kernel's stream to the notebook (it has no descriptor, and the ``print`` part covers it), while descriptor 1
+    is the kernel process's own stdout (ipykernel's pipe that forwards it, or the server's log), which gets back the
+    very descriptor it had. Where descriptor 1 or 2 is not open (a daemon's), only ``sys.stdout`` is redirected.
+    While the code inside runs, another thread's writes to descriptor 1 go to stderr too."""
+    with _FD_LOCK:
+        _flush_stdout()
+        saved: Optional[int] = None
+        try:
+            saved = os.dup(1)
+            os.dup2(2, 1)
+        except OSError:  # fd 1 or fd 2 closed
+            if saved is not None:
+                os.close(saved)
+                saved = None
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                yield
+        finally:
+            if saved is not None:
+                _flush_stdout()  # what the code inside left in a buffer for fd 1 is its output: to stderr
+                os.dup2(saved, 1)
+                os.close(saved)
 
 
 def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional[dict] = None) -> None:
@@ -102,7 +154,11 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
 
     Args:
         path: a ``.py`` file (``~`` expanded; a relative path against the working directory); imported as a module of
-            its own, once per call, with its output to stdout sent to stderr.
+            its own, once per call, with its output to stdout sent to stderr: ``print`` and, at the file descriptor
+            level, ``os.write(1, ...)`` and a C extension's output (:func:`_stdout_to_stderr`). An import that calls
+            ``os._exit`` ends this process there, with that status and nothing reported: no exception is raised,
+            so nothing in the process can catch it (it would take importing in a subprocess, which the actors,
+            loading the file themselves, would repeat per process).
         name: the function's name in it; it must accept the keywords :data:`KEYWORDS` (checked, never called here).
         reward_kwargs: ``custom_reward_function.reward_kwargs``: more keywords passed on every call (verl's
             ``partial(raw_fn, **reward_kwargs)``); the function must accept each (checked with the four).
@@ -115,13 +171,14 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
 
     Raises:
         asyncrl.config.ConfigError: an empty path, no such file (a relative one: the directory it was resolved
-            against), a directory, a file whose import raises (the exception's type and message; ``SystemExit`` too, ``KeyboardInterrupt``
-            propagates), no attribute
+            against), a directory, a file whose import raises (the exception's type and message; ``SystemExit`` too), no attribute
             ``name`` or one that is not callable (the message lists the file's functions), a function that cannot
             take the four keywords (its parameters and the four names), a function that takes them but requires
             another argument no ``reward_kwargs`` key gives (the argument, to set as ``reward_kwargs`` or give a
             default), a ``reward_kwargs`` key it cannot take (the key, the function and its parameters), or a
             ``reward_kwargs`` key named as one of the four.
+        KeyboardInterrupt: Ctrl-C during the import: an interrupt, not a config error (the half-imported module is
+            dropped and stdout given back first).
     """
     from asyncrl.config_schema import ConfigError
 
@@ -142,8 +199,8 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
         raise ConfigError(f"{key}={path!r} cannot be imported as a Python module (a .py file)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses and pickling look their module up by name
-    try:  # the user's code: its prints go to stderr (stdout may be `asyncrl train --dry-run`'s YAML, piped to a file)
-        with contextlib.redirect_stdout(sys.stderr):
+    try:  # the user's code: its output goes to stderr (stdout may be `asyncrl train --dry-run`'s YAML, piped to a file)
+        with _stdout_to_stderr():
             spec.loader.exec_module(module)
     except KeyboardInterrupt:
         sys.modules.pop(module_name, None)

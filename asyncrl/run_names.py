@@ -1,0 +1,62 @@
+"""Run directory names: ``{experiment_name}__{seed}__{YYYYmmdd-HHMMSS}`` made (:func:`run_name`), found again
+(:func:`run_name_pattern`, for ``trainer.resume_mode=auto``) and kept within the file system's limit on one name
+(:func:`name_max`, :func:`run_name_bytes`: a name past it failed with an OSError when the run started).
+
+Standard library only: the config check, the data-derived names and the checkpoint lookup import it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Optional
+
+TIME_FORMAT = "%Y%m%d-%H%M%S"
+"""The time stamp of a run directory's name (local time, to the second)."""
+
+_TIME_PATTERN = r"\d{8}-\d{6}"  # what TIME_FORMAT writes (years 1000-9999)
+
+NAME_MAX = 255
+"""Bytes one file name may hold on Linux (ext4, xfs, btrfs, tmpfs) and macOS: the fallback of :func:`name_max`."""
+
+SEED_ROOM = len(str(2**32 - 1))
+"""Digits a derived name leaves for the seed: 10 (``trainer.seed < 2**32``, :data:`asyncrl.config_ranges.SEED_SPACE`)."""
+
+DERIVED_NAME_MAX = NAME_MAX - len(f"__{'0' * SEED_ROOM}__YYYYmmdd-HHMMSS")
+"""Bytes of an ``experiment_name`` the library derives (:func:`asyncrl.config_data.data_experiment_name`): 226, so its
+run directory name fits :data:`NAME_MAX` whatever the seed."""
+
+
+def run_name(experiment_name: str, seed: int, when: Optional[float] = None) -> str:
+    """``{experiment_name}__{seed}__{YYYYmmdd-HHMMSS}`` (``when``: seconds since the epoch, default now)."""
+    return f"{experiment_name}__{seed}__{time.strftime(TIME_FORMAT, time.localtime(when or time.time()))}"
+
+
+def run_name_pattern(experiment_name: str, seed: int) -> re.Pattern:
+    """What matches (``fullmatch``) exactly the names :func:`run_name` makes for ``experiment_name`` and ``seed``:
+    the name and seed taken literally, then the time stamp's form. A glob ``{name}__{seed}__*`` also matched the
+    runs of another experiment whose name starts with ``{name}__{seed}__`` (experiment ``x`` seed 1 took the runs of
+    ``x__1__y``)."""
+    return re.compile(rf"{re.escape(experiment_name)}__{re.escape(str(seed))}__{_TIME_PATTERN}")
+
+
+def run_name_bytes(experiment_name: str, seed: int) -> int:
+    """Bytes (UTF-8) of the run directory name of ``experiment_name`` and ``seed``."""
+    return len(run_name(experiment_name, seed, when=0).encode("utf-8", "surrogateescape"))
+
+
+def name_max(directory: str | os.PathLike) -> int:
+    """The longest file name, in bytes, the file system of ``directory`` takes (``os.pathconf``'s ``PC_NAME_MAX``
+    of it, or of its nearest existing parent when it does not exist yet); :data:`NAME_MAX` where that cannot be
+    asked (another platform, no such parent)."""
+    path = Path(directory).expanduser().absolute()
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            try:
+                limit = os.pathconf(candidate, "PC_NAME_MAX")
+            except (OSError, ValueError, AttributeError):  # no pathconf (Windows), or the file system will not say
+                return NAME_MAX
+            return limit if isinstance(limit, int) and limit > 0 else NAME_MAX
+    return NAME_MAX
