@@ -330,10 +330,11 @@ def validate(cfg: ExperimentConfig) -> None:
                       ("trainer.cpu_affinity", cfg.trainer.cpu_affinity),
                       ("async_training.rollouter_cpu_affinity", at.rollouter_cpu_affinity)):
         try:
-            if spec:
+            if spec and not (key.startswith("async_training.") and spec == "auto"):
                 parse_cores(spec)
         except ValueError:
-            raise ConfigError(f"{key}={spec!r} is not a CPU core list such as '0' or '0-1,3'") from None
+            raise ConfigError(f"{key}={spec!r} is not a CPU core list such as '0' or '0-1,3'"
+                              + (" (or 'auto')" if key.startswith("async_training.") else "")) from None
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "

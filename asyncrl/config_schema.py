@@ -236,10 +236,11 @@ class AsyncTrainingConfig:
     """Mini-batches fetched per fit step; one optimizer update each."""
     partial_rollout: bool = True
     """On sync, interrupt in-flight generation and continue it afterwards (else wait for it to drain)."""
-    rollouter_cpu_affinity: str = ""
+    rollouter_cpu_affinity: str = "auto"
     """CPU cores of the glue between the engines and the trainer (the rollouter, agent-loop worker and MessageQueue
     actors), e.g. the trainer's ``"1"`` beside ``actor_rollout_ref.rollout.cpu_affinity="0"``; ``""`` pins
-    nothing (:mod:`asyncrl.cpu_affinity`)."""
+    nothing; ``"auto"`` (the default): the trainer's cores not in the rollout's when both ``trainer.cpu_affinity``
+    and ``actor_rollout_ref.rollout.cpu_affinity`` are set, else nothing (:func:`asyncrl.cpu_affinity.glue_cores`)."""
     partial_rollout_mode: str = "abort"
     """How ``partial_rollout`` interrupts: ``abort`` (verl: in-flight requests end, the client resubmits
     prompt + tokens so far after the sync, paying a new prefill) or ``keep`` (PipelineRL's in-flight

@@ -16,7 +16,9 @@ floating, about half of it lands on the rollout core while the trainer computes 
 ``--census``: ~0.2 of a core, 13% of the rollout core), stretching every decode iteration; on the trainer's
 cores it uses the time the trainer waits for batches (benchmarks/RESULTS.md, session 32).
 
-Empty strings (the default) pin nothing.
+Empty strings pin nothing (the default of the first two). ``rollouter_cpu_affinity="auto"`` (its default) follows
+the other two: when both are pinned the glue goes on the trainer's cores that are not the rollout's
+(:func:`glue_cores`), else it floats.
 """
 
 from __future__ import annotations
@@ -55,6 +57,34 @@ def cores_text(cores: list[int], most: int = 8) -> str:
     return f"[{', '.join(map(str, cores[:most]))}, ...] ({len(cores)} in all)"
 
 
+GLUE_AUTO = "auto"
+"""``async_training.rollouter_cpu_affinity``'s default: placed by :func:`glue_cores`."""
+
+
+def glue_cores(cfg: "object") -> str:
+    """The core list the glue actors are pinned to (``""``: they float), from ``async_training.rollouter_cpu_affinity``.
+
+    A core list or ``""`` is taken as given. ``"auto"``: ``trainer.cpu_affinity``'s cores less
+    ``actor_rollout_ref.rollout.cpu_affinity``'s when both are set and the rollout runs in a replica actor (not inside
+    the trainer process, :func:`asyncrl.placement.in_process_rollout`); ``""`` otherwise (nothing pinned, or no
+    trainer core left beside the rollout's). So a run that splits the cores between engine and trainer (README's
+    CPU placement, the benchmark's async modes) keeps the glue off the engine's cores without a third key.
+
+    Raises:
+        ValueError: a malformed core list in one of the three keys (the config's checks report it first).
+    """
+    from asyncrl.placement import in_process_rollout
+
+    spec = cfg.async_training.rollouter_cpu_affinity
+    if spec != GLUE_AUTO:
+        return spec
+    rollout, trainer = cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity
+    if not (rollout and trainer) or in_process_rollout(cfg):
+        return ""
+    cores = sorted(set(parse_cores(trainer)) - set(parse_cores(rollout)))
+    return ",".join(map(str, cores))
+
+
 def glue_placement_warnings(cfg: "object") -> list[str]:
     """What ``async_training.rollouter_cpu_affinity`` will do that the user may not mean (each a WARNING line, the
     run goes on): nothing, when the rollout runs inside the trainer process (``actor_rollout_ref.hybrid_engine=True``
@@ -63,7 +93,7 @@ def glue_placement_warnings(cfg: "object") -> list[str]:
     from asyncrl.placement import in_process_rollout
 
     spec = cfg.async_training.rollouter_cpu_affinity
-    if not spec:
+    if not spec or spec == GLUE_AUTO:  # auto never places the glue where these warn
         return []
     key = f"async_training.rollouter_cpu_affinity={spec!r}"
     if in_process_rollout(cfg):

@@ -30,7 +30,7 @@ import ray
 from asyncrl.accounting import final_accounting
 from asyncrl.config import ExperimentConfig, to_yaml
 from asyncrl.config_data import name_after_data
-from asyncrl.cpu_affinity import pin_actors
+from asyncrl.cpu_affinity import glue_cores, pin_actors
 from asyncrl.data.dataset import no_held_out, no_train_files, train_source
 from asyncrl.experiment_status import LiveState
 from asyncrl.interrupts import RunInterrupted, SigintCounter
@@ -181,7 +181,7 @@ class Experiment(LiveState):
         if not local:
             self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(
                 cfg, train, val, self.replicas, self.lb, self.mq, resume)
-            pin_actors([self.rollouter, self.mq.actor], cfg.async_training.rollouter_cpu_affinity)  # the glue
+            pin_actors([self.rollouter, self.mq.actor], glue_cores(cfg))  # the glue
         worker_opts = [self.placement.actor_options(s) for s in layout.trainer] if self.placement else None
         self.trainer = ray.remote(FullyAsyncTrainer).options(num_cpus=0, max_concurrency=64, **trainer_env(cfg)).remote(
             cfg, self.mq, self.rollouter, self.replicas, worker_opts, str(self.run_dir),

@@ -274,8 +274,8 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
         return ["trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     if mode.startswith("colocated") or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
-    return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0",
-            "async_training.rollouter_cpu_affinity=1"]  # the glue on the trainer's core (session 32)
+    # the glue (rollouter, queue) follows the trainer's core: async_training.rollouter_cpu_affinity's default "auto"
+    return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
 
 
 def mode_config(mode: str, args: argparse.Namespace):

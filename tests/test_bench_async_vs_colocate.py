@@ -101,10 +101,14 @@ def test_cpu_async_modes_pin_a_core_each_and_d_unpinned_runs_as_the_recipe_place
     pinned, free = bench.mode_config("d", args), bench.mode_config("d_unpinned", args)
     assert (pinned.trainer.cpu_affinity, pinned.actor_rollout_ref.rollout.cpu_affinity) == ("1", "0")
     assert (free.trainer.cpu_affinity, free.actor_rollout_ref.rollout.cpu_affinity) == ("", "")
-    # session 32: the glue (rollouter, queue) on the trainer's core; the _float A/B modes leave it floating
-    assert (pinned.async_training.rollouter_cpu_affinity, free.async_training.rollouter_cpu_affinity) == ("1", "")
-    assert bench.mode_config("d_t2_float", args).async_training.rollouter_cpu_affinity == ""
-    assert bench.mode_config("d_t2", args).async_training.rollouter_cpu_affinity == "1"
+    # session 32: the glue (rollouter, queue) on the trainer's core (session 33: by rollouter_cpu_affinity's default,
+    # "auto", as a user who pins both sides gets it); the _float A/B modes leave it floating
+    from asyncrl.cpu_affinity import glue_cores
+
+    assert pinned.async_training.rollouter_cpu_affinity == "auto"
+    assert (glue_cores(pinned), glue_cores(free)) == ("1", "")
+    assert glue_cores(bench.mode_config("d_t2_float", args)) == ""
+    assert glue_cores(bench.mode_config("d_t2", args)) == "1"
     recipe = bench.base_config(args)
     assert free.trainer.torch_threads == recipe.trainer.torch_threads  # the recipe's own threads, not the benchmark's
     assert (bench.replica_kind("d", args), bench.replica_kind("d_unpinned", args)) == ("split", "shared")

@@ -48,7 +48,7 @@ def test_the_key_is_checked_like_the_other_core_lists():
     with pytest.raises(ConfigError, match=r"async_training.rollouter_cpu_affinity='4096': CPU core\(s\) \[4096\] do not "
                                           "exist on this machine"):
         check_local_resources(load_config(overrides=["async_training.rollouter_cpu_affinity=4096"]))
-    assert load_config().async_training.rollouter_cpu_affinity == ""  # the default pins nothing
+    assert load_config().async_training.rollouter_cpu_affinity == "auto"  # the default follows the other two keys
 
 
 def test_pin_process_says_it_pins_the_calling_thread_not_the_whole_pid(caplog):
@@ -129,3 +129,32 @@ def test_pin_actors_moves_every_thread_of_a_ray_actor(ray_session):
     pin_actors([actor], "1")
     assert ray.get(actor.cores.remote()) == [(1,)]
     ray.kill(actor)
+
+
+def test_auto_glue_follows_the_trainers_cores_when_engine_and_trainer_are_pinned():
+    """``rollouter_cpu_affinity="auto"`` (the default): session 32 measured the floating glue taking 13% of the rollout
+    core (d_s1_t2 -28%); a user who pins the engine and the trainer now gets the glue on the trainer's side."""
+    from asyncrl.config import ExperimentConfig, load_config
+    from asyncrl.cpu_affinity import glue_cores, glue_placement_warnings
+
+    cfg = ExperimentConfig()
+    assert cfg.async_training.rollouter_cpu_affinity == "auto"
+    assert glue_cores(cfg) == ""  # nothing pinned: nothing to follow
+    cfg.actor_rollout_ref.rollout.cpu_affinity = "0"
+    assert glue_cores(cfg) == ""  # the trainer floats: so does the glue
+    cfg.trainer.cpu_affinity = "1"
+    assert glue_cores(cfg) == "1"
+    cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = "0-1", "1-3"
+    assert glue_cores(cfg) == "2,3"  # never on the engine's cores
+    cfg.trainer.cpu_affinity = "0-1"
+    assert glue_cores(cfg) == ""  # no trainer core beside the engine's: it floats
+    assert glue_placement_warnings(cfg) == []
+    cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = "0", "1"
+    arr = cfg.actor_rollout_ref
+    arr.hybrid_engine, arr.rollout.name, arr.actor.strategy, arr.rollout.agent.num_workers = True, "hf", "cpu", 0
+    assert glue_cores(cfg) == ""  # the rollout runs inside the trainer process: no glue actor to pin
+    for spec in ("", "0", "1-1"):  # a list or "" is taken as given
+        cfg.async_training.rollouter_cpu_affinity = spec
+        assert glue_cores(cfg) == spec
+    assert load_config(overrides=["async_training.rollouter_cpu_affinity=auto"]).async_training.rollouter_cpu_affinity \
+        == "auto"

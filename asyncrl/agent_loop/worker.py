@@ -26,7 +26,7 @@ import ray
 
 from asyncrl.agent_loop.base import AgentLoopOutput, get_agent_loop_cls
 from asyncrl.config import ExperimentConfig
-from asyncrl.cpu_affinity import pin_actors
+from asyncrl.cpu_affinity import glue_cores, pin_actors
 from asyncrl.failures import own_cancellation
 from asyncrl.reward.result import score_sample
 from asyncrl.rollout.base import SamplingParams
@@ -206,7 +206,7 @@ class AgentLoopManager:
         else:
             cls = ray.remote(AgentLoopWorker).options(num_cpus=0, max_concurrency=100000)
             self.workers = [cls.remote(config, load_balancer, f"worker_{i}") for i in range(n)]
-            pin_actors(self.workers, config.async_training.rollouter_cpu_affinity)  # with the rollouter (the glue)
+            pin_actors(self.workers, glue_cores(config))  # with the rollouter (the glue)
         self.active = [0] * len(self.workers)
 
     async def generate_sequences_single(self, row: dict, uid: str, sampling_params: SamplingParams | list[SamplingParams],
