@@ -55,7 +55,7 @@ def _one_file(other) -> None:
 
 
 def _merge(base, other, what: str):
-    other = _check_raw(other, what)
+    other = _check_raw(other, what, null_hint=lambda key: NULL_HINTS.get(key, ""))
     _one_file(other)
     try:
         return OmegaConf.merge(base, other)
@@ -319,16 +319,15 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.actor_rollout_ref.hybrid_engine and cfg.algorithm.filter_groups.enable:
         raise ConfigError("actor_rollout_ref.hybrid_engine=True generates exactly one batch per step, so groups dropped "
                           "by algorithm.filter_groups.enable=True could not be replaced: use one of the two")
-    from asyncrl.cpu_affinity import parse_cores
+    from asyncrl.cpu_affinity import CORE_LIST_KEYS, core_list_hint, parse_cores
 
-    for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
-                      ("trainer.cpu_affinity", cfg.trainer.cpu_affinity),
-                      ("async_training.rollouter_cpu_affinity", at.rollouter_cpu_affinity)):
+    for key in CORE_LIST_KEYS:
+        spec = _get(cfg, key)
         try:
             if spec:
                 parse_cores(spec)
         except ValueError:
-            raise ConfigError(f"{key}={spec!r} is not a CPU core list such as '0' or '0-1,3'") from None
+            raise ConfigError(f"{key}={spec!r} is not a CPU core list; {core_list_hint(key)}") from None
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "

@@ -96,7 +96,9 @@ def test_save_freq_at_or_below_zero_means_no_checkpoints_as_in_verl(value):
 
 def test_total_training_steps_null_says_what_to_write_instead():
     """verl's default ``trainer.total_training_steps=null`` was ``Incompatible value 'None' for field of type 'int'``."""
-    with pytest.raises(ConfigError, match=r"Incompatible value 'None'.*; verl's null .*give a step count >= 1"):
+    with pytest.raises(ConfigError, match=r"^invalid value for 'trainer.total_training_steps' in override "
+                                          r"'trainer.total_training_steps=null': null is not int; verl's null .*give a "
+                                          r"step count >= 1"):
         load_config(None, ["trainer.total_training_steps=null"])
 
 
