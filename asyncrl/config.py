@@ -106,13 +106,16 @@ def _load_yaml(path: str | Path):
 
 def _parse_override(item: str):
     """``key=value`` as a DictConfig, its value read as Hydra reads it (:mod:`asyncrl.config_overrides`);
-    :class:`ConfigError` for a quoted or bracketed value that is not valid YAML."""
+    :class:`ConfigError` for a bracketed value Hydra's grammar cannot read or a quoted one that is not valid YAML."""
     import yaml
 
-    from asyncrl.config_overrides import parse_override
+    from asyncrl.config_overrides import OverrideSyntaxError, parse_override
 
     try:
         return parse_override(item)
+    except OverrideSyntaxError as exc:
+        raise ConfigError(f"the value of override {item!r} is not a valid list or mapping (Hydra's override grammar, "
+                          f"as verl's command line): {exc.problem} at column {exc.column} of the value") from None
     except yaml.YAMLError as exc:
         raise _yaml_problem(exc, f"the value of override {item!r}") from None
     except GrammarParseError:  # 'a${b': OmegaConf reads ${ as the start of an interpolation
