@@ -35,6 +35,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
 from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, range_hint, resolved_max_model_len  # noqa: F401
+from asyncrl.config_yaml import load_yaml_file, yaml_problem
 from asyncrl.config_types import (_check_raw, _get, _leaf_types, section_names, _plain_leaves, check_copyable,  # noqa: F401
                                   check_structure, check_types)
 
@@ -56,7 +57,7 @@ def _one_file(other) -> None:
 
 
 def _merge(base, other, what: str):
-    other = _check_raw(other, what)
+    other = _check_raw(other, what, null_hint=lambda key: NULL_HINTS.get(key, ""))
     _one_file(other)
     try:
         return OmegaConf.merge(base, other)
@@ -70,52 +71,20 @@ def _merge(base, other, what: str):
         raise ConfigError(f"invalid value for {key!r} in {what}: {msg}" + (f"; {hint}" if hint else "")) from None
 
 
-def _yaml_problem(exc: Exception, what: str) -> ConfigError:
-    """One line for a YAML syntax error: where (``what``, line and column) and what PyYAML found."""
-    def at(mark) -> str:
-        return f"line {mark.line + 1}, column {mark.column + 1}"
-
-    mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
-    where = f" at {at(mark or ctx)}" if (mark or ctx) is not None else ""
-    if mark is not None and ctx is not None and getattr(exc, "context", None):  # where the unclosed part began
-        where += f", {' '.join(str(exc.context).split())} begun at {at(ctx)}"
-    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-    hint = ""
-    if "':'" in problem:  # {a:{b:1}}: YAML reads "a:{b:1}" as one word; a flow mapping needs "a: {b: 1}"
-        hint = " (YAML needs a space after each ':' in a mapping, e.g. {vllm: {max_model_len: 64}}; quote the override)"
-    elif "',' or ']'" in problem or "',' or '}'" in problem:
-        hint = " (an unclosed [ or {?)"
-    return ConfigError(f"{what} is not valid YAML: {problem}{where}{hint}")
-
-
-def _load_yaml(path: str | Path):
-    """The YAML file ``path`` as a DictConfig; :class:`ConfigError` for a missing file, bad syntax or a top level
-    that is not a mapping of keys."""
-    import yaml
-
-    try:
-        loaded = OmegaConf.load(str(path))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise _yaml_problem(exc, f"config file {str(path)!r}") from None
-    if not OmegaConf.is_dict(loaded):
-        raise ConfigError(f"config file {str(path)!r} must be a mapping of keys (e.g. 'trainer:' with "
-                          f"'total_training_steps: 40' under it), not a {type(loaded).__name__.replace('Config', '').lower()}")
-    return loaded
-
-
 def _parse_override(item: str):
     """``key=value`` as a DictConfig, its value read as Hydra reads it (:mod:`asyncrl.config_overrides`);
-    :class:`ConfigError` for a quoted or bracketed value that is not valid YAML."""
+    :class:`ConfigError` for a bracketed value Hydra's grammar cannot read or a quoted one that is not valid YAML."""
     import yaml
 
-    from asyncrl.config_overrides import parse_override
+    from asyncrl.config_overrides import OverrideSyntaxError, parse_override
 
     try:
         return parse_override(item)
+    except OverrideSyntaxError as exc:
+        raise ConfigError(f"the value of override {item!r} is not a valid list or mapping (Hydra's override grammar, "
+                          f"as verl's command line): {exc.problem} at column {exc.column} of the value") from None
     except yaml.YAMLError as exc:
-        raise _yaml_problem(exc, f"the value of override {item!r}") from None
+        raise yaml_problem(exc, f"the value of override {item!r}") from None
     except GrammarParseError:  # 'a${b': OmegaConf reads ${ as the start of an interpolation
         raise ConfigError(f"the value of override {item!r} holds a '${{' that starts no complete interpolation such "
                           "as ${oc.env:HOME}: close it, or write a literal $ before { as \\${") from None
@@ -173,7 +142,7 @@ def load_config(
     defaults = copy.deepcopy(cfg)  # what ~key goes back to: the base's (a recipe's) value, else the schema's
     given: list = []  # what the YAML file and each override set: whether they name the run (trainer.experiment_name)
     if yaml_path is not None:
-        given.append(_load_yaml(yaml_path))
+        given.append(load_yaml_file(yaml_path))
         cfg = _merge(cfg, given[-1], str(yaml_path))
     for typed in overrides or []:
         if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping emptied)
@@ -324,17 +293,15 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.actor_rollout_ref.hybrid_engine and cfg.algorithm.filter_groups.enable:
         raise ConfigError("actor_rollout_ref.hybrid_engine=True generates exactly one batch per step, so groups dropped "
                           "by algorithm.filter_groups.enable=True could not be replaced: use one of the two")
-    from asyncrl.cpu_affinity import parse_cores
+    from asyncrl.cpu_affinity import CORE_LIST_KEYS, GLUE_AUTO, GLUE_KEY, core_list_hint, parse_cores
 
-    for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
-                      ("trainer.cpu_affinity", cfg.trainer.cpu_affinity),
-                      ("async_training.rollouter_cpu_affinity", at.rollouter_cpu_affinity)):
+    for key in CORE_LIST_KEYS:
+        spec = _get(cfg, key)
         try:
-            if spec and not (key.startswith("async_training.") and spec == "auto"):
+            if spec and not (key == GLUE_KEY and spec == GLUE_AUTO):
                 parse_cores(spec)
         except ValueError:
-            raise ConfigError(f"{key}={spec!r} is not a CPU core list such as '0' or '0-1,3'"
-                              + (" (or 'auto')" if key.startswith("async_training.") else "")) from None
+            raise ConfigError(f"{key}={spec!r} is not a CPU core list; {core_list_hint(key)}") from None
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "

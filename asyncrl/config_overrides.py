@@ -3,12 +3,25 @@
 OmegaConf's ``from_dotlist`` reads a value as YAML 1.1, which changes some text silently: ``#`` starts a comment
 (``reward_kwargs.v='#### (\\d+)'`` became ``None``, ``'x #y'`` became ``'x'``), ``: `` and ``- `` make a mapping or a
 list (``Answer:`` became ``{'Answer': None}``), and YAML 1.1's number and boolean forms turn strings into other values
-(``0123`` into the octal 83, ``12:30`` into 750, ``0x10`` into 16, ``no`` / ``off`` / ``yes`` into booleans). Hydra's
-override grammar (verl's command line) reads decimal numbers, ``true`` / ``false`` and ``null`` as such and keeps
-other text a string. :func:`override_value` does the same: a value typed without quotes or brackets is a number, a
-boolean or null only in those plain forms, and otherwise the string exactly as typed. Quoted values and ``[...]`` /
-``{...}`` values are read as YAML (inside a flow mapping or list YAML's rules hold: quote such strings there).
-A YAML file is read as YAML, as verl reads its config files.
+(``0123`` into the octal 83, ``12:30`` into 750, ``0x10`` into 16, ``no`` / ``off`` / ``yes`` into booleans), inside
+brackets too (``[yes,no]`` was ``[True, False]``, ``{a:1}`` the mapping ``{'a:1': None}``). Hydra's override grammar
+(verl's command line; ``hydra/grammar/OverrideLexer.g4``) reads decimal numbers (``1``, ``1_000``, ``1.5``,
+``1e-3``, ``inf``), ``true`` / ``false`` and ``null`` (any case) as such and keeps other text a string, as typed.
+:func:`override_value` does the same, at the top level and for every element of a ``[...]`` list or ``{...}``
+mapping, which it reads by Hydra's grammar (:func:`hydra_element`): ``[yes,no]`` is ``['yes', 'no']``, ``[0123]`` is
+``['0123']``, ``{a: off, t: 12:30}`` is ``{'a': 'off', 't': '12:30'}``, ``{a:1}`` (no space needed) is ``{'a': 1}``;
+mapping keys are strings; ``'...'`` / ``"..."`` quote an element (``['a,b']``), ``\\,`` escapes a comma. A quoted
+value at the top level is read as YAML (``'0123'`` is the text 0123). The value then takes its key's type as
+Hydra's does (OmegaConf converts: ``trainer.seed=0123`` is 123, a str key keeps ``0123``); a value of the wrong type
+is a config error naming the key (:func:`asyncrl.config_types._check_raw`).
+
+A mapping given to a mapping key (``custom_reward_function.reward_kwargs={scale: 2}``,
+``actor_rollout_ref.rollout.engine_kwargs={vllm: {max_num_seqs: 8}}``) is merged into what it holds, key by key and
+at every depth, as Hydra (1.0.1 and later) merges a dictionary override into an existing node; a list replaces a
+list. To replace a mapping instead, reset it first with Hydra's ``~key`` (:func:`reset_key`: back to the recipe's
+value, ``{}`` for ``reward_kwargs``), then set it: ``~custom_reward_function.reward_kwargs
+custom_reward_function.reward_kwargs={scale: 2}``; ``key={}`` merges nothing and changes nothing, as in Hydra.
+A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config files (:mod:`asyncrl.config_yaml`).
 """
 
 from __future__ import annotations
@@ -16,30 +29,136 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
+
 
 def _yaml(text: str) -> Any:
     """``text`` read as OmegaConf reads a dotlist value (its YAML loader, through the public API)."""
     return OmegaConf.to_container(OmegaConf.from_dotlist([f"v={text}"]), resolve=False)["v"]
 
 
-_DECIMAL_INT = re.compile(r"[+-]?(0|[1-9][0-9_]*)")
-_NULLS = ("null", "Null", "NULL", "~")
-_YAML_FLOAT_WORDS = (".inf", ".nan")
+_UINT = r"(?:0|[1-9](?:_?[0-9])*)"  # Hydra's INT_UNSIGNED
+_POINT = rf"(?:{_UINT}?\.[0-9](?:_?[0-9])*|{_UINT}\.)"  # POINT_FLOAT
+_HYDRA_INT = re.compile(rf"[+-]?{_UINT}")
+_HYDRA_FLOAT = re.compile(rf"[+-]?(?:{_POINT}|(?:{_UINT}|{_POINT})[eE][+-]?{_UINT}|[Ii][Nn][Ff]|[Nn][Aa][Nn])")
+_ESCAPED = re.compile(r"\\([\\()\[\]{}:=, \t])")  # Hydra's escapes: a backslash before one of these is that character
 
 
-def _plain_float(text: str) -> bool:
-    """``1.5``, ``-2e-3``, ``1_000.5``, ``inf``, ``.inf``: what Python's ``float`` or YAML's named floats read."""
-    if ":" in text:  # YAML 1.1's base-60 (12:30.5)
-        return False
-    if text.lower().lstrip("+-") in _YAML_FLOAT_WORDS:
-        return True
-    try:
-        float(text.replace("_", ""))
-    except ValueError:
-        return False
-    return True
+def hydra_primitive(text: str) -> Any:
+    """An unquoted value as Hydra's grammar types it: ``null`` -> None, ``true`` / ``false`` -> bool (any case), a
+    decimal int (``-2``, ``1_000``) -> int, a float (``1.5``, ``.5``, ``1e-3``, ``inf``, ``nan``) -> float, anything
+    else (``0123``, ``12:30``, ``0x10``, ``yes``, ``off``) -> the text, stripped of surrounding spaces."""
+    t = text.strip()
+    low = t.lower()
+    if low == "null":
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    if _HYDRA_INT.fullmatch(t):
+        return int(t.replace("_", ""))
+    if _HYDRA_FLOAT.fullmatch(t):
+        return float(t.replace("_", ""))
+    return t
+
+
+class OverrideSyntaxError(ValueError):
+    """A ``[...]`` / ``{...}`` value Hydra's grammar cannot read: ``problem`` at 1-based ``column`` of the value."""
+
+    def __init__(self, problem: str, column: int):
+        super().__init__(f"{problem} at column {column}")
+        self.problem, self.column = problem, column
+
+
+def _skip_spaces(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    return i
+
+
+def _quoted(text: str, i: int) -> tuple[str, int]:
+    """The quoted string starting at ``text[i]`` (``\\'`` / ``\\"`` inside is the quote itself) and the index after it."""
+    quote, out, j = text[i], [], i + 1
+    while j < len(text):
+        if text[j] == "\\" and j + 1 < len(text) and text[j + 1] == quote:
+            out.append(quote)
+            j += 2
+        elif text[j] == quote:
+            return "".join(out), j + 1
+        else:
+            out.append(text[j])
+            j += 1
+    raise OverrideSyntaxError(f"the quote {quote} is never closed", i + 1)
+
+
+def _unquoted(text: str, i: int, stops: str) -> tuple[str, int]:
+    """Unquoted text from ``text[i]`` up to the first unescaped character of ``stops`` outside ``${...}``, and the
+    index of that character (or the end)."""
+    j, depth = i, 0
+    while j < len(text):
+        c = text[j]
+        if c == "\\" and j + 1 < len(text):
+            j += 2
+            continue
+        if c == "$" and text[j + 1:j + 2] == "{":
+            depth, j = depth + 1, j + 2
+            continue
+        if depth and c == "{":
+            depth += 1
+        elif depth and c == "}":
+            depth -= 1
+        elif not depth and c in stops:
+            break
+        elif not depth and c in "[{":
+            raise OverrideSyntaxError(f"unexpected {c!r} inside the text {text[i:j + 1]!r} (quote it)", j + 1)
+        j += 1
+    return text[i:j], j
+
+
+def hydra_element(text: str, i: int = 0, stops: str = "") -> tuple[Any, int]:
+    """The element of Hydra's override grammar at ``text[i]``: a ``[...]`` list, a ``{key: value, ...}`` mapping
+    (string keys; no space needed after ``:``), a quoted string, or an unquoted primitive (:func:`hydra_primitive`,
+    ending before a character of ``stops``), and the index after it.
+
+    Raises:
+        OverrideSyntaxError: an unclosed bracket or quote, an empty element, a mapping entry without ``:``.
+    """
+    i = _skip_spaces(text, i)
+    if i < len(text) and text[i] in "[{":
+        closing, out = ("]", []) if text[i] == "[" else ("}", {})
+        opened, i = i, _skip_spaces(text, i + 1)
+        if text[i:i + 1] == closing:
+            return out, i + 1
+        while True:
+            if isinstance(out, dict):
+                if text[i:i + 1] in ("'", '"'):
+                    key, i = _quoted(text, i)
+                    i = _skip_spaces(text, i)
+                else:
+                    key, i = _unquoted(text, i, ":,]}")
+                    key = _ESCAPED.sub(r"\1", key.strip())
+                if text[i:i + 1] != ":" or not key:
+                    raise OverrideSyntaxError("a mapping entry is key: value" + (f", not {key!r}" if key else ""), i + 1)
+                out[key], i = hydra_element(text, i + 1, ",]}")
+            else:
+                value, i = hydra_element(text, i, ",]}")
+                out.append(value)
+            i = _skip_spaces(text, i)
+            if i >= len(text):
+                raise OverrideSyntaxError(f"the {text[opened]!r} here is never closed (a {closing!r} is missing)",
+                                          opened + 1)
+            if text[i] == closing:
+                return out, i + 1
+            if text[i] != ",":
+                raise OverrideSyntaxError(f"expected ',' or {closing!r}, found {text[i]!r}", i + 1)
+            i += 1
+    if i < len(text) and text[i] in ("'", '"'):
+        return _quoted(text, i)
+    raw, j = _unquoted(text, i, stops)
+    if not raw.strip():
+        found = f"found {text[j]!r}" if j < len(text) else "found the end"
+        raise OverrideSyntaxError(f"an element is missing ({found})", j + 1)
+    value = hydra_primitive(raw)
+    return (_ESCAPED.sub(r"\1", value) if isinstance(value, str) else value), j
 
 
 def override_value(text: str) -> Any:
@@ -49,35 +168,32 @@ def override_value(text: str) -> Any:
         text: what follows the first ``=`` (not empty: the caller makes an empty value ``''``).
 
     Returns:
-        ``None``, a bool, an int, a float, a list / dict (bracketed or quoted YAML), or a string: the text as typed
-        when YAML would have read it as anything but its plain form.
+        ``None``, a bool, an int, a float, a list / dict (``[...]`` / ``{...}`` read by Hydra's grammar, or a quoted
+        YAML one), or a string: the text as typed where Hydra's grammar reads no number, bool or null.
 
     Raises:
-        yaml.YAMLError: a quoted or bracketed value that is not valid YAML (the caller names the override).
+        OverrideSyntaxError: a ``[...]`` / ``{...}`` value Hydra's grammar cannot read (the caller names the override).
+        yaml.YAMLError: a quoted value that is not valid YAML.
     """
     stripped = text.strip()
-    if stripped[:1] in ("'", '"', "[", "{"):
+    if stripped[:1] in ("[", "{"):
+        value, end = hydra_element(stripped)
+        if end < len(stripped):
+            raise OverrideSyntaxError(f"unexpected text {stripped[end:]!r} after the closing {stripped[end - 1]!r}",
+                                      end + 1)
+        return value
+    if stripped[:1] in ("'", '"'):
         return _yaml(stripped)
-    try:
-        parsed = _yaml(stripped)
-    except yaml.YAMLError:  # "a: b: c" and the like: plain text to Hydra
-        return stripped
-    if parsed is None:
-        return None if stripped in _NULLS else stripped
-    if isinstance(parsed, bool):
-        return parsed if stripped.lower() in ("true", "false") else stripped
-    if isinstance(parsed, int):
-        return parsed if _DECIMAL_INT.fullmatch(stripped) else stripped
-    if isinstance(parsed, float):
-        return parsed if _plain_float(stripped) else stripped
-    return stripped  # a string (comment cut or not), or a mapping / list / date from unbracketed text
+    if stripped == "~":  # YAML's null, as before (Hydra's lexer refuses it)
+        return None
+    return hydra_primitive(stripped)
 
 
 def parse_override(item: str) -> DictConfig:
     """``key=value`` as a one-key DictConfig (``a.b=1`` -> ``{a: {b: 1}}``), the value read by :func:`override_value`.
 
     Raises:
-        yaml.YAMLError: from :func:`override_value`.
+        OverrideSyntaxError, yaml.YAMLError: from :func:`override_value`.
     """
     key, _, value = item.partition("=")
     conf = OmegaConf.create()

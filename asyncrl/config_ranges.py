@@ -385,12 +385,11 @@ def check_local_resources(cfg: ExperimentConfig) -> None:
         if not any((Path(path) / f).is_file() for f in needs):
             raise ConfigError(f"{key}={path!r} holds no {' or '.join(needs)}: not a Hugging Face model directory")
     if cfg.ray.address is None:
-        from asyncrl.cpu_affinity import cores_text, glue_cores, parse_cores
+        from asyncrl.cpu_affinity import CORE_LIST_KEYS, GLUE_KEY, cores_text, glue_cores, parse_cores
 
         here = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)) if hasattr(os, "sched_getaffinity") else None
-        for key, spec in (("actor_rollout_ref.rollout.cpu_affinity", cfg.actor_rollout_ref.rollout.cpu_affinity),
-                          ("trainer.cpu_affinity", cfg.trainer.cpu_affinity),
-                          ("async_training.rollouter_cpu_affinity", glue_cores(cfg))):
+        for key in CORE_LIST_KEYS:
+            spec = glue_cores(cfg) if key == GLUE_KEY else _get(cfg, key)  # "auto": the cores it resolves to
             missing = [c for c in parse_cores(spec) if c not in here] if spec and here is not None else []
             if missing:
                 raise ConfigError(f"{key}={spec!r}: CPU core(s) {cores_text(missing)} do not exist on this machine "

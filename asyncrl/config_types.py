@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import typing
 from typing import Any, Callable, Optional
 
@@ -52,12 +53,66 @@ def section_names() -> dict[str, list[str]]:
 _BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
 
 
-def _check_raw(raw: Any, what: str) -> Any:
+_DECIMAL_TEXT = re.compile(r"\s*[+-]?[0-9](?:_?[0-9])*\s*")
+
+
+def _raw_ok(value: Any, t: Any, strict: bool = False) -> bool:
+    """Whether a value read from YAML or an override may go to a key of schema type ``t``: its type, or one OmegaConf
+    converts without a change of meaning (an int key takes the text ``0123`` as 123, a float key ``1e3``, a str key a
+    number or a bool, a list of str numbers). Inside a ``Union`` (``data.train_files``) OmegaConf converts nothing:
+    ``strict``. An interpolation (``${...}``) stands for any type (checked once resolved); bool keys are checked by
+    :func:`_check_raw` itself."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if isinstance(value, str) and "${" in value or t is Any or t is bool:
+        return True
+    if origin is typing.Union:  # Optional[X] converts as X does; a true Union (str or a list of str) nothing
+        strict = strict or len([a for a in args if a is not type(None)]) > 1
+        return any(_raw_ok(value, a, strict) for a in args)
+    if t is type(None):
+        return value is None
+    if t is int:
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            not strict and isinstance(value, str) and bool(_DECIMAL_TEXT.fullmatch(value)))
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        try:
+            return not strict and isinstance(value, str) and float(value) is not None
+        except ValueError:
+            return False
+    if t is str:
+        return isinstance(value, str) or (not strict and isinstance(value, (int, float)))  # a number or a bool: str()
+    if origin is tuple and args and Ellipsis not in args:
+        return isinstance(value, list) and len(value) == len(args) and all(map(_raw_ok, value, args))
+    if origin in (list, tuple):
+        return isinstance(value, list) and all(_raw_ok(v, args[0] if args else Any, strict) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _raw_hint(key: str, value: Any, t: Any) -> str:
+    """What a refused raw value's error adds: how to write a core list, how to set or empty a mapping."""
+    from asyncrl.cpu_affinity import CORE_LIST_KEYS, core_list_hint
+
+    if key in CORE_LIST_KEYS:
+        return f"; {core_list_hint(key)}"
+    if typing.get_origin(t) is dict:
+        return (f" (write {key}={{name: value}}, merged into the mapping, or {key}.name=value for one key; "
+                f"~{key} empties it)")
+    return ""
+
+
+def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = None) -> Any:
     """A YAML / dotlist container checked before OmegaConf merges it. Refused: for a bool key any int but 0 / 1
-    (``partial_rollout=2`` and ``=-1`` read as true) or a float; for a fixed-length tuple key (``optim.betas``) a list
-    of another length, for a mapping key a list (OmegaConf's errors name no key). Taken as verl does: a single name
-    for a list key (``logger: console`` in a YAML file, as ``trainer.logger=console`` on the command line). Returns
-    the container (a dict); raises :class:`ConfigError`."""
+    (``partial_rollout=2`` and ``=-1`` read as true) or a float; for any other key a value of the wrong type
+    (:func:`_raw_ok`: ``trainer.seed=abc``, ``trainer.seed=5.5``, a list for a str key such as
+    ``async_training.rollouter_cpu_affinity=[0,1]``, a scalar for a mapping key, null for a key that cannot be null,
+    a fixed-length tuple key's list of another length), with the key, the value and the expected type in
+    asyncrl's words (OmegaConf's named no key or said ``Cannot convert 'ListConfig' to string``), and for a null the
+    words of ``null_hint(key)`` if any. Taken as verl does: a single name for a list key (``logger: console`` in a YAML
+    file, as ``trainer.logger=console`` on the command line). Returns the container (a dict); raises
+    :class:`ConfigError`."""
     types = _leaf_types()
     sections = section_names()
 
@@ -68,17 +123,16 @@ def _check_raw(raw: Any, what: str) -> Any:
             raise ConfigError(f"{prefix!r} in {what} is a config section, not a value"
                               + (" (here null: nothing under it)" if node is None else "")
                               + f": set a key inside it, e.g. {prefix}.{under[0]}=... ({prefix} holds: {', '.join(under)})")
-        if isinstance(node, dict):
+        if isinstance(node, dict) and t is None:  # a section (or an unknown key: the merge names it)
             return {k: walk(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}") for k, v in node.items()}
         if typing.get_origin(t) is list and isinstance(node, str) and "${" not in node:
-            return [node]
-        if typing.get_origin(t) is dict and isinstance(node, list):  # OmegaConf: a TypeError naming no key
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)} "
-                              f"(write {prefix}={{key: value}})")
-        if typing.get_origin(t) is tuple and isinstance(node, list) and Ellipsis not in typing.get_args(t) \
-                and len(node) != len(typing.get_args(t)):
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not {_type_name(t)}")
-        elif t is bool and not isinstance(node, bool) and not (
+            node = [node]
+        if t is not None and not _raw_ok(node, t):  # OmegaConf's words named no key, or not in asyncrl's terms
+            shown = "null" if node is None else repr(node)
+            extra = null_hint(prefix) if node is None and null_hint else ""
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {shown} is not {_type_name(t)}"
+                              + (f"; {extra}" if extra else _raw_hint(prefix, node, t)))
+        if t is bool and not isinstance(node, bool) and not (
                 isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and (
                 node.lower() in _BOOL_WORDS or "${" in node)):  # an interpolation: resolved, then check_types
             raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not a bool; write true or false")
@@ -232,6 +286,8 @@ def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]]
 
     First :func:`check_structure` (a section replaced by a dict or None, a misspelt attribute: ``key_hint`` words
     its hint)."""
+    from asyncrl.cpu_affinity import CORE_LIST_KEYS as cores
+
     check_structure(cfg, where, key_hint)
     _plain_leaves(cfg)
     for key, t in _leaf_types().items():
@@ -242,7 +298,7 @@ def check_types(cfg: ExperimentConfig, hint: Optional[Callable[[str, Any], str]]
             kind = type(value)
             kind = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
             raise ConfigError(f"{key}={value!r} ({kind}) is not valid{where}: expected {_type_name(t)}"
-                              + (hint(key, value) if hint else ""))
+                              + (hint(key, value) if hint else "") + (_raw_hint(key, value, t) if key in cores else ""))
 
 
 def _type_name(t: Any) -> str:

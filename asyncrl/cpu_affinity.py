@@ -29,6 +29,25 @@ import os
 logger = logging.getLogger(__name__)
 
 
+CORE_LIST_KEYS = ("actor_rollout_ref.rollout.cpu_affinity", "trainer.cpu_affinity",
+                  "async_training.rollouter_cpu_affinity")
+"""The config keys that hold a core list (a string in Linux's list syntax, read by :func:`parse_cores`; the last one
+may also say ``"auto"``, :func:`glue_cores`)."""
+GLUE_KEY = CORE_LIST_KEYS[2]
+
+
+def core_list_hint(key: str) -> str:
+    """How to write the core list ``key`` holds, for an error that refused a value of it (a list ``[0,1]``, a
+    malformed string): the accepted forms and how to type them on the command line, in YAML and in Python. A list of
+    ints is refused rather than converted: one form (the string) reads the same in a config.yaml, an override and
+    Python, and the Linux syntax says ranges (``0-3,8``) a list would spell out."""
+    last = key.rsplit(".", 1)[-1]
+    auto = ", 'auto' (the default: the trainer's cores beside the rollout's)" if key == GLUE_KEY else ""
+    return (f"a CPU core list is a string in Linux's list syntax, e.g. '0,1' or '0-1' (cores 0 and 1), '0-3,8', '' "
+            f"(pin nothing){auto}: write {key}=0,1 on the command line, {last}: '0,1' in a YAML file, cfg.{key} = '0,1' in "
+            "Python")
+
+
 def parse_cores(spec: str) -> list[int]:
     """``"0,2-3"`` -> ``[0, 2, 3]``.
 

@@ -10,18 +10,22 @@ from asyncrl.config import ConfigError, load_config
 
 
 @pytest.mark.parametrize("override, says", [
-    ("actor_rollout_ref.rollout.engine_kwargs={vllm:{max_model_len:64}}",
-     r"is not valid YAML: found unexpected ':' at line 1, column 6.*a space after each ':'"),
-    ("trainer.logger=[console", r"is not valid YAML: did not find expected ',' or '\]' at line 2, column 1.*"
-                                r"flow sequence begun at line 1, column 1"),
-], ids=["flow_mapping_without_spaces", "unclosed_list"])
-def test_an_override_that_is_not_yaml_is_a_config_error(override, says, capsys):
-    """Both raised yaml.scanner.ScannerError / yaml.parser.ParserError through ``asyncrl train``."""
+    ("trainer.logger=[console", r"the '\[' here is never closed \(a '\]' is missing\) at column 1 of the value$"),
+    ("trainer.logger=[console,,tensorboard]", r"an element is missing \(found ','\) at column 10 of the value$"),
+    ("custom_reward_function.reward_kwargs={a}", r"a mapping entry is key: value, not 'a' at column 3 of the value$"),
+    ("trainer.logger=[console]x", r"unexpected text 'x' after the closing '\]' at column 10 of the value$"),
+    ("trainer.logger=['console]", r"the quote ' is never closed at column 2 of the value$"),
+], ids=["unclosed_list", "empty_element", "entry_without_colon", "text_after_list", "unclosed_quote"])
+def test_a_bracketed_override_hydra_cannot_read_is_a_config_error(override, says, capsys):
+    """Both the unclosed list and (before session 33, when brackets were YAML) ``{vllm:{max_model_len:64}}`` raised
+    yaml.scanner.ScannerError / yaml.parser.ParserError through ``asyncrl train``; a bracketed value is now read by
+    Hydra's override grammar, and what it cannot read is one config error naming the override and the column."""
     with pytest.raises(ConfigError, match=says):
         load_config(None, [override])
     assert main(["train", override]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"config error: the value of override {override!r} is not valid YAML") and "Traceback" not in err
+    assert err.startswith(f"config error: the value of override {override!r} is not a valid list or mapping "
+                          "(Hydra's override grammar, as verl's command line): ") and "Traceback" not in err
 
 
 def test_a_yaml_file_with_a_syntax_error_or_a_list_at_top_level_is_a_config_error(tmp_path, capsys):
@@ -96,7 +100,9 @@ def test_save_freq_at_or_below_zero_means_no_checkpoints_as_in_verl(value):
 
 def test_total_training_steps_null_says_what_to_write_instead():
     """verl's default ``trainer.total_training_steps=null`` was ``Incompatible value 'None' for field of type 'int'``."""
-    with pytest.raises(ConfigError, match=r"Incompatible value 'None'.*; verl's null .*give a step count >= 1"):
+    with pytest.raises(ConfigError, match=r"^invalid value for 'trainer.total_training_steps' in override "
+                                          r"'trainer.total_training_steps=null': null is not int; verl's null .*give a "
+                                          r"step count >= 1"):
         load_config(None, ["trainer.total_training_steps=null"])
 
 
@@ -119,12 +125,12 @@ def test_hydra_plus_prefixes_read_as_plain_overrides():
     ("0123", "0123"), ("12:30", "12:30"), ("0x10", "0x10"),  # YAML 1.1: octal 83, base-60 750, hex 16
     ("no", "no"), ("off", "off"), ("yes", "yes"), ("'hello world'", "hello world"),  # YAML 1.1: booleans
     ("2", 2), ("-1", -1), ("1_000", 1000), ("1.5", 1.5), ("1e-3", 0.001), ("true", True), ("False", False),
-    ("null", None), ("\"'0123'\"", "0123"), ("[a,0123]", ["a", 83]), ("'{a: 1}'", {"a": 1}),
+    ("null", None), ("\"'0123'\"", "0123"), ("[a,0123]", ["a", "0123"]), ("'{a: 1}'", {"a": 1}),
 ])
 def test_an_override_value_reads_as_hydra_reads_it_not_as_yaml_1_1(typed, value, tmp_path):
     """A fresh user's pass (session 32): ``reward_kwargs.v='#### (\\d+)'`` reached the reward as None and ``0123`` as
     83, silently. Plain decimal numbers, true / false and null are read as such; other unquoted, unbracketed text is
-    the string as typed; quoted and bracketed values are YAML (inside brackets YAML's rules hold)."""
+    the string as typed, inside brackets too (session 33: ``[a,0123]`` was ``['a', 83]``); a quoted value is YAML."""
     import shlex
 
     from asyncrl.config import load_config

@@ -51,6 +51,48 @@ def test_the_key_is_checked_like_the_other_core_lists():
     assert load_config().async_training.rollouter_cpu_affinity == "auto"  # the default follows the other two keys
 
 
+@pytest.mark.parametrize("key", ["async_training.rollouter_cpu_affinity", "trainer.cpu_affinity",
+                                 "actor_rollout_ref.rollout.cpu_affinity"])
+def test_a_list_of_cores_is_refused_in_asyncrls_words_with_the_forms_to_write(key, tmp_path):
+    """A fresh user's pass (session 33): ``async_training.rollouter_cpu_affinity=[0,1]`` said OmegaConf's "Cannot
+    convert 'ListConfig' to string". A core list is one string (Linux's list syntax, ranges included) wherever it is
+    written; the error names the key, the value as typed and how to write it on the command line, in YAML and Python."""
+    from asyncrl.config import ConfigError, ExperimentConfig, load_config
+
+    last = key.rsplit(".", 1)[-1]
+    auto = r", 'auto' \(the default: the trainer's cores beside the rollout's\)" if last == "rollouter_cpu_affinity" else ""
+    forms = (rf"a CPU core list is a string in Linux's list syntax, e.g. '0,1' or '0-1' \(cores 0 and 1\), '0-3,8', '' "
+             rf"\(pin nothing\){auto}: write {key}=0,1 on the command line, {last}: '0,1' in a YAML file, cfg.{key} = '0,1' "
+             rf"in Python$")
+    with pytest.raises(ConfigError, match=rf"^invalid value for '{key}' in override '{key}=\[0,1\]': \[0, 1\] is not "
+                                          rf"str; {forms}"):
+        load_config(overrides=[f"{key}=[0,1]"])
+    section, _, _ = key.rpartition(".")
+    yml = tmp_path / "c.yaml"
+    yml.write_text("".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split("."))) +
+                   f"{'  ' * len(section.split('.'))}{last}: [0, 1]\n")
+    with pytest.raises(ConfigError, match=rf"^invalid value for '{key}' in {yml}: \[0, 1\] is not str; {forms}"):
+        load_config(yml)
+    cfg = ExperimentConfig()
+    node = cfg
+    for part in section.split("."):
+        node = getattr(node, part)
+    setattr(node, last, [0, 1])
+    with pytest.raises(ConfigError, match=rf"^{key}=\[0, 1\] \(list\) is not valid in the base config: expected str; "
+                                          rf"{forms}"):
+        load_config(base=cfg)
+    with pytest.raises(ConfigError, match=rf"^{key}='0-x' is not a CPU core list; {forms}"):
+        load_config(overrides=[f"{key}=0-x"])
+    assert _get_key(load_config(overrides=[f"{key}=0,1"]), key) == "0,1"  # the command line's form, unquoted
+    assert _get_key(load_config(overrides=[f"{key}=0-1"]), key) == "0-1"
+
+
+def _get_key(cfg, key):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 def test_pin_process_says_it_pins_the_calling_thread_not_the_whole_pid(caplog):
     """It logged "pinned pid N to cores [...]" while the threads started before it kept floating."""
     import logging

@@ -99,8 +99,9 @@ def test_a_reward_kwarg_the_function_cannot_take_is_a_config_error_naming_the_ke
     assert str(info.value) == (
         f"custom_reward_function.reward_kwargs.sacle, custom_reward_function.reward_kwargs.mode: {path}:compute_score"
         "(data_source, solution_str, ground_truth, extra_info=None, scale=1.0, tag='none') takes no keyword 'sacle' "
-        "or 'mode', and every call passes it (custom_reward_function.reward_kwargs={'scale': 2, 'sacle': 3, "
-        "'mode': 'x'}): add the parameters (or **kwargs) to compute_score, or drop the keys")
+        "(did you mean 'scale'?) or 'mode', and every call passes it (custom_reward_function.reward_kwargs={'scale': "
+        "2, 'sacle': 3, 'mode': 'x'}): the reward_kwargs it takes are scale, tag; rename the keys, add the parameters "
+        "(or **kwargs) to compute_score, or drop the keys")
     (tmp_path / "kw.py").write_text("def compute_score(**kwargs):\n    raise AssertionError('called')\n")
     load_custom_reward(str(tmp_path / "kw.py"), reward_kwargs={"anything": 1})  # **kwargs takes any; never called
     (tmp_path / "need.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, bonus):\n"
@@ -118,6 +119,29 @@ def test_a_reward_kwarg_the_function_cannot_take_is_a_config_error_naming_the_ke
     with pytest.raises(ConfigError, match=r"requires 'tok', which no row passes .*: set "
                                           r"custom_reward_function.reward_kwargs.tok=\.\.\., or give it a default"):
         load_custom_reward(str(tmp_path / "two.py"), reward_kwargs={"n": 2})
+
+
+def test_a_misspelt_reward_kwarg_gets_a_did_you_mean_and_the_names_the_function_takes(tmp_path):
+    """A fresh user's pass (session 33): ``reward_kwargs.threshhold=0.5`` said the function takes no keyword
+    'threshhold' and to add the parameter; the function has ``threshold``. The closest parameter name is offered
+    (difflib, never one of verl's four) and the names it takes are listed; a name close to none gets no guess."""
+    from asyncrl.config import ConfigError
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "t.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, "
+                                   "threshold=0.5, marker='####'):\n    return 0.0\n")
+    with pytest.raises(ConfigError, match=r"^custom_reward_function.reward_kwargs.threshhold: .* takes no keyword "
+                                          r"'threshhold' \(did you mean 'threshold'\?\), and every call passes it "
+                                          r"\(.*\): the reward_kwargs it takes are threshold, marker; rename the key, "):
+        load_custom_reward(str(tmp_path / "t.py"), reward_kwargs={"threshhold": 0.9})
+    with pytest.raises(ConfigError) as info:
+        load_custom_reward(str(tmp_path / "t.py"), reward_kwargs={"zzz": 1, "extra_inf": 2})
+    assert "did you mean" not in str(info.value)  # extra_inf is close to extra_info, which reward_kwargs cannot set
+    (tmp_path / "four.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                                      "    return 0.0\n")
+    with pytest.raises(ConfigError, match=r"takes no keyword 'scale', .*: it takes no keyword besides data_source, "
+                                          r"solution_str, ground_truth, extra_info; rename the key"):
+        load_custom_reward(str(tmp_path / "four.py"), reward_kwargs={"scale": 2})
 
 
 def test_a_reward_kwarg_named_as_one_of_the_four_keywords_is_refused(tmp_path):

@@ -16,6 +16,7 @@ another directory load the same file. What the function returns is checked per s
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import importlib.util
 import inspect
@@ -97,6 +98,28 @@ def _stdout_to_stderr() -> Iterator[None]:
                 os.close(saved)
 
 
+def _taken(params) -> list[str]:
+    """The names a ``reward_kwargs`` key may have: the function's keyword parameters other than the four, in order."""
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in KEYWORDS]
+
+
+def _refused_words(refused: list[str], params) -> str:
+    """``'sacle' (did you mean 'scale'?) or 'mode'``: each refused key with the closest name the function takes
+    (difflib's 0.6 cutoff; a key close to none gets no guess)."""
+    def one(key: str) -> str:
+        close = difflib.get_close_matches(key, _taken(params), n=1)
+        return repr(key) + (f" (did you mean {close[0]!r}?)" if close else "")
+
+    return " or ".join(map(one, refused))
+
+
+def _reward_kwargs_taken(params) -> str:
+    """What the error says the function takes besides the four: ``the reward_kwargs it takes are scale, tag``."""
+    names = _taken(params)
+    return (f"the reward_kwargs it takes are {', '.join(names)}" if names
+            else f"it takes no keyword besides {', '.join(KEYWORDS)}")
+
+
 def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional[dict] = None) -> None:
     """Refuse a function that verl's call ``fn(data_source=, solution_str=, ground_truth=, extra_info=,
     **reward_kwargs)`` would fail on (a ``**kwargs`` function takes it), and a ``reward_kwargs`` key named as one of
@@ -128,10 +151,11 @@ def _check_signature(fn: Callable, name: str, path: str, reward_kwargs: Optional
     refused = [] if takes_any else [k for k in reward_kwargs if k not in by_keyword]
     if refused:
         keys = ", ".join(f"custom_reward_function.reward_kwargs.{k}" for k in refused)
-        raise ConfigError(f"{keys}: {path}:{name}{sig} takes no keyword {' or '.join(map(repr, refused))}, and every "
-                          f"call passes it (custom_reward_function.reward_kwargs={dict(reward_kwargs)!r}): add the "
-                          f"parameter{'s' if len(refused) > 1 else ''} (or **kwargs) to {name}, or drop the "
-                          f"key{'s' if len(refused) > 1 else ''}")
+        s = "s" if len(refused) > 1 else ""
+        raise ConfigError(f"{keys}: {path}:{name}{sig} takes no keyword {_refused_words(refused, params)}, and every "
+                          f"call passes it (custom_reward_function.reward_kwargs={dict(reward_kwargs)!r}): "
+                          f"{_reward_kwargs_taken(params)}; rename the key{s}, add the parameter{s} (or **kwargs) to "
+                          f"{name}, or drop the key{s}")
     accepts_four = takes_any or all(k in by_keyword for k in KEYWORDS)
     unfilled = [p.name for p in params if p.default is p.empty and p.name not in (*KEYWORDS, *reward_kwargs)
                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -175,7 +199,8 @@ def load_custom_reward(path: str, name: str = "compute_score", reward_kwargs: Op
             ``name`` or one that is not callable (the message lists the file's functions), a function that cannot
             take the four keywords (its parameters and the four names), a function that takes them but requires
             another argument no ``reward_kwargs`` key gives (the argument, to set as ``reward_kwargs`` or give a
-            default), a ``reward_kwargs`` key it cannot take (the key, the function and its parameters), or a
+            default), a ``reward_kwargs`` key it cannot take (the key, the function and its parameters, the closest
+            parameter name as "did you mean" and the names it takes), or a
             ``reward_kwargs`` key named as one of the four.
         KeyboardInterrupt: Ctrl-C during the import: an interrupt, not a config error (the half-imported module is
             dropped and stdout given back first).

@@ -1,0 +1,158 @@
+"""A YAML config file, read as Hydra (verl) reads one, minus YAML 1.1's silent changes of meaning.
+
+Hydra reads config files with OmegaConf's loader: YAML 1.1 (PyYAML) plus OmegaConf's float fix, so ``lr: 1e-3`` is
+the float 0.001 (PyYAML alone reads the string ``'1e-3'``), and asyncrl reads them the same way (:func:`load_yaml_file`).
+YAML 1.1 also reads some plain text as something else, which a typed key then takes without a word: ``0123`` is the
+octal 83 (``seed: 0123`` trained with seed 83, ``cpu_affinity: 0123`` pinned core list ``'83'``), ``12:30`` the
+base-60 number 750, and ``no`` / ``off`` / ``yes`` / ``on`` booleans (``experiment_name: no`` named the run
+``False``). :func:`yaml_1_1_surprises` refuses those where the meaning changes, naming the file, line, key, the text as
+typed and the key's type:
+
+* an octal or base-60 number, under any key (YAML 1.2 dropped both forms; a mapping value such as
+  ``reward_kwargs.version: 0123`` included): write the decimal number, or quote the text;
+* a plain value that YAML reads as a non-string whose text it does not keep (``no`` -> False, ``1e3`` -> 1000.0,
+  ``0x10`` -> 16), under a str key (``experiment_name``, ``data.task``, the entries of ``trainer.logger``): quote it;
+* a YAML 1.1 boolean word (``yes`` / ``no`` / ``on`` / ``off``) under a number or list key (``seed: no``).
+
+Kept as Hydra reads them: booleans under a bool key (``partial_rollout: off`` is false) and inside a mapping key's
+values (``engine_kwargs.vllm.enforce_eager: yes`` is true: an untyped value means what YAML says), and hex / binary
+numbers (``0x10``) under a number key. Command-line overrides follow Hydra's override grammar instead
+(:mod:`asyncrl.config_overrides`: ``key=no`` is the text ``no``).
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from asyncrl.config_schema import ConfigError
+from asyncrl.config_types import _leaf_types, _type_name
+
+_BOOL_1_1 = re.compile(r"yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF")  # PyYAML's bool words but true / false
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")  # PyYAML's int resolver
+_BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
+def yaml_problem(exc: Exception, what: str) -> ConfigError:
+    """One line for a YAML syntax error: where (``what``, line and column) and what PyYAML found."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark, ctx = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    where = f" at {at(mark or ctx)}" if (mark or ctx) is not None else ""
+    if mark is not None and ctx is not None and getattr(exc, "context", None):  # where the unclosed part began
+        where += f", {' '.join(str(exc.context).split())} begun at {at(ctx)}"
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    hint = ""
+    if "':'" in problem:  # {a:{b:1}}: YAML reads "a:{b:1}" as one word; a flow mapping needs "a: {b: 1}"
+        hint = " (YAML needs a space after each ':' in a mapping, e.g. {vllm: {max_model_len: 64}})"
+    elif "',' or ']'" in problem or "',' or '}'" in problem:
+        hint = " (an unclosed [ or {?)"
+    return ConfigError(f"{what} is not valid YAML: {problem}{where}{hint}")
+
+
+def _key_type(key: str, in_list: bool) -> Optional[Any]:
+    """The schema type a value at the dotted ``key`` of a YAML file goes to (an entry's type when ``in_list``): a
+    leaf's type, a ``dict[str, X]`` key's ``X`` for its entries, ``Any`` deeper in a mapping; None for a section or
+    an unknown key (the merge names it)."""
+    types = _leaf_types()
+    t = types.get(key)
+    if t is None:
+        parts = key.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            owner = types.get(".".join(parts[:i]))
+            if owner is not None:
+                args = typing.get_args(owner)
+                if typing.get_origin(owner) is not dict:
+                    return None
+                t = args[1] if i == len(parts) - 1 and len(args) == 2 else Any
+                break
+        else:
+            return None
+    if in_list or typing.get_origin(t) is list:  # a list key's entries; a single name for it (logger: console) too
+        entries = [a for a in (t, *typing.get_args(t)) if typing.get_origin(a) in (list, tuple)]
+        return typing.get_args(entries[0])[0] if entries and typing.get_args(entries[0]) else Any
+    return t
+
+
+def _takes(t: Any, kind: type) -> bool:
+    """Whether the schema type ``t`` is ``kind`` or a ``Union`` / ``Optional`` holding it."""
+    return t is kind or kind in typing.get_args(t)
+
+
+def _surprise(text: str, t: Any) -> Optional[str]:
+    """Why the plain YAML scalar ``text`` at a key of type ``t`` is refused (module docstring), or None."""
+    from asyncrl.config_overrides import _yaml
+
+    if "${" in text:
+        return None
+    if _OCTAL.fullmatch(text) and int(text.replace("_", ""), 8) != int(text.replace("_", ""), 10):
+        decimal = int(text.replace("_", ""), 10)
+        return (f"is YAML 1.1's octal number {int(text.replace('_', ''), 8)}, not {decimal}: write {decimal} for the "
+                f"number, or '{text}' (quoted) for the text")
+    if _BASE_60.fullmatch(text):
+        return f"is YAML 1.1's base-60 number {_yaml(text)!r}: write '{text}' (quoted) for the text"
+    if t is Any:
+        return None
+    if _takes(t, str) or (typing.get_origin(t) is typing.Union and any(typing.get_origin(a) is list for a in
+                                                                       typing.get_args(t))):
+        value = _yaml(text)
+        if value is not None and not isinstance(value, str) and str(value) != text:
+            return (f"is read by YAML 1.1 as {value!r} ({type(value).__name__}), and the key takes "
+                    f"{_type_name(t)}: write '{text}' (quoted) for the text")
+        return None
+    if _BOOL_1_1.fullmatch(text) and not _takes(t, bool):
+        return (f"is YAML 1.1's boolean {str(_yaml(text)).lower()}, and the key takes {_type_name(t)}")
+    return None
+
+
+def yaml_1_1_surprises(text: str, path: str) -> None:
+    """Refuse the plain values of the YAML document ``text`` (the file ``path``) that YAML 1.1 reads with another
+    meaning than the text typed (module docstring).
+
+    Raises:
+        ConfigError: naming the file and line, the key, the text as typed, what YAML reads and what to write.
+    """
+    import yaml
+
+    def walk(node: Any, key: str, in_list: bool) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    walk(v, f"{key}.{k.value}" if key else str(k.value), False)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, key, True)
+        elif isinstance(node, yaml.ScalarNode) and node.style is None and key:
+            t = _key_type(key, in_list)
+            why = _surprise(node.value, t) if t is not None else None
+            if why:
+                raise ConfigError(f"config file {path!r}, line {node.start_mark.line + 1}: {key}: {node.value} {why}")
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), "", False)
+
+
+def load_yaml_file(path: str | Path):
+    """The YAML file ``path`` as a DictConfig (OmegaConf's loader, as Hydra reads config files).
+
+    Raises:
+        ConfigError: a missing file, bad syntax, a top level that is not a mapping of keys, or a YAML 1.1 reading
+            that changes a value's meaning (:func:`yaml_1_1_surprises`).
+    """
+    import yaml
+
+    try:
+        loaded = OmegaConf.load(str(path))
+        yaml_1_1_surprises(Path(path).read_text(), str(path))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise yaml_problem(exc, f"config file {str(path)!r}") from None
+    if not OmegaConf.is_dict(loaded):
+        raise ConfigError(f"config file {str(path)!r} must be a mapping of keys (e.g. 'trainer:' with "
+                          f"'total_training_steps: 40' under it), not a {type(loaded).__name__.replace('Config', '').lower()}")
+    return loaded
