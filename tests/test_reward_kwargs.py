@@ -175,3 +175,16 @@ def test_dry_run_refuses_a_reward_kwarg_the_function_cannot_take(capsys, tmp_pat
                         r"no keyword 'weight', .*\n", err), err
     assert main(argv + ["+custom_reward_function.reward_kwargs.scale=2"]) == 0
     assert "reward_kwargs:\n    scale: 2\n" in capsys.readouterr().out
+
+
+def test_a_reward_kwarg_misspelt_only_in_case_gets_the_did_you_mean(tmp_path):
+    """A fresh user's pass (session 33): ``reward_kwargs.THRESHOLD=0.9`` got no guess (difflib compares case:
+    ``THRESHOLD`` is far from ``threshold``); names are compared case-insensitively too."""
+    from asyncrl.config import ConfigError
+    from asyncrl.reward.custom import load_custom_reward
+
+    (tmp_path / "t.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, "
+                                   "threshold=0.5, marker='####'):\n    return 0.0\n")
+    for typed in ("THRESHOLD", "Threshhold", "THRESHHOLD"):
+        with pytest.raises(ConfigError, match=rf"takes no keyword '{typed}' \(did you mean 'threshold'\?\)"):
+            load_custom_reward(str(tmp_path / "t.py"), reward_kwargs={typed: 0.9})

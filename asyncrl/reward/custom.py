@@ -105,9 +105,14 @@ def _taken(params) -> list[str]:
 
 def _refused_words(refused: list[str], params) -> str:
     """``'sacle' (did you mean 'scale'?) or 'mode'``: each refused key with the closest name the function takes
-    (difflib's 0.6 cutoff; a key close to none gets no guess)."""
+    (difflib's 0.6 cutoff; a key close to none gets no guess). A name equal but for case (``THRESHOLD`` for
+    ``threshold``) is the guess first; otherwise names are compared case-insensitively too (``SACLE``: ``scale``)."""
     def one(key: str) -> str:
-        close = difflib.get_close_matches(key, _taken(params), n=1)
+        taken = _taken(params)
+        by_lower = {n.lower(): n for n in reversed(taken)}  # the first of the names equal but for case
+        close = ([by_lower[key.lower()]] if key.lower() in by_lower else
+                 difflib.get_close_matches(key, taken, n=1)
+                 or [by_lower[c] for c in difflib.get_close_matches(key.lower(), list(by_lower), n=1)])
         return repr(key) + (f" (did you mean {close[0]!r}?)" if close else "")
 
     return " or ".join(map(one, refused))
