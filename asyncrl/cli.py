@@ -34,10 +34,14 @@ ALIASES = {
 
 
 def _expand(overrides: list[str]) -> list[str]:
+    """The overrides with a short alias's key (:data:`ALIASES`) written out, also after Hydra's ``+`` / ``++`` / ``~``
+    (``+seed=5``, ``~seed``); every other override as typed."""
     out = []
     for item in overrides:
-        key, sep, value = item.partition("=")
-        out.append(f"{ALIASES.get(key, key)}{sep}{value}")
+        body = item.lstrip()
+        prefix = body[:len(body) - len(body.lstrip("+~"))]
+        key, sep, value = body[len(prefix):].partition("=")
+        out.append(f"{prefix}{ALIASES[key.strip()]}{sep}{value}" if key.strip() in ALIASES else item)
     return out
 
 

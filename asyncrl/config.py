@@ -14,6 +14,7 @@ Key names follow verl's fully-async recipe (``async_training.*``, ``actor_rollou
 from __future__ import annotations
 
 import copy
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -56,9 +57,32 @@ def _one_file(other) -> None:
             data[name] = value[0]
 
 
+def _clash(base, other: Any, prefix: str = "") -> Optional[tuple]:
+    """``(key, what it holds)`` where ``other`` (a plain container) gives a list to a mapping ``base`` holds or a
+    mapping to a list (OmegaConf's merge raised ``TypeError: Cannot merge incompatible container types``, naming no
+    key: ``reward_kwargs.a=[1]`` over ``a: {b: 1}``), else None."""
+    if not (OmegaConf.is_dict(base) and isinstance(other, dict)):
+        return None
+    for k, v in other.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        node = base._get_node(k) if k in base else None
+        if (OmegaConf.is_dict(node) and isinstance(v, list)) or (OmegaConf.is_list(node) and isinstance(v, dict)):
+            return key, "a mapping" if OmegaConf.is_dict(node) else "a list"
+        found = _clash(node, v, key)
+        if found:
+            return found
+    return None
+
+
 def _merge(base, other, what: str):
     other = _check_raw(other, what, null_hint=lambda key: NULL_HINTS.get(key, ""))
     _one_file(other)
+    clash = _clash(base, other)
+    if clash:
+        key, holds = clash
+        given = "a list" if holds == "a mapping" else "a mapping"
+        raise ConfigError(f"invalid value for {key!r} in {what}: it holds {holds}, and {given} cannot be merged into "
+                          f"it (nor in Hydra): write ~{key} before this override to drop what it holds")
     try:
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
@@ -71,18 +95,22 @@ def _merge(base, other, what: str):
         raise ConfigError(f"invalid value for {key!r} in {what}: {msg}" + (f"; {hint}" if hint else "")) from None
 
 
-def _parse_override(item: str):
-    """``key=value`` as a DictConfig, its value read as Hydra reads it (:mod:`asyncrl.config_overrides`);
-    :class:`ConfigError` for a bracketed value Hydra's grammar cannot read or a quoted one that is not valid YAML."""
+def _parse_override(item: str, as_text: bool = False):
+    """``key=value`` as a DictConfig, its value read as Hydra reads it (:mod:`asyncrl.config_overrides`; ``as_text``:
+    the key takes a str); :class:`ConfigError` for a bracketed value Hydra's grammar cannot read (with a hint where the
+    shell may have cut it) or a quoted one that is not valid YAML."""
     import yaml
 
-    from asyncrl.config_overrides import OverrideSyntaxError, parse_override
+    from asyncrl.config_overrides import OverrideSyntaxError, parse_override, shell_split_hint
 
     try:
-        return parse_override(item)
+        return parse_override(item, as_text)
     except OverrideSyntaxError as exc:
+        key, _, value = item.partition("=")
+        hint = shell_split_hint(key.strip(), value, exc)
         raise ConfigError(f"the value of override {item!r} is not a valid list or mapping (Hydra's override grammar, "
-                          f"as verl's command line): {exc.problem} at column {exc.column} of the value") from None
+                          f"as verl's command line): {exc.problem} at column {exc.column} of the value"
+                          + (f"; {hint}" if hint else "")) from None
     except yaml.YAMLError as exc:
         raise yaml_problem(exc, f"the value of override {item!r}") from None
     except GrammarParseError:  # 'a${b': OmegaConf reads ${ as the start of an interpolation
@@ -140,19 +168,15 @@ def load_config(
         raise ConfigError(f"invalid value for {getattr(exc, 'full_key', None) or '?'!r} in the base config: "
                           f"{str(getattr(exc, 'msg', None) or exc).splitlines()[0]}") from None
     defaults = copy.deepcopy(cfg)  # what ~key goes back to: the base's (a recipe's) value, else the schema's
-    given: list = []  # what the YAML file and each override set: whether they name the run (trainer.experiment_name)
+    given: list = []  # what the YAML file and each override set, and each ~key: whether they name the run
     if yaml_path is not None:
         given.append(load_yaml_file(yaml_path))
         cfg = _merge(cfg, given[-1], str(yaml_path))
-    for typed in overrides or []:
-        if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping emptied)
-            from asyncrl.config_overrides import reset_key
-
-            try:
-                reset_key(cfg, typed, defaults)
-            except KeyError as exc:
-                raise ConfigError(f"unknown config key {exc.args[0]!r} in override {typed!r}; "
-                                  f"{unknown_key_hint(exc.args[0])}") from None
+    overrides = list(overrides or [])
+    _check_brace_expansion(overrides)
+    for typed in overrides:
+        if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping's entry deleted)
+            given.append(_reset(cfg, typed, defaults))
             continue
         # Hydra's +key=value (add a key) and ++key=value (add or override), as verl command lines set a key their
         # YAML lacks (+custom_reward_function.reward_kwargs.scale=2): every key here is in the schema or in a mapping
@@ -163,9 +187,12 @@ def load_config(
         key, _, value = item.partition("=")
         if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
             value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
-        if OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not value.strip().startswith("["):
+        t = _leaf_types().get(key.strip())  # None inside a mapping (reward_kwargs.a): its list is no list key
+        if t is not None and OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not (
+                value.strip().startswith("[")):
             item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
-        given.append(_parse_override(item))
+        as_text = t is str or (typing.get_origin(t) is typing.Union and str in typing.get_args(t))
+        given.append(_parse_override(item, as_text))
         cfg = _merge(cfg, given[-1], f"override {item!r}" if item == typed else f"override {typed!r}")
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
@@ -181,15 +208,55 @@ def load_config(
     return out
 
 
+def _reset(cfg, typed: str, defaults) -> str:
+    """Hydra's ``~key`` on ``cfg`` (:func:`asyncrl.config_overrides.reset_key`); returns the key reset.
+
+    Raises:
+        ConfigError: a section (``~trainer``), an entry its mapping does not hold, or an unknown key (naming the
+            closest valid one)."""
+    from asyncrl.config_overrides import ResetError, reset_key
+
+    try:
+        return reset_key(cfg, typed, defaults, section_names())
+    except ResetError as exc:
+        key, why = exc.args
+        if why == "section":
+            under = section_names()[key]
+            raise ConfigError(f"override {typed!r}: {key!r} is a config section, not a key: ~ resets one key (or a "
+                              f"mapping) to the recipe's value, e.g. ~{key}.{under[0]} ({key} holds: "
+                              f"{', '.join(under)})") from None
+        raise ConfigError(f"unknown config key {key!r} in override {typed!r}; "
+                          + (why if why else unknown_key_hint(key))) from None
+
+
+def _check_brace_expansion(overrides: list) -> None:
+    """Refuse two consecutive overrides of one key whose values both look like mapping entries: bash's brace expansion
+    of ``key={a:1,b:2}`` (unquoted), which would set ``key`` to ``b:2`` or fail as ``'a:1' is not a mapping``."""
+    from asyncrl.config_overrides import shell_split_hint
+
+    for first, second in zip(overrides, overrides[1:]):
+        key, sep, value = first.lstrip("+").partition("=")
+        key2, sep2, value2 = second.lstrip("+").partition("=")
+        if sep and sep2 and key.strip() == key2.strip() and not first.lstrip().startswith("~"):
+            hint = shell_split_hint(key.strip(), value, following=value2)
+            if hint:
+                raise ConfigError(f"overrides {first!r} {second!r} set {key.strip()!r} twice, each to a mapping "
+                                  f"entry: {hint}")
+
+
 def _sets(pieces: list, key: str) -> bool:
-    """Whether one of ``pieces`` (a YAML file's, an override's DictConfig; not resolved) sets the dotted ``key``."""
+    """Whether ``pieces`` (a YAML file's, an override's DictConfig, not resolved; or the key a ``~key`` reset) leave
+    the dotted ``key`` set: set by one, and not reset (by ``~key`` or ``~`` of a mapping above it) after it."""
+    found = False
     for piece in pieces:
+        if isinstance(piece, str):
+            found = found and not (key == piece or key.startswith(piece + "."))
+            continue
         node = OmegaConf.to_container(piece, resolve=False)
         for part in key.split("."):
             node = node.get(part, _sets) if isinstance(node, dict) else _sets
-        if node is not _sets:
-            return True
-    return False
+        found = found or node is not _sets
+    return found
 
 
 @dataclass(frozen=True)

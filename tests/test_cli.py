@@ -399,3 +399,13 @@ def test_a_recipe_flag_that_is_not_a_bool_is_refused():
         with pytest.raises(TypeError, match=r"longtail_grpo_cpu\(colocated=...\): True or False, got"):
             longtail_grpo_cpu(bad)
     assert longtail_grpo_cpu(True).actor_rollout_ref.hybrid_engine and not longtail_grpo_cpu().actor_rollout_ref.hybrid_engine
+
+
+def test_short_aliases_work_after_hydras_plus_and_tilde():
+    """A fresh user's pass (session 33): ``+seed=5`` and ``~seed`` said 'unknown config key seed' where ``seed=5``
+    works: the alias is resolved after Hydra's ``+`` / ``++`` / ``~`` too; other overrides pass as typed."""
+    from asyncrl.cli import _expand
+
+    assert _expand(["+seed=5", "++steps=3", "~seed", " task=arith", "x.seed=2", "~trainer.seed"]) == [
+        "+trainer.seed=5", "++trainer.total_training_steps=3", "~trainer.seed", "data.task=arith", "x.seed=2",
+        "~trainer.seed"]

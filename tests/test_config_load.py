@@ -10,7 +10,8 @@ from asyncrl.config import ConfigError, load_config
 
 
 @pytest.mark.parametrize("override, says", [
-    ("trainer.logger=[console", r"the '\[' here is never closed \(a '\]' is missing\) at column 1 of the value$"),
+    ("trainer.logger=[console", r"the '\[' here is never closed \(a '\]' is missing\) at column 1 of the value; "
+                                 r"the shell may have split it: quote the whole override, 'trainer.logger=\[a, b\]'$"),
     ("trainer.logger=[console,,tensorboard]", r"an element is missing \(found ','\) at column 10 of the value$"),
     ("custom_reward_function.reward_kwargs={a}", r"a mapping entry is key: value, not 'a' at column 3 of the value$"),
     ("trainer.logger=[console]x", r"unexpected text 'x' after the closing '\]' at column 10 of the value$"),

@@ -4,6 +4,8 @@ of the wrong type is asyncrl's config error naming the key, the override as type
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from asyncrl.config import ConfigError, load_config
@@ -61,10 +63,10 @@ def test_a_mapping_override_is_merged_into_the_mapping_key_as_hydra_merges(tmp_p
 
 
 @pytest.mark.parametrize("override, says", [
-    ("custom_reward_function.reward_kwargs=null", r"null is not a mapping \(write custom_reward_function.reward_kwargs="
-                                                  r"\{name: value\}, merged into the mapping, .*~custom_reward_function"
-                                                  r".reward_kwargs empties it\)$"),
-    ("actor_rollout_ref.rollout.engine_kwargs=5", r"5 is not a mapping \(write "),  # was: Cannot assign int to Dict
+    ("custom_reward_function.reward_kwargs=null", r"null is not a mapping \(write 'custom_reward_function.reward_kwargs="
+                                                  r"\{name: value\}' \(quoted for the shell\), merged into the mapping, "
+                                                  r".*~custom_reward_function.reward_kwargs resets it\)$"),
+    ("actor_rollout_ref.rollout.engine_kwargs=5", r"5 is not a mapping whose values are each a mapping \(write "),  # was: Cannot assign int to Dict
     ("trainer.seed=abc", r"'abc' is not int$"),  # was: Value 'abc' could not be converted to Integer
     ("trainer.seed=5.5", r"5.5 is not int$"),
     ("trainer.seed=[1]", r"\[1\] is not int$"),
@@ -87,3 +89,102 @@ def test_numbers_reach_typed_keys_as_typed_not_as_yaml_1_1():
     assert cfg.actor_rollout_ref.actor.optim.betas == (0.9, 0.001)
     with pytest.raises(ConfigError, match=r"unknown logger\(s\) \['yes', 'no'\]"):  # was ['True', 'False']
         load_config(overrides=["trainer.logger=[yes,no]"])
+
+
+@pytest.mark.parametrize("override, key", [
+    ("actor_rollout_ref.rollout.engine_kwargs={vllm:x}", "actor_rollout_ref.rollout.engine_kwargs.vllm"),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm=x", "actor_rollout_ref.rollout.engine_kwargs.vllm"),
+    ("actor_rollout_ref.rollout.engine_kwargs={hf: 3}", "actor_rollout_ref.rollout.engine_kwargs.hf"),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm=[1]", "actor_rollout_ref.rollout.engine_kwargs.vllm"),
+    ("actor_rollout_ref.rollout.engine_kwargs.vllm=null", "actor_rollout_ref.rollout.engine_kwargs.vllm"),
+])
+def test_an_engine_kwargs_entry_that_is_no_mapping_is_a_config_error(override, key):
+    """A fresh user's pass (session 33): these were an AttributeError in config_ranges ('str' object has no attribute
+    'get') or OmegaConf's 'Cannot merge incompatible container types'. engine_kwargs maps a backend to its engine
+    arguments (typed ``dict[str, dict[str, Any]]``); each entry is checked before the merge, naming the entry."""
+    with pytest.raises(ConfigError, match=rf"^invalid value for '{key}' in override .* is not a mapping of the "
+                                          rf"backend's engine arguments \(write '{key}=\{{name: value\}}'"):
+        load_config(overrides=[override])
+
+
+def test_a_list_given_to_a_mapping_entry_and_the_reverse_name_the_entry(reward):
+    """``reward_kwargs.a=[1]`` over ``a: {b: 1}`` was OmegaConf's TypeError naming no key: it names the entry and says
+    to drop it first with ~ (Hydra refuses the merge too); after ~ it is set."""
+    kw = "custom_reward_function.reward_kwargs"
+    with pytest.raises(ConfigError, match=rf"^invalid value for '{kw}.a' in override '{kw}.a=\[1\]': it holds a "
+                                          rf"mapping, and a list cannot be merged into it .*: write ~{kw}.a before"):
+        load_config(overrides=[reward, f"{kw}={{a: {{b: 1}}}}", f"{kw}.a=[1]"])
+    with pytest.raises(ConfigError, match=r"it holds a list, and a mapping cannot be merged"):
+        load_config(overrides=[reward, f"{kw}={{a: [1]}}", f"{kw}.a={{b: 1}}"])
+    cfg = load_config(overrides=[reward, f"{kw}={{a: {{b: 1}}}}", f"~{kw}.a", f"{kw}.a=[1]"])
+    assert cfg.custom_reward_function.reward_kwargs == {"a": [1]}
+
+
+def test_resetting_a_section_is_a_config_error_naming_it():
+    """``~trainer`` was OmegaConf's ValidationError (dict is not a subclass of TrainerConfig)."""
+    with pytest.raises(ConfigError, match=r"^override '~trainer': 'trainer' is a config section, not a key: ~ resets "
+                                          r"one key .* e.g. ~trainer.total_training_steps \(trainer holds: "):
+        load_config(overrides=["~trainer"])
+
+
+@pytest.mark.parametrize("typed", ["1.10", "2024_06_01", "1e-3", "true", "False", "0123", "1_000", "inf", " 7 "])
+def test_a_str_key_keeps_the_text_typed(typed):
+    """A fresh user's pass (session 33): ``trainer.experiment_name=1.10`` was '1.1' (Hydra reads a float, OmegaConf
+    writes it back), so runs 1.1 and 1.10 shared directories; ``=true`` was 'True'. A str key keeps the unquoted text
+    (stripped), deliberately unlike Hydra; null is still null, and an int key still converts."""
+    assert load_config(overrides=[f"trainer.experiment_name={typed}"]).trainer.experiment_name == typed.strip()
+    assert load_config(overrides=[f"data.train_files={typed}"]).data.train_files == typed.strip()  # str or a list
+    assert load_config(overrides=["trainer.wandb_mode=null"]).trainer.wandb_mode is None
+    assert load_config(overrides=["trainer.seed=1_000"]).trainer.seed == 1000
+
+
+def test_top_level_escapes_are_undone_as_hydra_does():
+    r"""Hydra unescapes ``\,`` (and ``\\``, ``\ ``, ``\(``...) in a top-level value as inside brackets; a backslash
+    before another character stays (``\d``), and so does one inside an interpolation."""
+    assert override_value(r"a\,b") == "a,b"
+    assert override_value(r"a\\b") == "a\\b"
+    assert override_value(r"\d+\.\d") == r"\d+\.\d"
+    assert override_value(r"${oc.env:X,a\,b}") == r"${oc.env:X,a\,b}"
+    assert load_config(overrides=[r"trainer.experiment_name=run\=3"]).trainer.experiment_name == "run=3"
+
+
+def test_tilde_deletes_an_entry_of_a_free_mapping_as_hydra_does(reward):
+    """``~custom_reward_function.reward_kwargs.scale`` said 'unknown config key'; it deletes the entry, and an entry
+    the mapping lacks is named with what it holds."""
+    kw = "custom_reward_function.reward_kwargs"
+    cfg = load_config(overrides=[reward, f"{kw}={{scale: 2, mode: x}}", f"~{kw}.scale"])
+    assert cfg.custom_reward_function.reward_kwargs == {"mode": "x"}
+    with pytest.raises(ConfigError, match=rf"unknown config key '{kw}.scal' in override '~{kw}.scal'; {kw} holds no "
+                                          r"'scal' \(it holds: scale\)"):
+        load_config(overrides=[reward, f"{kw}.scale=2", f"~{kw}.scal"])
+    ek = load_config(overrides=["actor_rollout_ref.rollout.engine_kwargs.hf.decode_threads=2",
+                                "~actor_rollout_ref.rollout.engine_kwargs.hf"]).actor_rollout_ref.rollout.engine_kwargs
+    assert ek == {"vllm": {}}
+
+
+def test_a_name_reset_with_tilde_is_as_if_never_set():
+    """``trainer.experiment_name=foo ~trainer.experiment_name data.train_files=...`` kept the recipe's name: the run is
+    named after the data, as without the two overrides."""
+    plain = load_config(overrides=["data.train_files=my_rows.jsonl"]).trainer.experiment_name
+    reset = load_config(overrides=["trainer.experiment_name=foo", "~trainer.experiment_name",
+                                   "data.train_files=my_rows.jsonl"]).trainer.experiment_name
+    assert reset == plain == "my_rows_grpo_cpu"
+    assert load_config(overrides=["~trainer.experiment_name", "trainer.experiment_name=foo",
+                                  "data.train_files=my_rows.jsonl"]).trainer.experiment_name == "foo"
+
+
+@pytest.mark.parametrize("overrides, example", [
+    (["custom_reward_function.reward_kwargs={scale:", "2}"], "'custom_reward_function.reward_kwargs={a: 1, b: 2}'"),
+    (["custom_reward_function.reward_kwargs={a:1,", "b:2}"], "'custom_reward_function.reward_kwargs={a: 1, b: 2}'"),
+    (["trainer.logger=[console,", "tensorboard]"], "'trainer.logger=[a, b]'"),
+    (["custom_reward_function.reward_kwargs=a:1", "custom_reward_function.reward_kwargs=b:2"],
+     "'custom_reward_function.reward_kwargs={a: 1, b: 2}'"),
+    (["custom_reward_function.reward_kwargs.x=a:1", "custom_reward_function.reward_kwargs.x=b:2"],
+     "'custom_reward_function.reward_kwargs.x={a: 1, b: 2}'"),
+])
+def test_a_value_the_shell_split_says_to_quote_the_override(overrides, example):
+    """A fresh user's pass (session 33): bash splits ``key={scale: 2}`` at the space and brace-expands ``key={a:1,b:2}``
+    into ``key=a:1 key=b:2`` (which set x to 'b:2' without a word). The error says the shell may have split it."""
+    with pytest.raises(ConfigError, match=r"the shell may have split it: quote the whole override, " + re.escape(example)):
+        load_config(overrides=overrides)
+    assert load_config(overrides=["trainer.project_name=a:1"]).trainer.project_name == "a:1"  # one alone is fine
