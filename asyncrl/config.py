@@ -74,8 +74,8 @@ def _clash(base, other: Any, prefix: str = "") -> Optional[tuple]:
     return None
 
 
-def _merge(base, other, what: str):
-    other = _check_raw(other, what, null_hint=lambda key: NULL_HINTS.get(key, ""))
+def _merge(base, other, what: str, lines: Optional[dict] = None):
+    other = _check_raw(other, what, null_hint=lambda key: NULL_HINTS.get(key, ""), lines=lines)
     _one_file(other)
     clash = _clash(base, other)
     if clash:
@@ -87,12 +87,14 @@ def _merge(base, other, what: str):
         return OmegaConf.merge(base, other)
     except (ConfigKeyError, ConfigAttributeError) as exc:
         bad = str(getattr(exc, "full_key", None) or exc)
-        raise ConfigError(f"unknown config key {bad!r} in {what}; {unknown_key_hint(bad)}") from None
+        where = f"{what}, line {lines[bad]}" if lines and bad in lines else what
+        raise ConfigError(f"unknown config key {bad!r} in {where}; {unknown_key_hint(bad)}") from None
     except ValidationError as exc:
         key = getattr(exc, "full_key", None) or what  # OmegaConf names no key for a list of the wrong length
         msg = str(exc.msg).splitlines()[0]
         hint = NULL_HINTS.get(key, "") if "'None'" in msg else ""
-        raise ConfigError(f"invalid value for {key!r} in {what}: {msg}" + (f"; {hint}" if hint else "")) from None
+        where = f"{what}, line {lines[key]}" if lines and key in lines else what
+        raise ConfigError(f"invalid value for {key!r} in {where}: {msg}" + (f"; {hint}" if hint else "")) from None
 
 
 def _parse_override(item: str, as_text: bool = False):
@@ -170,8 +172,9 @@ def load_config(
     defaults = copy.deepcopy(cfg)  # what ~key goes back to: the base's (a recipe's) value, else the schema's
     given: list = []  # what the YAML file and each override set, and each ~key: whether they name the run
     if yaml_path is not None:
-        given.append(load_yaml_file(yaml_path))
-        cfg = _merge(cfg, given[-1], str(yaml_path))
+        lines: dict = {}
+        given.append(load_yaml_file(yaml_path, lines))
+        cfg = _merge(cfg, given[-1], f"config file {str(yaml_path)!r}", lines)
     overrides = list(overrides or [])
     _check_brace_expansion(overrides)
     for typed in overrides:

@@ -108,7 +108,8 @@ def _raw_hint(key: str, value: Any, t: Any) -> str:
     return ""
 
 
-def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = None) -> Any:
+def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = None,
+               lines: Optional[dict] = None) -> Any:
     """A YAML / dotlist container checked before OmegaConf merges it. Refused: for a bool key any int but 0 / 1
     (``partial_rollout=2`` and ``=-1`` read as true) or a float; for any other key a value of the wrong type
     (:func:`_raw_ok`: ``trainer.seed=abc``, ``trainer.seed=5.5``, a list for a str key such as
@@ -117,15 +118,18 @@ def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = 
     asyncrl's words (OmegaConf's named no key or said ``Cannot convert 'ListConfig' to string``), and for a null the
     words of ``null_hint(key)`` if any. Taken as verl does: a single name for a list key (``logger: console`` in a YAML
     file, as ``trainer.logger=console`` on the command line). Returns the container (a dict); raises
-    :class:`ConfigError`."""
+    :class:`ConfigError`; ``lines`` (dotted key -> line of a YAML file) adds the key's line to ``what``."""
     types = _leaf_types()
     sections = section_names()
+
+    def at(key: str) -> str:
+        return f"{what}, line {lines[key]}" if lines and key in lines else what
 
     def walk(node: Any, prefix: str, entry_type: Any = None) -> Any:
         t = types.get(prefix) if entry_type is None else entry_type  # entry_type: of an entry of a typed mapping
         if prefix in sections and not isinstance(node, dict):  # OmegaConf's error said "None" / "is not Optional"
             under = sections[prefix]
-            raise ConfigError(f"{prefix!r} in {what} is a config section, not a value"
+            raise ConfigError(f"{prefix!r} in {at(prefix)} is a config section, not a value"
                               + (" (here null: nothing under it)" if node is None else "")
                               + f": set a key inside it, e.g. {prefix}.{under[0]}=... ({prefix} holds: {', '.join(under)})")
         if isinstance(node, dict) and t is None:  # a section (or an unknown key: the merge names it)
@@ -137,7 +141,7 @@ def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = 
             extra = null_hint(prefix) if node is None and null_hint else ""
             owner = prefix.rpartition(".")[0]
             expected = ENTRY_WORDS.get(owner, _type_name(t)) if entry_type is not None else _type_name(t)
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {shown} is not {expected}"
+            raise ConfigError(f"invalid value for {prefix!r} in {at(prefix)}: {shown} is not {expected}"
                               + (f"; {extra}" if extra else _raw_hint(prefix, node, t)))
         args = typing.get_args(t)
         if typing.get_origin(t) is dict and isinstance(node, dict) and len(args) == 2 and args[1] is not Any:
@@ -145,7 +149,7 @@ def _check_raw(raw: Any, what: str, null_hint: Optional[Callable[[str], str]] = 
         if t is bool and not isinstance(node, bool) and not (
                 isinstance(node, int) and node in (0, 1)) and not (isinstance(node, str) and (
                 node.lower() in _BOOL_WORDS or "${" in node)):  # an interpolation: resolved, then check_types
-            raise ConfigError(f"invalid value for {prefix!r} in {what}: {node!r} is not a bool; write true or false")
+            raise ConfigError(f"invalid value for {prefix!r} in {at(prefix)}: {node!r} is not a bool; write true or false")
         return node
 
     return walk(OmegaConf.to_container(raw, resolve=False) if OmegaConf.is_config(raw) else raw, "")

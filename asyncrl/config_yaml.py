@@ -14,6 +14,9 @@ typed and the key's type:
   ``0x10`` -> 16), under a str key (``experiment_name``, ``data.task``, the entries of ``trainer.logger``): quote it;
 * a YAML 1.1 boolean word (``yes`` / ``no`` / ``on`` / ``off``) under a number or list key (``seed: no``).
 
+All of a file's refusals come in one error, a line each. A value tagged explicitly (``experiment_name: !!str 0123``) is
+taken as tagged. A value of the wrong type for its key (``cpu_affinity: [0, 1]``) is named with its file and line too.
+
 Kept as Hydra reads them: booleans under a bool key (``partial_rollout: off`` is false) and inside a mapping key's
 values (``engine_kwargs.vllm.enforce_eager: yes`` is true: an untyped value means what YAML says), and hex / binary
 numbers (``0x10``) under a number key. Command-line overrides follow Hydra's override grammar instead
@@ -48,7 +51,10 @@ def yaml_problem(exc: Exception, what: str) -> ConfigError:
         where += f", {' '.join(str(exc.context).split())} begun at {at(ctx)}"
     problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
     hint = ""
-    if "':'" in problem:  # {a:{b:1}}: YAML reads "a:{b:1}" as one word; a flow mapping needs "a: {b: 1}"
+    if "tag:yaml.org,2002:value" in problem:  # a plain '=': YAML 1.1's "value key" type, which PyYAML cannot build
+        problem = "a plain '=' is YAML 1.1's value-key marker, which no loader reads as text"
+        hint = " (quote it: '=')"
+    elif "':'" in problem:  # {a:{b:1}}: YAML reads "a:{b:1}" as one word; a flow mapping needs "a: {b: 1}"
         hint = " (YAML needs a space after each ':' in a mapping, e.g. {vllm: {max_model_len: 64}})"
     elif "',' or ']'" in problem or "',' or '}'" in problem:
         hint = " (an unclosed [ or {?)"
@@ -92,8 +98,10 @@ def _surprise(text: str, t: Any) -> Optional[str]:
         return None
     if _OCTAL.fullmatch(text) and int(text.replace("_", ""), 8) != int(text.replace("_", ""), 10):
         decimal = int(text.replace("_", ""), 10)
-        return (f"is YAML 1.1's octal number {int(text.replace('_', ''), 8)}, not {decimal}: write {decimal} for the "
-                f"number, or '{text}' (quoted) for the text")
+        number = "" if t is not Any and _takes(t, str) and not (_takes(t, int) or _takes(t, float)) else (
+            f"write {decimal} for the number, or ")
+        return (f"is YAML 1.1's octal number {int(text.replace('_', ''), 8)}, not {decimal}: "
+                f"{number or 'write '}'{text}' (quoted) for the text")
     if _BASE_60.fullmatch(text):
         return f"is YAML 1.1's base-60 number {_yaml(text)!r}: write '{text}' (quoted) for the text"
     if t is Any:
@@ -110,16 +118,38 @@ def _surprise(text: str, t: Any) -> Optional[str]:
     return None
 
 
-def yaml_1_1_surprises(text: str, path: str) -> None:
+def _tag_marking_loader():
+    """A SafeLoader whose scalar nodes say whether their tag was written (``!!str 0123``): ``node.explicit_tag``."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_scalar_node(self, anchor):
+            tag = self.peek_event().tag
+            node = super().compose_scalar_node(anchor)
+            node.explicit_tag = tag not in (None, "!")
+            return node
+
+    return Loader
+
+
+def yaml_1_1_surprises(text: str, path: str, lines: Optional[dict] = None) -> None:
     """Refuse the plain values of the YAML document ``text`` (the file ``path``) that YAML 1.1 reads with another
-    meaning than the text typed (module docstring).
+    meaning than the text typed (module docstring); a value with an explicit tag (``!!str 0123``) is taken as tagged.
+
+    Args:
+        lines: if given, filled with each dotted key's 1-based line (for :func:`asyncrl.config_types._check_raw`).
 
     Raises:
-        ConfigError: naming the file and line, the key, the text as typed, what YAML reads and what to write.
+        ConfigError: naming the file, and for each refused value (all of them, a line each) the line, the key, the
+            text as typed, what YAML reads and what to write.
     """
     import yaml
 
+    refused: list[str] = []
+
     def walk(node: Any, key: str, in_list: bool) -> None:
+        if lines is not None and key and not in_list:
+            lines.setdefault(key, node.start_mark.line + 1)
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 if isinstance(k, yaml.ScalarNode):
@@ -127,17 +157,24 @@ def yaml_1_1_surprises(text: str, path: str) -> None:
         elif isinstance(node, yaml.SequenceNode):
             for item in node.value:
                 walk(item, key, True)
-        elif isinstance(node, yaml.ScalarNode) and node.style is None and key:
+        elif (isinstance(node, yaml.ScalarNode) and node.style is None and key
+              and not getattr(node, "explicit_tag", False)):
             t = _key_type(key, in_list)
             why = _surprise(node.value, t) if t is not None else None
             if why:
-                raise ConfigError(f"config file {path!r}, line {node.start_mark.line + 1}: {key}: {node.value} {why}")
+                refused.append(f"line {node.start_mark.line + 1}: {key}: {node.value} {why}")
 
-    walk(yaml.compose(text, Loader=yaml.SafeLoader), "", False)
+    walk(yaml.compose(text, Loader=_tag_marking_loader()), "", False)
+    if len(refused) == 1:
+        raise ConfigError(f"config file {path!r}, {refused[0]}")
+    if refused:
+        raise ConfigError(f"config file {path!r} has {len(refused)} values YAML 1.1 reads with another meaning:\n  "
+                          + "\n  ".join(refused))
 
 
-def load_yaml_file(path: str | Path):
-    """The YAML file ``path`` as a DictConfig (OmegaConf's loader, as Hydra reads config files).
+def load_yaml_file(path: str | Path, lines: Optional[dict] = None):
+    """The YAML file ``path`` as a DictConfig (OmegaConf's loader, as Hydra reads config files); ``lines``, if given,
+    is filled with each dotted key's line (:func:`yaml_1_1_surprises`).
 
     Raises:
         ConfigError: a missing file, bad syntax, a top level that is not a mapping of keys, or a YAML 1.1 reading
@@ -147,7 +184,7 @@ def load_yaml_file(path: str | Path):
 
     try:
         loaded = OmegaConf.load(str(path))
-        yaml_1_1_surprises(Path(path).read_text(), str(path))
+        yaml_1_1_surprises(Path(path).read_text(), str(path), lines)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

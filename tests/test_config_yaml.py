@@ -50,7 +50,52 @@ def test_a_yaml_1_1_reading_that_changes_the_meaning_is_refused_naming_file_line
 
 def test_a_value_of_the_wrong_type_in_a_file_names_the_key_and_the_type(tmp_path):
     path = _file(tmp_path, "trainer:\n  seed: abc\n")
-    with pytest.raises(ConfigError, match=rf"^invalid value for 'trainer.seed' in {path}: 'abc' is not int$"):
+    with pytest.raises(ConfigError, match=rf"^invalid value for 'trainer.seed' in config file '{path}', line 2: 'abc' "
+                                          r"is not int$"):
+        load_config(path)
+
+
+def test_a_wrong_type_or_unknown_key_in_a_file_names_its_line(tmp_path):
+    """A fresh user's pass (session 33): ``cpu_affinity: [0, 1]`` named the key but not the line, unlike the YAML 1.1
+    refusals."""
+    path = _file(tmp_path, "trainer:\n  seed: 1\n  cpu_affinity: [0, 1]\n")
+    with pytest.raises(ConfigError, match=rf"^invalid value for 'trainer.cpu_affinity' in config file '{path}', line 3: "
+                                          r"\[0, 1\] is not str; "):
+        load_config(path)
+    path = _file(tmp_path, "trainer:\n  seed: 1\n  sed: 2\n")
+    with pytest.raises(ConfigError, match=rf"^unknown config key 'trainer.sed' in config file '{path}', line 3; "):
+        load_config(path)
+
+
+def test_an_explicit_tag_is_taken_as_tagged(tmp_path):
+    """``experiment_name: !!str 0123`` (text tagged as text) was refused as YAML 1.1's octal."""
+    cfg = load_config(_file(tmp_path, "trainer:\n  experiment_name: !!str 0123\n  project_name: !!str no\n"))
+    assert cfg.trainer.experiment_name == "0123" and cfg.trainer.project_name == "no"
+
+
+def test_every_yaml_1_1_refusal_of_a_file_comes_in_one_error(tmp_path):
+    """Only the first was reported: a user fixed one line per run."""
+    path = _file(tmp_path, "trainer:\n  seed: 0123\n  experiment_name: no\n  project_name: 12:30\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"config file '{path}' has 3 values YAML 1.1 reads with another meaning:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["line 2", "line 3", "line 4"]
+
+
+def test_an_octal_under_a_str_key_offers_only_the_quoted_text(tmp_path):
+    """The hint said 'write 123 for the number' for experiment_name, which takes text."""
+    path = _file(tmp_path, "trainer:\n  experiment_name: 0123\n")
+    with pytest.raises(ConfigError, match=r"experiment_name: 0123 is YAML 1.1's octal number 83, not 123: write '0123' "
+                                          r"\(quoted\) for the text$"):
+        load_config(path)
+
+
+def test_a_plain_equals_sign_is_a_clear_error(tmp_path):
+    """``experiment_name: =`` gave PyYAML's 'could not determine a constructor for the tag ...value'."""
+    path = _file(tmp_path, "trainer:\n  experiment_name: =\n")
+    with pytest.raises(ConfigError, match=rf"^config file '{path}' is not valid YAML: a plain '=' is YAML 1.1's "
+                                          r"value-key marker, .* at line 2, column 20 \(quote it: '='\)$"):
         load_config(path)
 
 
