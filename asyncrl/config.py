@@ -398,7 +398,7 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
 
     bad = [x for x in tr.logger if x not in LOGGERS]
     if bad:
-        raise ConfigError(f"trainer.logger: unknown logger(s) {bad}; valid: {list(LOGGERS)} (e.g. trainer.logger=[console,tensorboard])")
+        raise ConfigError(f"trainer.logger: unknown logger(s) {bad}; valid: {list(LOGGERS)} (e.g. 'trainer.logger=[console,tensorboard]', quoted for the shell)")
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:
         raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<run dir>/checkpoints/global_step_N")
     if tr.resume_from_path and tr.resume_mode != "resume_path":  # verl reads the path only in that mode: it was ignored

@@ -157,8 +157,8 @@ class CustomRewardFunctionConfig:
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """verl's: more keyword arguments for the function, passed on every call beside the four (only with ``path``;
     verl binds them with ``functools.partial``), e.g. ``custom_reward_function.reward_kwargs.scale=2`` (Hydra's
-    ``+custom_reward_function.reward_kwargs.scale=2`` reads the same) or ``custom_reward_function.reward_kwargs={scale:
-    2}``. The function must accept each key (checked with the four at ``--dry-run``, never by a call); a key named as
+    ``+custom_reward_function.reward_kwargs.scale=2`` reads the same) or ``'custom_reward_function.reward_kwargs={scale:
+    2}'`` (quoted for the shell). The function must accept each key (checked with the four at ``--dry-run``, never by a call); a key named as
     one of the four is refused (verl's would silently replace that argument on every row)."""
 
 

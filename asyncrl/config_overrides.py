@@ -26,12 +26,12 @@ A shell reads the command line before asyncrl does: bash splits ``key={a: 1}`` a
 globs; single-quote such overrides (``'key={a: 1, b: 2}'``), as Hydra's documentation says. :func:`shell_split_hint`
 words the hint an error adds where a value looks cut by the shell.
 
-A mapping given to a mapping key (``custom_reward_function.reward_kwargs={scale: 2}``,
-``actor_rollout_ref.rollout.engine_kwargs={vllm: {max_num_seqs: 8}}``) is merged into what it holds, key by key and
+A mapping given to a mapping key (``'custom_reward_function.reward_kwargs={scale: 2}'``,
+``'actor_rollout_ref.rollout.engine_kwargs={vllm: {max_num_seqs: 8}}'``, quoted for the shell) is merged into what it holds, key by key and
 at every depth, as Hydra (1.0.1 and later) merges a dictionary override into an existing node; a list replaces a
 list. To replace a mapping instead, reset it first with Hydra's ``~key`` (:func:`reset_key`: back to the recipe's
-value, ``{}`` for ``reward_kwargs``), then set it: ``~custom_reward_function.reward_kwargs
-custom_reward_function.reward_kwargs={scale: 2}``; ``key={}`` merges nothing and changes nothing, as in Hydra.
+value, ``{}`` for ``reward_kwargs``), then set it: ``'~custom_reward_function.reward_kwargs'
+'custom_reward_function.reward_kwargs={scale: 2}'``; ``'key={}'`` merges nothing and changes nothing, as in Hydra.
 A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config files (:mod:`asyncrl.config_yaml`).
 """
 
@@ -242,7 +242,7 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     """Hydra's ``~key`` (or ``~key=value``): set ``key`` back to its value in ``default_cfg`` (the base config a
     recipe gave :func:`asyncrl.config.load_config`, else the schema's defaults) in ``cfg`` (a mapping such as
     ``custom_reward_function.reward_kwargs`` emptied, not merged into: a saved run's ``config.yaml`` switched back to
-    the rule reward by ``custom_reward_function.path=null ~custom_reward_function.reward_kwargs``). An entry of a
+    the rule reward by ``custom_reward_function.path=null '~custom_reward_function.reward_kwargs'``). An entry of a
     mapping that ``default_cfg`` lacks (``~custom_reward_function.reward_kwargs.scale``) is deleted, as Hydra deletes
     it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset.
 
