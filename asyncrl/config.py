@@ -36,7 +36,9 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
 from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, range_hint, resolved_max_model_len  # noqa: F401
+from asyncrl.config_overrides import brace_expansion_problem, sets_key
 from asyncrl.config_yaml import load_yaml_file, yaml_problem
+from asyncrl.run_names import run_name_length_problem
 from asyncrl.config_types import (_check_raw, _get, _leaf_types, section_names, _plain_leaves, check_copyable,  # noqa: F401
                                   check_structure, check_types)
 
@@ -176,7 +178,9 @@ def load_config(
         given.append(load_yaml_file(yaml_path, lines))
         cfg = _merge(cfg, given[-1], f"config file {str(yaml_path)!r}", lines)
     overrides = list(overrides or [])
-    _check_brace_expansion(overrides)
+    problem = brace_expansion_problem(overrides)
+    if problem:
+        raise ConfigError(problem)
     for typed in overrides:
         if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping's entry deleted)
             given.append(_reset(cfg, typed, defaults))
@@ -205,7 +209,7 @@ def load_config(
     # named after the data from the recipe's name (config_data.name_after_data) unless a name is given: by the YAML
     # file, an override, or set on the base after its recipe made it (no mark then)
     start = base if base is not None else ExperimentConfig()
-    name_after_data(mark_recipe_name(out, None if _sets(given, "trainer.experiment_name")
+    name_after_data(mark_recipe_name(out, None if sets_key(given, "trainer.experiment_name")
                                      else start.trainer.__dict__.get(RECIPE_MARK)))
     validate(out)
     return out
@@ -230,36 +234,6 @@ def _reset(cfg, typed: str, defaults) -> str:
                               f"{', '.join(under)})") from None
         raise ConfigError(f"unknown config key {key!r} in override {typed!r}; "
                           + (why if why else unknown_key_hint(key))) from None
-
-
-def _check_brace_expansion(overrides: list) -> None:
-    """Refuse two consecutive overrides of one key whose values both look like mapping entries: bash's brace expansion
-    of ``key={a:1,b:2}`` (unquoted), which would set ``key`` to ``b:2`` or fail as ``'a:1' is not a mapping``."""
-    from asyncrl.config_overrides import shell_split_hint
-
-    for first, second in zip(overrides, overrides[1:]):
-        key, sep, value = first.lstrip("+").partition("=")
-        key2, sep2, value2 = second.lstrip("+").partition("=")
-        if sep and sep2 and key.strip() == key2.strip() and not first.lstrip().startswith("~"):
-            hint = shell_split_hint(key.strip(), value, following=value2)
-            if hint:
-                raise ConfigError(f"overrides {first!r} {second!r} set {key.strip()!r} twice, each to a mapping "
-                                  f"entry: {hint}")
-
-
-def _sets(pieces: list, key: str) -> bool:
-    """Whether ``pieces`` (a YAML file's, an override's DictConfig, not resolved; or the key a ``~key`` reset) leave
-    the dotted ``key`` set: set by one, and not reset (by ``~key`` or ``~`` of a mapping above it) after it."""
-    found = False
-    for piece in pieces:
-        if isinstance(piece, str):
-            found = found and not (key == piece or key.startswith(piece + "."))
-            continue
-        node = OmegaConf.to_container(piece, resolve=False)
-        for part in key.split("."):
-            node = node.get(part, _sets) if isinstance(node, dict) else _sets
-        found = found or node is not _sets
-    return found
 
 
 @dataclass(frozen=True)
@@ -390,7 +364,9 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.experiment_name={tr.experiment_name!r}: the name of the run directories "
                           f"(<trainer.default_local_dir>/<name>__<seed>__<time>) must be non-empty and must not "
                           f"contain / or \\ or the glob characters * ? [ ]: use e.g. trainer.experiment_name=my_run")
-    _check_run_name_length(tr)
+    problem = run_name_length_problem(tr.experiment_name, tr.seed, tr.default_local_dir)
+    if problem:
+        raise ConfigError(problem)
     if tr.total_training_steps < 1:  # the fit loop would end before its first step and report zeros
         raise ConfigError(f"trainer.total_training_steps={tr.total_training_steps} would train nothing; use >= 1 "
                           "(trainer.total_time_s can end the run sooner)")
@@ -405,25 +381,6 @@ def _validate_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.resume_from_path={tr.resume_from_path!r} is read only with "
                           f"trainer.resume_mode=resume_path (it is {tr.resume_mode!r}): add that, or drop the path")
     # trainer.save_freq <= 0 means no checkpoints, as in verl (the trainer and Experiment save only when > 0)
-
-
-def _check_run_name_length(tr: Any) -> None:
-    """Refuse an ``experiment_name`` whose run directory name (``{name}__{seed}__{YYYYmmdd-HHMMSS}``) is longer than
-    the file system of ``trainer.default_local_dir`` takes in one name (:func:`asyncrl.run_names.name_max`, 255 bytes
-    on Linux and macOS): it failed with an OSError once the run had started (a derived name always fits 255:
-    :func:`asyncrl.config_data.data_experiment_name`)."""
-    from asyncrl.run_names import name_max, run_name_bytes
-
-    name = str(tr.experiment_name)
-    limit = name_max(tr.default_local_dir)
-    over = run_name_bytes(name, tr.seed) - limit
-    if over > 0:
-        n = len(name.encode("utf-8", "surrogateescape"))
-        shown = name if len(name) <= 40 else f"{name[:37]}..."
-        raise ConfigError(f"trainer.experiment_name={shown!r} is too long: {n} bytes, and its run directories "
-                          f"<name>__{tr.seed}__<YYYYmmdd-HHMMSS> would be named with {limit + over} bytes, {over} "
-                          f"over the file system's limit of {limit} bytes per file name (under "
-                          f"trainer.default_local_dir={tr.default_local_dir!r}): use a name of at most {n - over} bytes")
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

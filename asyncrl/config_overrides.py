@@ -272,3 +272,34 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
         default = OmegaConf.to_container(default, resolve=False)
     OmegaConf.update(cfg, key, default, merge=False)
     return key
+
+
+def brace_expansion_problem(overrides: list) -> Optional[str]:
+    """Two consecutive overrides of one key whose values both look like mapping entries: bash's brace expansion of
+    ``key={a:1,b:2}`` (unquoted), which would set ``key`` to ``b:2`` or fail as ``'a:1' is not a mapping``. Returns
+    the config error's text, or ``None``."""
+    for first, second in zip(overrides, overrides[1:]):
+        key, sep, value = first.lstrip("+").partition("=")
+        key2, sep2, value2 = second.lstrip("+").partition("=")
+        if sep and sep2 and key.strip() == key2.strip() and not first.lstrip().startswith("~"):
+            hint = shell_split_hint(key.strip(), value, following=value2)
+            if hint:
+                return (f"overrides {first!r} {second!r} set {key.strip()!r} twice, each to a mapping "
+                        f"entry: {hint}")
+    return None
+
+
+def sets_key(pieces: list, key: str) -> bool:
+    """Whether ``pieces`` (a YAML file's, an override's DictConfig, not resolved; or the key a ``~key`` reset) leave
+    the dotted ``key`` set: set by one, and not reset (by ``~key`` or ``~`` of a mapping above it) after it."""
+    missing = object()
+    found = False
+    for piece in pieces:
+        if isinstance(piece, str):
+            found = found and not (key == piece or key.startswith(piece + "."))
+            continue
+        node = OmegaConf.to_container(piece, resolve=False)
+        for part in key.split("."):
+            node = node.get(part, missing) if isinstance(node, dict) else missing
+        found = found or node is not missing
+    return found

@@ -60,3 +60,21 @@ def name_max(directory: str | os.PathLike) -> int:
                 return NAME_MAX
             return limit if isinstance(limit, int) and limit > 0 else NAME_MAX
     return NAME_MAX
+
+
+def run_name_length_problem(experiment_name: object, seed: int, default_local_dir: object) -> Optional[str]:
+    """Why ``trainer.experiment_name`` cannot name runs, or ``None``: its run directory name
+    (``{name}__{seed}__{YYYYmmdd-HHMMSS}``) is longer than the file system of ``trainer.default_local_dir`` takes in one
+    name (:func:`name_max`, 255 bytes on Linux and macOS): it failed with an OSError once the run had started (a
+    derived name always fits 255: :func:`asyncrl.config_data.data_experiment_name`)."""
+    name = str(experiment_name)
+    limit = name_max(default_local_dir)
+    over = run_name_bytes(name, seed) - limit
+    if over <= 0:
+        return None
+    n = len(name.encode("utf-8", "surrogateescape"))
+    shown = name if len(name) <= 40 else f"{name[:37]}..."
+    return (f"trainer.experiment_name={shown!r} is too long: {n} bytes, and its run directories "
+            f"<name>__{seed}__<YYYYmmdd-HHMMSS> would be named with {limit + over} bytes, {over} "
+            f"over the file system's limit of {limit} bytes per file name (under "
+            f"trainer.default_local_dir={default_local_dir!r}): use a name of at most {n - over} bytes")
