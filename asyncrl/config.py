@@ -300,8 +300,9 @@ def validate(cfg: ExperimentConfig) -> None:
         try:
             if spec and not (key == GLUE_KEY and spec == GLUE_AUTO):
                 parse_cores(spec)
-        except ValueError:
-            raise ConfigError(f"{key}={spec!r} is not a CPU core list; {core_list_hint(key)}") from None
+        except ValueError as exc:  # what was wrong (a space, a leading zero, ...), then how to write one
+            raise ConfigError(f"{key}={spec!r} is not a CPU core list: {str(exc).partition(': ')[2] or exc}; "
+                              f"{core_list_hint(key)}") from None
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "
