@@ -120,12 +120,18 @@ named by its directory."""
 def data_name(train_files: Any) -> str:
     """The name of a run's own data: the first ``data.train_files`` file's name without its suffix (``my_rows`` for
     ``my_rows.jsonl``), or its directory's when the file is named after its split (``gsm8k`` for
-    ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters, digits,
-    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, typed in shells)."""
+    ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters,
+    digits (Unicode's: ``données``, ``数据``), ``.``, ``-`` and ``_`` become ``_`` (it names a directory, typed in shells:
+    path separators, glob characters, whitespace, quotes; a byte that is not UTF-8). NFC-normalised, so a name the file
+    system decomposed (macOS's ``e`` + combining accent) names the same run as the one typed. ASCII-only, ``données``
+    was ``donn_es`` and every CJK name was ``data``: two data sets, one run name."""
+    import unicodedata
+
     first = Path(str(train_files if isinstance(train_files, (str, bytes)) or not train_files else train_files[0]))
     path = first.expanduser().absolute()
     name = path.stem if path.stem.lower() not in SPLIT_NAMES or not path.parent.name else path.parent.name
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "data"
+    name = unicodedata.normalize("NFC", name)
+    return re.sub(r"[^\w.-]+", "_", name).strip("_.") or "data"  # \w: str.isalnum() or '_' (no lone surrogates)
 
 
 RECIPE_MARK = "_recipe_name"
@@ -180,9 +186,9 @@ def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
 
     At most :data:`asyncrl.run_names.DERIVED_NAME_MAX` (226) bytes, so its run directory name fits the 255 bytes a
     file name may hold whatever the seed: a longer data name is cut, the recipe's words kept, and ends in ``-`` and 8
-    hex digits of its SHA-1, so two long file names that begin alike still name two runs (``<first 208 characters>-
-    1a2b3c4d_grpo_cpu``). A recipe's name too long to leave room is not cut (``trainer.experiment_name``'s check
-    refuses it)."""
+    hex digits of its SHA-1, so two long file names that begin alike still name two runs (``<first 208 bytes>-
+    1a2b3c4d_grpo_cpu``; bytes of UTF-8, a character never split). A recipe's name too long to leave room is not cut
+    (``trainer.experiment_name``'s check refuses it)."""
     import hashlib
 
     from asyncrl.run_names import DERIVED_NAME_MAX
@@ -199,8 +205,8 @@ def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
     before, after = ("".join("_" if c in RUN_NAME_REFUSED else c for c in part)  # the recipe's name is not checked
                      for part in (before, after))
     room = DERIVED_NAME_MAX - len(f"{before}{after}".encode("utf-8", "surrogateescape"))
-    if len(data) > room:  # data_name is ASCII: one byte a character
+    if len(data.encode()) > room:  # bytes, not characters: 'é' is 2 of them, '数' 3 (data_name is valid UTF-8)
         digest = hashlib.sha1(data.encode()).hexdigest()[:8]
-        kept = data[:max(room - len(digest) - 1, 1)].rstrip("._-")
+        kept = data.encode()[:max(room - len(digest) - 1, 1)].decode("utf-8", "ignore").rstrip("._-")  # whole chars
         data = f"{kept}-{digest}" if kept else digest
     return f"{before}{data}{after}"

@@ -260,3 +260,41 @@ def test_dry_run_prints_absolute_paths_takes_a_leading_tilde_key_and_expands_hom
     assert main(["train", "--dry-run", "trainer.experiment_name=run${x"]) == 2
     err = capsys.readouterr().err
     assert "holds a '${' that starts no complete interpolation" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("train_files, data", [
+    ("données.jsonl", "données"),  # was donn_es
+    ("数据.jsonl", "数据"),  # was data, as every CJK name
+    ("数据2.jsonl", "数据2"),
+    ("donne\u0301es.jsonl", "données"),  # decomposed (macOS): the same name as typed
+    ("~/data/résumé/train.parquet", "résumé"),
+    ("a b\t*c?[d].jsonl", "a_b_c_d"),  # whitespace and glob characters still become _
+    ("x/\udcff\u3000y.jsonl", "y"),  # a byte that is not UTF-8, an ideographic space
+])
+def test_a_data_file_named_in_another_script_keeps_its_letters_in_the_run_name(train_files, data):
+    """A fresh user's pass (session 33): ``données.jsonl`` named ``donn_es_grpo_cpu``, and every CJK-named file
+    ``data_grpo_cpu`` (two data sets, one run name, ``resume_mode=auto`` across them). Unicode letters and digits stay;
+    the name still passes ``trainer.experiment_name``'s check."""
+    from asyncrl.config import validate
+    from asyncrl.config_data import data_name, name_after_data
+
+    assert data_name(train_files) == data
+    cfg = arith_grpo_cpu()
+    cfg.data.train_files = train_files
+    name_after_data(cfg)
+    assert cfg.trainer.experiment_name.startswith(f"{data}_")
+    validate(cfg)
+
+
+@pytest.mark.parametrize("char", ["é", "数", "𝟘"])  # 2, 3, 4 bytes in UTF-8
+def test_a_long_non_ascii_data_name_is_cut_in_bytes_at_a_character_boundary(char, tmp_path):
+    """The cut to :data:`~asyncrl.run_names.DERIVED_NAME_MAX` counted characters (one byte each, when names were
+    ASCII): 200 CJK characters are 600 bytes, past the 255 a file name holds."""
+    from asyncrl.config_data import data_experiment_name
+    from asyncrl.run_names import DERIVED_NAME_MAX, run_name
+
+    name = data_experiment_name("arith_grpo_cpu", "arith", char * 200 + ".jsonl")
+    assert DERIVED_NAME_MAX - 4 < len(name.encode()) <= DERIVED_NAME_MAX
+    assert name.startswith(char * 10) and name.endswith("_grpo_cpu") and name.encode().decode() == name
+    assert name != data_experiment_name("arith_grpo_cpu", "arith", char * 201 + ".jsonl")
+    (tmp_path / run_name(name, 2**32 - 1)).mkdir()  # the file system takes it
