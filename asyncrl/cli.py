@@ -158,10 +158,10 @@ def _listing(run_dir: str) -> str:
 
 
 def _run_line(exp, recipe_name: str, dry_run: bool = False) -> str:
-    """``run: runs/my_rows_grpo_cpu__0__20261201-120000/ (trainer.experiment_name=my_rows_grpo_cpu: named after
-    data.train_files, ...)``: where the run writes and why it is named so (a run on the user's own data is named after
-    it unless ``trainer.experiment_name`` is given: :func:`asyncrl.config_data.data_experiment_name`). A dry run
-    shows ``<start time>`` for the time; a resumed run, the checkpoint's run directory."""
+    """``run: runs/my_rows_arith_grpo_cpu__0__20261201-120000/ (trainer.experiment_name=my_rows_arith_grpo_cpu: named
+    after data.train_files and the recipe, ...)``: where the run writes and why it is named so (a run on the user's own
+    data is named after it unless ``trainer.experiment_name`` is given: :func:`asyncrl.config_data.data_experiment_name`).
+    A dry run shows ``<start time>`` for the time; a resumed run, the checkpoint's run directory."""
     from asyncrl.config_data import data_experiment_name
 
     tr, data = exp.config.trainer, exp.config.data
@@ -169,8 +169,8 @@ def _run_line(exp, recipe_name: str, dry_run: bool = False) -> str:
     if dry_run and exp.resume_from is None:
         run_dir = run_dir.parent / f"{tr.experiment_name}__{tr.seed}__<start time>"
     why = ""
-    if data.train_files and tr.experiment_name == data_experiment_name(recipe_name, data.task, data.train_files):
-        why = f": named after data.train_files, not the recipe's {recipe_name}; trainer.experiment_name=... names it"
+    if data.train_files and tr.experiment_name == data_experiment_name(recipe_name, data.train_files):
+        why = f": named after data.train_files and the recipe {recipe_name}; trainer.experiment_name=... names it"
     resumed = f"; resuming {exp.resume_from.name}" if exp.resume_from is not None else ""
     return f"run: {run_dir}/ (trainer.experiment_name={tr.experiment_name}{why}){resumed}"
 

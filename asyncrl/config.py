@@ -106,7 +106,7 @@ def load_config(
         A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig). When the YAML file or the
         overrides set ``data.train_files`` and not ``trainer.experiment_name``, the run is named after the data
         (:func:`asyncrl.config_data.data_experiment_name`: ``arith_grpo_cpu`` on ``my_rows.jsonl`` is
-        ``my_rows_grpo_cpu``), as is a base recipe's on train files set by attribute; a name they set wins, and so
+        ``my_rows_arith_grpo_cpu``), as is a base recipe's on train files set by attribute; a name they set wins, and so
         does one set on ``base`` after its recipe made it (:func:`asyncrl.config_data.name_after_data`). Unless a
         name is given, it stays marked as the recipe's: train files set later by attribute rename the run again.
 
