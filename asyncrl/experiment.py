@@ -84,8 +84,10 @@ class Experiment(LiveState):
 
         tr = self.config.trainer
         local_dir = Path(tr.default_local_dir).expanduser()  # ~/runs: the home's, not a directory named ~
-        self.resume_from = find_resume_checkpoint(str(local_dir), tr.experiment_name, tr.seed, tr.resume_mode,
-                                                  tr.resume_from_path, source=train_source(self.config.data))
+        self.resume_from = find_resume_checkpoint(  # auto: only a checkpoint of this data, model and task
+            str(local_dir), tr.experiment_name, tr.seed, tr.resume_mode, tr.resume_from_path,
+            source=train_source(self.config.data), model=self.config.actor_rollout_ref.model.path,
+            task=self.config.data.task)
         if self.resume_from is not None:  # continue in the checkpoint's run directory
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name

@@ -319,3 +319,32 @@ def test_a_long_non_ascii_data_name_is_cut_in_bytes_at_a_character_boundary(char
     assert name.startswith(char * 10) and name.endswith("_arith_grpo_cpu") and name.encode().decode() == name
     assert name != data_experiment_name("arith_grpo_cpu", char * 201 + ".jsonl")
     (tmp_path / run_name(name, 2**32 - 1)).mkdir()  # the file system takes it
+
+
+def test_dry_run_shows_that_a_run_of_another_model_is_not_resumed(capsys, caplog, tmp_path, monkeypatch):
+    """Two recipes given one ``trainer.experiment_name`` share run directories; ``--dry-run``'s "would resume from"
+    is the decision a run makes: the arith recipe's checkpoint is resumed by the arith recipe only (its config.yaml
+    records the model and task), not by ``--recipe longtail_grpo_cpu`` (another model)."""
+    from asyncrl.checkpoint import CheckpointManager
+    from asyncrl.cli import main
+    from asyncrl.data.dataset import train_source
+
+    monkeypatch.chdir(tmp_path)
+    _rows_file(tmp_path / "my_rows.jsonl")
+    (tmp_path / "r.py").write_text("def compute_score(**kw):\n    return 1.0\n")
+    argv = ["train", "--dry-run", "data.train_files=my_rows.jsonl", "custom_reward_function.path=r.py",
+            "trainer.experiment_name=shared"]
+    cfg = load_config(overrides=argv[2:], base=arith_grpo_cpu())
+    def write(d: Path) -> None:  # what write_checkpoint writes that the lookup and the dry run read
+        (d / "config.yaml").write_text(to_yaml(cfg))
+        (d / "rollouter_state.json").write_text(json.dumps({"position": {"source": train_source(cfg.data)}}))
+
+    ckpt = CheckpointManager(Path("runs/shared__0__20260101-000000/checkpoints")).save(3, write)
+    assert main(argv) == 0
+    assert f"would resume from {ckpt}" in capsys.readouterr().err
+    assert main(argv[:2] + ["--recipe", "longtail_grpo_cpu"] + argv[2:]) == 0
+    err = capsys.readouterr().err
+    assert "would resume from" not in err and "; resuming" not in err, err
+    assert "not resuming runs/shared__0__20260101-000000/checkpoints/global_step_3: its run used " \
+           "actor_rollout_ref.model.path=" in caplog.text  # the WARNING (on stderr, through logging, outside pytest)
+    assert "run: runs/shared__0__<start time>/" in err, err
