@@ -108,7 +108,7 @@ def test_train_files_set_by_attribute_name_the_run_as_the_command_line_does(make
     cfg.data.train_files = "my_rows.jsonl"
     exp = Experiment(cfg)
     assert by_cli.startswith("my_rows_") and by_cli != make().trainer.experiment_name
-    assert (cfg.trainer.experiment_name, exp.name.rpartition("__")[0].rpartition("__")[0]) == (by_cli, by_cli)
+    assert (exp.config.trainer.experiment_name, exp.name.rpartition("__")[0].rpartition("__")[0]) == (by_cli, by_cli)
     cfg = dataclasses.replace(make(), data=dataclasses.replace(make().data, train_files="my_rows.jsonl"))
     assert Experiment(cfg).config.trainer.experiment_name == by_cli
     cfg = load_config(base=make())  # through load_config first: a later attribute still renames it
@@ -118,6 +118,26 @@ def test_train_files_set_by_attribute_name_the_run_as_the_command_line_does(make
     assert load_config(base=cfg).trainer.experiment_name == by_cli.replace("my_rows_", "more_rows_", 1)
     cfg.data.train_files = None  # back to the task's rows: the recipe's name again
     assert Experiment(cfg).config.trainer.experiment_name == make().trainer.experiment_name
+
+
+def test_an_experiment_keeps_its_own_config_when_the_callers_changes(tmp_path, monkeypatch):
+    """A fresh user's pass (session 33): ``e1 = Experiment(cfg); cfg.data.train_files = "other.jsonl";
+    Experiment(cfg)`` renamed ``e1.config``'s run (the same object) while ``e1.run_dir`` stayed. Each Experiment works
+    on a copy: the caller's config is neither kept nor changed."""
+    from asyncrl.experiment import Experiment
+
+    monkeypatch.chdir(tmp_path)
+    _rows_file(tmp_path / "my_rows.jsonl")
+    _rows_file(tmp_path / "other.jsonl")
+    cfg = arith_grpo_cpu()
+    cfg.data.train_files = "my_rows.jsonl"
+    e1 = Experiment(cfg)
+    assert e1.config is not cfg and cfg.trainer.experiment_name == "arith_grpo_cpu"  # the caller's: untouched
+    cfg.data.train_files = "other.jsonl"
+    e2 = Experiment(cfg)
+    assert (e1.config.trainer.experiment_name, e1.config.data.train_files) == ("my_rows_arith_grpo_cpu", "my_rows.jsonl")
+    assert e1.run_dir.name.startswith("my_rows_arith_grpo_cpu__") and e2.run_dir.name.startswith("other_arith_grpo_cpu__")
+    assert e2.config.trainer.experiment_name == "other_arith_grpo_cpu"
 
 
 @pytest.mark.parametrize("name_first", [True, False])
