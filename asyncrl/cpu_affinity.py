@@ -132,6 +132,34 @@ def glue_cores(cfg: "object") -> str:
     return ",".join(map(str, cores))
 
 
+def glue_placement_line(cfg: "object") -> str:
+    """What ``async_training.rollouter_cpu_affinity`` resolves to and why, for ``asyncrl train --dry-run`` (whose YAML
+    keeps ``auto``, so it loads back as the same config): ``glue (rollouter, agent-loop workers, queue):
+    async_training.rollouter_cpu_affinity=auto -> cores '1' (trainer.cpu_affinity='0-1' less
+    actor_rollout_ref.rollout.cpu_affinity='0')``, or ``-> floats (...)`` with the reason.
+
+    Raises:
+        ValueError: a malformed core list (the config's checks report it first).
+    """
+    from asyncrl.placement import in_process_rollout
+
+    spec, resolved = cfg.async_training.rollouter_cpu_affinity, glue_cores(cfg)
+    rollout, trainer = cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity
+    if in_process_rollout(cfg):
+        why = "the rollout runs inside the trainer process: no rollouter actor to pin"
+    elif spec != GLUE_AUTO:
+        why = "as given"
+    elif not (rollout and trainer):
+        why = ("trainer.cpu_affinity and actor_rollout_ref.rollout.cpu_affinity are not both set; set both to split "
+               "the cores")
+    else:
+        why = f"trainer.cpu_affinity={trainer!r} less actor_rollout_ref.rollout.cpu_affinity={rollout!r}"
+        if not resolved:
+            why += ": no core left"
+    where = f"cores {resolved!r}" if resolved and not in_process_rollout(cfg) else "floats"
+    return f"glue (rollouter, agent-loop workers, queue): {GLUE_KEY}={spec!r} -> {where} ({why})"
+
+
 def glue_placement_warnings(cfg: "object") -> list[str]:
     """What ``async_training.rollouter_cpu_affinity`` will do that the user may not mean (each a WARNING line, the
     run goes on): nothing, when the rollout runs inside the trainer process (``actor_rollout_ref.hybrid_engine=True``

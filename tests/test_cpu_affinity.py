@@ -235,3 +235,29 @@ def test_a_core_list_that_is_not_linuxs_syntax_is_refused_with_what_was_wrong(sp
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}={re.escape(repr(spec))} is not a CPU core list: "
                                               rf".*{why}.*write {re.escape(key)}=0,1 on the command line"):
             load_config(overrides=[f"{key}='{spec}'"])
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ([], "async_training.rollouter_cpu_affinity='auto' -> floats (trainer.cpu_affinity and "
+         "actor_rollout_ref.rollout.cpu_affinity are not both set"),
+    (["trainer.cpu_affinity=0-1", "actor_rollout_ref.rollout.cpu_affinity=0"],
+     "async_training.rollouter_cpu_affinity='auto' -> cores '1' (trainer.cpu_affinity='0-1' less "
+     "actor_rollout_ref.rollout.cpu_affinity='0')"),
+    (["trainer.cpu_affinity=0", "actor_rollout_ref.rollout.cpu_affinity=0"], "-> floats (trainer.cpu_affinity='0' less "
+     "actor_rollout_ref.rollout.cpu_affinity='0': no core left)"),
+    (["async_training.rollouter_cpu_affinity=0"], "async_training.rollouter_cpu_affinity='0' -> cores '0' (as given)"),
+])
+def test_dry_run_says_where_the_auto_glue_goes_and_its_yaml_still_says_auto(overrides, line, capsys, tmp_path):
+    """A fresh user's pass (session 33): ``--dry-run`` printed ``rollouter_cpu_affinity: auto`` and nothing of what it
+    resolves to (:func:`asyncrl.cpu_affinity.glue_cores`). A summary line on stderr says it; the YAML on stdout keeps
+    the key as given, so it loads back as the same config."""
+    from asyncrl.cli import main
+    from asyncrl.config import load_config
+
+    assert main(["train", "--dry-run", *overrides]) == 0
+    out, err = capsys.readouterr()
+    glue = [e for e in err.splitlines() if e.startswith("glue (rollouter, agent-loop workers, queue): ")]
+    assert len(glue) == 1 and line in glue[0], err
+    (tmp_path / "dry.yaml").write_text(out)
+    again = load_config(tmp_path / "dry.yaml").async_training.rollouter_cpu_affinity
+    assert again == load_config(overrides=overrides).async_training.rollouter_cpu_affinity
