@@ -162,10 +162,10 @@ def _listing(run_dir: str) -> str:
 
 
 def _run_line(exp, recipe_name: str, dry_run: bool = False) -> str:
-    """``run: runs/my_rows_grpo_cpu__0__20261201-120000/ (trainer.experiment_name=my_rows_grpo_cpu: named after
-    data.train_files, ...)``: where the run writes and why it is named so (a run on the user's own data is named after
-    it unless ``trainer.experiment_name`` is given: :func:`asyncrl.config_data.data_experiment_name`). A dry run
-    shows ``<start time>`` for the time; a resumed run, the checkpoint's run directory."""
+    """``run: runs/my_rows_arith_grpo_cpu__0__20261201-120000/ (trainer.experiment_name=my_rows_arith_grpo_cpu: named
+    after data.train_files and the recipe, ...)``: where the run writes and why it is named so (a run on the user's own
+    data is named after it unless ``trainer.experiment_name`` is given: :func:`asyncrl.config_data.data_experiment_name`).
+    A dry run shows ``<start time>`` for the time; a resumed run, the checkpoint's run directory."""
     from asyncrl.config_data import data_experiment_name
 
     tr, data = exp.config.trainer, exp.config.data
@@ -173,8 +173,8 @@ def _run_line(exp, recipe_name: str, dry_run: bool = False) -> str:
     if dry_run and exp.resume_from is None:
         run_dir = run_dir.parent / f"{tr.experiment_name}__{tr.seed}__<start time>"
     why = ""
-    if data.train_files and tr.experiment_name == data_experiment_name(recipe_name, data.task, data.train_files):
-        why = f": named after data.train_files, not the recipe's {recipe_name}; trainer.experiment_name=... names it"
+    if data.train_files and tr.experiment_name == data_experiment_name(recipe_name, data.train_files):
+        why = f": named after data.train_files and the recipe {recipe_name}; trainer.experiment_name=... names it"
     resumed = f"; resuming {exp.resume_from.name}" if exp.resume_from is not None else ""
     return f"run: {run_dir}/ (trainer.experiment_name={tr.experiment_name}{why}){resumed}"
 
@@ -183,10 +183,11 @@ def _dry_run(exp, recipe_name: str) -> int:
     """``asyncrl train --dry-run``: the checks a run makes before anything starts (:meth:`Experiment.preflight`:
     data, enough prompts within ``data.max_prompt_length`` for one trainer step, the lengths against the model's
     positions; and the resume checkpoint), then the resolved config as YAML on stdout (a config file ``asyncrl train``
-    takes back), the run's directory and name (:func:`_run_line`) and which held-out rows a run evaluates; nothing
-    starts (no Ray, no engine)."""
+    takes back), the run's directory and name (:func:`_run_line`), where the glue actors go (``rollouter_cpu_affinity``
+    ``auto`` resolved, :func:`asyncrl.cpu_affinity.glue_placement_line`) and which held-out rows a run evaluates;
+    nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
-
+    from asyncrl.cpu_affinity import glue_placement_line
     from asyncrl.data.dataset import held_out_source, no_train_files
 
     from asyncrl.run_paths import resolve_run_paths
@@ -199,6 +200,7 @@ def _dry_run(exp, recipe_name: str) -> int:
     resume = f"; would resume from {exp.resume_from}" if exp.resume_from is not None else ""
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
     print(_run_line(exp, recipe_name, dry_run=True), file=sys.stderr)
+    print(glue_placement_line(cfg), file=sys.stderr)  # the YAML above keeps 'auto' (it loads back as given)
     print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
     if no_train_files(cfg.data):
         print(f"note: {no_train_files(cfg.data)}", file=sys.stderr)

@@ -138,7 +138,7 @@ def load_config(
         A validated :class:`ExperimentConfig` (real dataclass instances, not DictConfig). When the YAML file or the
         overrides set ``data.train_files`` and not ``trainer.experiment_name``, the run is named after the data
         (:func:`asyncrl.config_data.data_experiment_name`: ``arith_grpo_cpu`` on ``my_rows.jsonl`` is
-        ``my_rows_grpo_cpu``), as is a base recipe's on train files set by attribute; a name they set wins, and so
+        ``my_rows_arith_grpo_cpu``), as is a base recipe's on train files set by attribute; a name they set wins, and so
         does one set on ``base`` after its recipe made it (:func:`asyncrl.config_data.name_after_data`). Unless a
         name is given, it stays marked as the recipe's: train files set later by attribute rename the run again.
 
@@ -344,8 +344,9 @@ def validate(cfg: ExperimentConfig) -> None:
         try:
             if spec and not (key == GLUE_KEY and spec == GLUE_AUTO):
                 parse_cores(spec)
-        except ValueError:
-            raise ConfigError(f"{key}={spec!r} is not a CPU core list; {core_list_hint(key)}") from None
+        except ValueError as exc:  # what was wrong (a space, a leading zero, ...), then how to write one
+            raise ConfigError(f"{key}={spec!r} is not a CPU core list: {str(exc).partition(': ')[2] or exc}; "
+                              f"{core_list_hint(key)}") from None
     lw = cfg.data.length_workload
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "

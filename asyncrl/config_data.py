@@ -120,12 +120,18 @@ named by its directory."""
 def data_name(train_files: Any) -> str:
     """The name of a run's own data: the first ``data.train_files`` file's name without its suffix (``my_rows`` for
     ``my_rows.jsonl``), or its directory's when the file is named after its split (``gsm8k`` for
-    ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters, digits,
-    ``.``, ``-`` and ``_`` become ``_`` (it names a directory, typed in shells)."""
+    ``~/data/gsm8k/train.parquet``, ``mytask`` for ``mytask/train.jsonl``); characters other than letters,
+    digits (Unicode's: ``données``, ``数据``), ``.``, ``-`` and ``_`` become ``_`` (it names a directory, typed in shells:
+    path separators, glob characters, whitespace, quotes; a byte that is not UTF-8). NFC-normalised, so a name the file
+    system decomposed (macOS's ``e`` + combining accent) names the same run as the one typed. ASCII-only, ``données``
+    was ``donn_es`` and every CJK name was ``data``: two data sets, one run name."""
+    import unicodedata
+
     first = Path(str(train_files if isinstance(train_files, (str, bytes)) or not train_files else train_files[0]))
     path = first.expanduser().absolute()
     name = path.stem if path.stem.lower() not in SPLIT_NAMES or not path.parent.name else path.parent.name
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_.") or "data"
+    name = unicodedata.normalize("NFC", name)
+    return re.sub(r"[^\w.-]+", "_", name).strip("_.") or "data"  # \w: str.isalnum() or '_' (no lone surrogates)
 
 
 RECIPE_MARK = "_recipe_name"
@@ -150,7 +156,7 @@ def name_after_data(config: Any) -> None:
     recipe's (:func:`mark_recipe_name`), it becomes :func:`data_experiment_name` of that recipe name and
     ``data.train_files``, or the recipe's again without train files. A name the user set (``cfg.trainer.experiment_name
     = ...`` after the recipe, the same name included; a YAML file's or an override's) is kept. So ``cfg =
-    arith_grpo_cpu(); cfg.data.train_files = "my_rows.jsonl"`` runs as ``my_rows_grpo_cpu``, as ``asyncrl train
+    arith_grpo_cpu(); cfg.data.train_files = "my_rows.jsonl"`` runs as ``my_rows_arith_grpo_cpu``, as ``asyncrl train
     data.train_files=my_rows.jsonl`` does, and neither shares (nor ``trainer.resume_mode=auto`` resumes) the recipe's
     runs. Called by :func:`asyncrl.config.load_config` and :class:`asyncrl.experiment.Experiment`. A ``TrainerConfig``
     built anew (``dataclasses.replace(cfg.trainer, ...)``) keeps a recipe's name other than the default as given."""
@@ -159,7 +165,7 @@ def name_after_data(config: Any) -> None:
     if recipe is None:
         return
     data = config.data
-    name = data_experiment_name(recipe, data.task, data.train_files) if data.train_files else recipe
+    name = data_experiment_name(recipe, data.train_files) if data.train_files else recipe
     object.__setattr__(trainer, "experiment_name", name)  # the library's name: the mark stays
 
 
@@ -169,38 +175,34 @@ a shell glob over run directories (``ls runs/<name>__*``) reads ``*?[]`` as patt
 no longer globs: :func:`asyncrl.run_names.run_name_pattern`)."""
 
 
-def data_experiment_name(recipe_name: str, task: str, train_files: Any) -> str:
-    """``trainer.experiment_name`` for a run on the user's own rows (``data.train_files`` given, the name not): the
-    recipe's name with its ``data.task`` word replaced by :func:`data_name` (``arith_grpo_cpu`` + ``my_rows.jsonl`` ->
-    ``my_rows_grpo_cpu``; ``~/data/gsm8k/train.parquet`` -> ``gsm8k_grpo_cpu``), or ``<data name>_<recipe name>`` when
-    the recipe's name does not hold the task (``smoke_mode_d`` -> ``my_rows_smoke_mode_d``). Runs are named
-    ``{experiment_name}__{seed}__{time}``, and ``trainer.resume_mode=auto`` resumes the newest run of that name: runs on
-    other data no longer share the recipe's name. Never empty, and each character of :data:`RUN_NAME_REFUSED` (in
-    the recipe's name) becomes ``_``, so it passes ``trainer.experiment_name``'s check.
+def data_experiment_name(recipe_name: str, train_files: Any) -> str:
+    """``trainer.experiment_name`` for a run on the user's own rows (``data.train_files`` given, the name not):
+    ``<data name>_<recipe name>``, :func:`data_name` before the recipe's whole name (``arith_grpo_cpu`` +
+    ``my_rows.jsonl`` -> ``my_rows_arith_grpo_cpu``; ``~/data/gsm8k/train.parquet`` -> ``gsm8k_arith_grpo_cpu``;
+    ``smoke_mode_d`` -> ``my_rows_smoke_mode_d``). Runs are named ``{experiment_name}__{seed}__{time}``, and
+    ``trainer.resume_mode=auto`` resumes the newest run of that name: runs on other data do not share the recipe's name,
+    and two recipes on the same data do not share one. (Session 33: the recipe's ``data.task`` word was replaced by the
+    data name, so ``arith_grpo_cpu``, ``calc_tool_grpo_cpu`` and ``longtail_grpo_cpu`` on ``mytask/train.jsonl`` were
+    all ``mytask_grpo_cpu``, and the second recipe resumed the first's checkpoint, another model. The task word is what
+    tells those recipes apart, so it stays; the data name goes first, as it is what differs between a user's runs.)
+    Never empty, and each character of :data:`RUN_NAME_REFUSED` (in the recipe's name) becomes ``_``, so it passes
+    ``trainer.experiment_name``'s check.
 
     At most :data:`asyncrl.run_names.DERIVED_NAME_MAX` (226) bytes, so its run directory name fits the 255 bytes a
-    file name may hold whatever the seed: a longer data name is cut, the recipe's words kept, and ends in ``-`` and 8
-    hex digits of its SHA-1, so two long file names that begin alike still name two runs (``<first 208 characters>-
-    1a2b3c4d_grpo_cpu``). A recipe's name too long to leave room is not cut (``trainer.experiment_name``'s check
-    refuses it)."""
+    file name may hold whatever the seed: a longer data name is cut, the recipe's name kept, and ends in ``-`` and 8
+    hex digits of its SHA-1, so two long file names that begin alike still name two runs (``<first 203 bytes>-
+    1a2b3c4d_arith_grpo_cpu``; bytes of UTF-8, a character never split). A recipe's name too long to leave room is not
+    cut (``trainer.experiment_name``'s check refuses it)."""
     import hashlib
 
     from asyncrl.run_names import DERIVED_NAME_MAX
 
     data = data_name(train_files)
-    words = recipe_name.split("_")
-    task_words = task.split("_")
-    for i in range(len(words) - len(task_words) + 1):
-        if words[i:i + len(task_words)] == task_words:
-            before, after = "_".join(words[:i] + [""]), "_".join([""] + words[i + len(task_words):])
-            break
-    else:
-        before, after = "", f"_{recipe_name}"
-    before, after = ("".join("_" if c in RUN_NAME_REFUSED else c for c in part)  # the recipe's name is not checked
-                     for part in (before, after))
-    room = DERIVED_NAME_MAX - len(f"{before}{after}".encode("utf-8", "surrogateescape"))
-    if len(data) > room:  # data_name is ASCII: one byte a character
+    after = "".join("_" if c in RUN_NAME_REFUSED else c for c in recipe_name)  # the recipe's name is not checked
+    after = f"_{after}" if after else ""
+    room = DERIVED_NAME_MAX - len(after.encode("utf-8", "surrogateescape"))
+    if len(data.encode()) > room:  # bytes, not characters: 'é' is 2 of them, '数' 3 (data_name is valid UTF-8)
         digest = hashlib.sha1(data.encode()).hexdigest()[:8]
-        kept = data[:max(room - len(digest) - 1, 1)].rstrip("._-")
+        kept = data.encode()[:max(room - len(digest) - 1, 1)].decode("utf-8", "ignore").rstrip("._-")  # whole chars
         data = f"{kept}-{digest}" if kept else digest
-    return f"{before}{data}{after}"
+    return f"{data}{after}"

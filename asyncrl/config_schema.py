@@ -299,10 +299,10 @@ class TrainerConfig:
     """Trainer steps that update only the critic before the actor starts (``gae``; 0 = none)."""
     experiment_name: str = DEFAULT_EXPERIMENT_NAME
     """Recipe name; runs are named ``{experiment_name}__{seed}__{time}``. ``data.train_files`` set in a YAML file or an
-    override without this key, or set on a recipe's config by attribute, names it after the data
-    (``my_rows_grpo_cpu``; :func:`asyncrl.config_data.name_after_data`, cut to fit). The run directory's name must fit
-    the file system's limit on one name (255 bytes on Linux and macOS: a name of up to 255 - 20 - the seed's digits
-    bytes; checked when the config is loaded)."""
+    override without this key, or set on a recipe's config by attribute, names it after the data and the recipe
+    (``my_rows_arith_grpo_cpu``; :func:`asyncrl.config_data.name_after_data`, cut to fit). The run directory's name
+    must fit the file system's limit on one name (255 bytes on Linux and macOS: a name of up to 255 - 20 - the seed's
+    digits bytes; checked when the config is loaded)."""
     default_local_dir: str = "runs"
     """Directory under which run artifacts are written."""
     seed: int = 0

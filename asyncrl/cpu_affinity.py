@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 
 logger = logging.getLogger(__name__)
 
@@ -48,21 +49,48 @@ def core_list_hint(key: str) -> str:
             "Python")
 
 
+_CORE_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # ASCII digits only: \\d, int() take '１', int() takes '0_1'
+
+
+def _leading_zero_hint(number: str) -> str:
+    """What ``number`` (a core with a leading zero) was likely meant as: ``0123`` -> a range ``0-3`` or a list."""
+    if len(number) > 2 and all(int(b) == int(a) + 1 for a, b in zip(number, number[1:])):
+        return f" (cores {number[0]} to {number[-1]}? a range is written {number[0]}-{number[-1]}, a list {','.join(number)})"
+    return f" (a list is written with commas: {','.join(number)}; core {int(number)} is written {int(number)})"
+
+
 def parse_cores(spec: str) -> list[int]:
-    """``"0,2-3"`` -> ``[0, 2, 3]``.
+    """``"0,2-3"`` -> ``[0, 2, 3]``: comma-separated parts, each a core (``2``) or a range ``lo-hi`` (``lo <= hi``) of
+    ASCII digits, spaces allowed around a part (``"0, 1"``). Nothing else is guessed at: ``"0 1"`` read as core 1
+    (spaces were deleted, ``"01"``; ``"1 2"`` was core 12), a full-width ``"１"`` and ``"0_1"`` (``int()`` takes both,
+    the second as 1) were accepted.
 
     Raises:
-        ValueError: a malformed list.
+        ValueError: a malformed list, naming the part and what was wrong (``"0123"``: a range is written ``0-3``).
     """
     cores: list[int] = []
-    for part in spec.replace(" ", "").split(","):
+    for raw in spec.split(","):
+        part = raw.strip(" \t")
         if not part:
             continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cores.extend(range(int(lo), int(hi) + 1))
+        match = _CORE_PART.fullmatch(part)
+        if match is None:
+            if len(part.split()) > 1 and all(_CORE_PART.fullmatch(word) for word in part.split()):
+                raise ValueError(f"CPU core list {spec!r}: part {part!r} holds a space; cores are separated by commas "
+                                 f"(write {','.join(part.split())!r})")
+            raise ValueError(f"CPU core list {spec!r}: part {part!r} is not a core number or a range lo-hi of ASCII "
+                             "digits")
+        lo, hi = match.groups()
+        for number in (lo, hi):
+            if number and len(number) > 1 and number.startswith("0"):
+                raise ValueError(f"CPU core list {spec!r}: core {number!r} has a leading zero"
+                                 + _leading_zero_hint(number))
+        if hi is None:
+            cores.append(int(lo))
+        elif int(lo) > int(hi):
+            raise ValueError(f"CPU core list {spec!r}: range {part!r} runs backwards (write {hi}-{lo})")
         else:
-            cores.append(int(part))
+            cores.extend(range(int(lo), int(hi) + 1))
     if not cores:
         raise ValueError(f"empty CPU core list {spec!r}")
     return sorted(set(cores))
@@ -102,6 +130,34 @@ def glue_cores(cfg: "object") -> str:
         return ""
     cores = sorted(set(parse_cores(trainer)) - set(parse_cores(rollout)))
     return ",".join(map(str, cores))
+
+
+def glue_placement_line(cfg: "object") -> str:
+    """What ``async_training.rollouter_cpu_affinity`` resolves to and why, for ``asyncrl train --dry-run`` (whose YAML
+    keeps ``auto``, so it loads back as the same config): ``glue (rollouter, agent-loop workers, queue):
+    async_training.rollouter_cpu_affinity=auto -> cores '1' (trainer.cpu_affinity='0-1' less
+    actor_rollout_ref.rollout.cpu_affinity='0')``, or ``-> floats (...)`` with the reason.
+
+    Raises:
+        ValueError: a malformed core list (the config's checks report it first).
+    """
+    from asyncrl.placement import in_process_rollout
+
+    spec, resolved = cfg.async_training.rollouter_cpu_affinity, glue_cores(cfg)
+    rollout, trainer = cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity
+    if in_process_rollout(cfg):
+        why = "the rollout runs inside the trainer process: no rollouter actor to pin"
+    elif spec != GLUE_AUTO:
+        why = "as given"
+    elif not (rollout and trainer):
+        why = ("trainer.cpu_affinity and actor_rollout_ref.rollout.cpu_affinity are not both set; set both to split "
+               "the cores")
+    else:
+        why = f"trainer.cpu_affinity={trainer!r} less actor_rollout_ref.rollout.cpu_affinity={rollout!r}"
+        if not resolved:
+            why += ": no core left"
+    where = f"cores {resolved!r}" if resolved and not in_process_rollout(cfg) else "floats"
+    return f"glue (rollouter, agent-loop workers, queue): {GLUE_KEY}={spec!r} -> {where} ({why})"
 
 
 def glue_placement_warnings(cfg: "object") -> list[str]:

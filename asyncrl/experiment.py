@@ -19,6 +19,7 @@ are written; the last checkpoint stays usable). ``run()`` = start + wait + stop.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 import time
@@ -52,6 +53,12 @@ class Experiment(LiveState):
             (engine start costs ~35 s on CPU); they get the trainer's starting weights as version 0
             and are left running by :meth:`stop`. ``None`` builds ``rollout.num_replicas`` new ones.
 
+    The Experiment works on its own copy of ``config`` (``copy.deepcopy`` at construction): what it does to the
+    config (the run named after ``data.train_files``, the paths made absolute at :meth:`start`, ``num_replicas`` set
+    to the replicas given) stays in :attr:`config`, and a change to the caller's object afterwards (the next run's
+    ``cfg.data.train_files = ...``) does not reach this run (it renamed ``e1.config``'s run while ``e1.run_dir``
+    stayed). To change this run before :meth:`start`, change :attr:`config`.
+
     An Experiment runs once: :meth:`start` a second time, or after :meth:`stop`, raises (a second start ran a
     second copy of the run into the same run directory, and a start after stop cut the finished run's
     ``metrics.csv`` back to its header); make a new one for another run.
@@ -76,7 +83,7 @@ class Experiment(LiveState):
                 hasattr(r, "server_id") and hasattr(r, "actor") for r in replicas)):
             raise TypeError(f"Experiment(replicas=...): expected a list of running RolloutReplica objects "
                             f"(e.g. from NotebookSession.replica(cfg)), got {replicas!r}")
-        self.config = config if config is not None else ExperimentConfig()
+        self.config = copy.deepcopy(config) if config is not None else ExperimentConfig()  # its own: see above
         name_after_data(self.config)  # a recipe's name on own data: named after it, as the CLI names it
         validate(self.config)
         self.budget = sample_budget(self.config)
@@ -84,8 +91,10 @@ class Experiment(LiveState):
 
         tr = self.config.trainer
         local_dir = Path(tr.default_local_dir).expanduser()  # ~/runs: the home's, not a directory named ~
-        self.resume_from = find_resume_checkpoint(str(local_dir), tr.experiment_name, tr.seed, tr.resume_mode,
-                                                  tr.resume_from_path, source=train_source(self.config.data))
+        self.resume_from = find_resume_checkpoint(  # auto: only a checkpoint of this data, model and task
+            str(local_dir), tr.experiment_name, tr.seed, tr.resume_mode, tr.resume_from_path,
+            source=train_source(self.config.data), model=self.config.actor_rollout_ref.model.path,
+            task=self.config.data.task)
         if self.resume_from is not None:  # continue in the checkpoint's run directory
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name

@@ -21,7 +21,7 @@ from asyncrl.config_data import mark_recipe_name
 def recipe(make: Callable[..., ExperimentConfig]) -> Callable[..., ExperimentConfig]:
     """A recipe function: its config's ``trainer.experiment_name`` is marked as the recipe's
     (:func:`asyncrl.config_data.mark_recipe_name`), so a run on other ``data.train_files`` set by attribute is named
-    after them (``my_rows_grpo_cpu``), as on the command line, unless ``trainer.experiment_name`` is set too."""
+    after them (``my_rows_arith_grpo_cpu``), as on the command line, unless ``trainer.experiment_name`` is set too."""
     @functools.wraps(make)
     def made(*args, **kwargs) -> ExperimentConfig:
         return mark_recipe_name(make(*args, **kwargs))

@@ -97,6 +97,49 @@ def test_auto_resume_passes_over_a_checkpoint_trained_on_other_data(tmp_path, ca
     assert find_resume_checkpoint(tmp_path, "exp", 0, "auto", source=["c.jsonl"]) == old
 
 
+def test_auto_resume_passes_over_a_checkpoint_of_another_model_or_task(tmp_path, caplog):
+    """A fresh user's pass (session 33): ``--recipe longtail_grpo_cpu`` on the data an ``arith_grpo_cpu`` run had used
+    got its run name and resumed its checkpoint (another model), appended to its metrics.csv, overwrote its config.yaml.
+    ``auto`` now reads the model and task the checkpoint's run used (its ``config.yaml``, else the run directory's)
+    and passes over one that differs, with a WARNING; what was not recorded is not checked."""
+    from asyncrl.config import to_yaml
+    from asyncrl.recipes import arith_grpo_cpu, longtail_grpo_cpu
+
+    arith, longtail = arith_grpo_cpu(), longtail_grpo_cpu()
+    assert arith.actor_rollout_ref.model.path != longtail.actor_rollout_ref.model.path
+
+    def save(run, cfg, when, where="checkpoint"):
+        def write(d):
+            if where == "checkpoint":  # as write_checkpoint does
+                (d / "config.yaml").write_text(to_yaml(cfg))
+        ckpt = CheckpointManager(tmp_path / run / "checkpoints").save(3, write)
+        if where == "run":  # a checkpoint without its own: the run directory's
+            (tmp_path / run / "config.yaml").write_text(to_yaml(cfg))
+        os.utime(ckpt / "meta.json", (when, when))
+        return ckpt
+
+    def find(cfg):
+        return find_resume_checkpoint(tmp_path, "exp", 0, "auto", model=cfg.actor_rollout_ref.model.path,
+                                      task=cfg.data.task)
+
+    a = save("exp__0__20260101-000000", arith, 1)
+    assert find(arith) == a
+    with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
+        assert find(longtail) is None
+    assert (f"not resuming {a}: its run used actor_rollout_ref.model.path={arith.actor_rollout_ref.model.path}, this "
+            f"run {longtail.actor_rollout_ref.model.path}; its run used data.task=arith, this run longtail (to continue "
+            f"it anyway: trainer.resume_mode=resume_path trainer.resume_from_path={a})") in caplog.text
+    other_task = arith_grpo_cpu()
+    other_task.data.task = "calc_tool"  # the same model, another task
+    assert find(other_task) is None
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "auto") == a  # nothing to compare: not checked
+    b = save("exp__0__20260102-000000", longtail, 2, where="run")
+    assert (find(longtail), find(arith)) == (b, a)
+    c = save("exp__0__20260103-000000", None, 3, where="nowhere")  # an older checkpoint, nothing recorded: taken
+    assert (find(longtail), find(arith)) == (c, c)
+    assert find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(a), model="elsewhere", task="x") == a
+
+
 def _engine(path, **kw):
     from asyncrl.trainer.engine import TrainEngine
 

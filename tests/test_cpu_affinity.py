@@ -1,6 +1,7 @@
 """CPU placement of the glue actors (``async_training.rollouter_cpu_affinity``, session 32)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -81,7 +82,8 @@ def test_a_list_of_cores_is_refused_in_asyncrls_words_with_the_forms_to_write(ke
     with pytest.raises(ConfigError, match=rf"^{key}=\[0, 1\] \(list\) is not valid in the base config: expected str; "
                                           rf"{forms}"):
         load_config(base=cfg)
-    with pytest.raises(ConfigError, match=rf"^{key}='0-x' is not a CPU core list; {forms}"):
+    with pytest.raises(ConfigError, match=rf"^{key}='0-x' is not a CPU core list: part '0-x' is not a core number or a range "
+                                              rf"lo-hi of ASCII digits; {forms}"):
         load_config(overrides=[f"{key}=0-x"])
     assert _get_key(load_config(overrides=[f"{key}=0,1"]), key) == "0,1"  # the command line's form, unquoted
     assert _get_key(load_config(overrides=[f"{key}=0-1"]), key) == "0-1"
@@ -200,3 +202,62 @@ def test_auto_glue_follows_the_trainers_cores_when_engine_and_trainer_are_pinned
         assert glue_cores(cfg) == spec
     assert load_config(overrides=["async_training.rollouter_cpu_affinity=auto"]).async_training.rollouter_cpu_affinity \
         == "auto"
+
+
+@pytest.mark.parametrize("spec, cores", [("0,2-3", [0, 2, 3]), (" 0 , 1 ", [0, 1]), ("0-1,", [0, 1]), ("10", [10]),
+                                         ("3,1,1", [1, 3])])
+def test_a_core_list_reads_as_linux_writes_it(spec, cores):
+    from asyncrl.cpu_affinity import parse_cores
+
+    assert parse_cores(spec) == cores
+
+
+@pytest.mark.parametrize("spec, why", [
+    ("0 1", r"part '0 1' holds a space; cores are separated by commas \(write '0,1'\)"),  # pinned core [1]
+    ("1 2", r"write '1,2'"),  # pinned core 12
+    ("１", "not a core number or a range lo-hi of ASCII digits"),  # full-width digit: int() takes it
+    ("0_1", "not a core number"),  # int() reads it as 1
+    ("0123", "leading zero .*a range is written 0-3"),
+    ("3-1", r"runs backwards \(write 1-3\)"),
+    ("0-", "not a core number"),
+    ("0 - 1", "not a core number"),
+])
+def test_a_core_list_that_is_not_linuxs_syntax_is_refused_with_what_was_wrong(spec, why):
+    """A fresh user's pass (session 33): ``trainer.cpu_affinity='0 1'`` pinned core [1] (spaces were deleted), ``'１'``
+    and ``'0_1'`` were taken by ``int()``. Each part must be ASCII digits or ``lo-hi``; the ConfigError names the key,
+    the value as typed, what was wrong and how to write a core list."""
+    from asyncrl.config import ConfigError, load_config
+    from asyncrl.cpu_affinity import parse_cores
+
+    with pytest.raises(ValueError, match=why):
+        parse_cores(spec)
+    for key in ("trainer.cpu_affinity", "actor_rollout_ref.rollout.cpu_affinity"):
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}={re.escape(repr(spec))} is not a CPU core list: "
+                                              rf".*{why}.*write {re.escape(key)}=0,1 on the command line"):
+            load_config(overrides=[f"{key}='{spec}'"])
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ([], "async_training.rollouter_cpu_affinity='auto' -> floats (trainer.cpu_affinity and "
+         "actor_rollout_ref.rollout.cpu_affinity are not both set"),
+    (["trainer.cpu_affinity=0-1", "actor_rollout_ref.rollout.cpu_affinity=0"],
+     "async_training.rollouter_cpu_affinity='auto' -> cores '1' (trainer.cpu_affinity='0-1' less "
+     "actor_rollout_ref.rollout.cpu_affinity='0')"),
+    (["trainer.cpu_affinity=0", "actor_rollout_ref.rollout.cpu_affinity=0"], "-> floats (trainer.cpu_affinity='0' less "
+     "actor_rollout_ref.rollout.cpu_affinity='0': no core left)"),
+    (["async_training.rollouter_cpu_affinity=0"], "async_training.rollouter_cpu_affinity='0' -> cores '0' (as given)"),
+])
+def test_dry_run_says_where_the_auto_glue_goes_and_its_yaml_still_says_auto(overrides, line, capsys, tmp_path):
+    """A fresh user's pass (session 33): ``--dry-run`` printed ``rollouter_cpu_affinity: auto`` and nothing of what it
+    resolves to (:func:`asyncrl.cpu_affinity.glue_cores`). A summary line on stderr says it; the YAML on stdout keeps
+    the key as given, so it loads back as the same config."""
+    from asyncrl.cli import main
+    from asyncrl.config import load_config
+
+    assert main(["train", "--dry-run", *overrides]) == 0
+    out, err = capsys.readouterr()
+    glue = [e for e in err.splitlines() if e.startswith("glue (rollouter, agent-loop workers, queue): ")]
+    assert len(glue) == 1 and line in glue[0], err
+    (tmp_path / "dry.yaml").write_text(out)
+    again = load_config(tmp_path / "dry.yaml").async_training.rollouter_cpu_affinity
+    assert again == load_config(overrides=overrides).async_training.rollouter_cpu_affinity

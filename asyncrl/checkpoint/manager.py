@@ -160,7 +160,8 @@ def check_checkpoint(path: str | Path) -> Path:
 
 
 def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, seed: int, resume_mode: str,
-                           resume_from_path: Optional[str] = None, source: Optional[list] = None) -> Optional[Path]:
+                           resume_from_path: Optional[str] = None, source: Optional[list] = None,
+                           model: Optional[str] = None, task: Optional[str] = None) -> Optional[Path]:
     """The checkpoint a run resumes from (verl's ``trainer.resume_mode`` semantics).
 
     Args:
@@ -169,12 +170,17 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
             ``<experiment_name>__<seed>__<YYYYmmdd-HHMMSS>`` (:func:`asyncrl.run_names.run_name_pattern`): not those
             of another experiment whose name begins ``<experiment_name>__<seed>__``.
         resume_mode: ``disable`` (``None``), ``resume_path`` (``resume_from_path``), or ``auto``
-            (the newest complete checkpoint among those run directories, if any, trained on ``source``).
+            (the newest complete checkpoint among those run directories, if any, of this run: see below).
         resume_from_path: a ``global_step_<N>`` directory.
         source: the training data (:func:`asyncrl.data.dataset.train_source`): ``auto`` passes over a checkpoint whose
             data position names other data (a WARNING names it), since two runs on other data can share a name (the
-            recipe's, a given ``trainer.experiment_name``, or two files of one name): they resumed each other's weights. ``None``, or a checkpoint that saved no
-            source: not checked. ``resume_path`` is never checked (its data-order WARNING says what differs).
+            recipe's, a given ``trainer.experiment_name``, or two files of one name): they resumed each other's
+            weights. ``None``, or a checkpoint that saved no source: not checked. ``resume_path`` is never checked
+            (its data-order WARNING says what differs).
+        model, task: ``actor_rollout_ref.model.path`` and ``data.task``: ``auto`` passes over a checkpoint whose run
+            used another model or task (a WARNING names both), as recorded in the checkpoint's ``config.yaml`` (or, for
+            one without, its run directory's): two recipes on one data file shared a run name until session 33, and
+            the second resumed the first's weights, another model. ``None``, or nothing recorded: not checked.
 
     Raises:
         CheckpointError: ``resume_path`` names a missing or incomplete checkpoint.
@@ -192,16 +198,67 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
         if not pattern.fullmatch(run.name) or not run.is_dir():
             continue
         latest = CheckpointManager(run / "checkpoints").latest()
-        if latest is not None and source is not None and _trained_on(latest) not in (None, source):
-            logger.warning("trainer.resume_mode=auto: not resuming %s: it trained on %s, this run on %s (to continue "
-                           "it anyway: trainer.resume_mode=resume_path trainer.resume_from_path=%s)", latest,
-                           _trained_on(latest), source, latest)
+        if latest is None:
             continue
-        if latest is not None:
-            key = (latest / META).stat().st_mtime
-            if best is None or key > best[0]:
-                best = (key, latest)
+        other = other_run(latest, source, model, task)
+        if other:
+            logger.warning("trainer.resume_mode=auto: not resuming %s: %s (to continue it anyway: "
+                           "trainer.resume_mode=resume_path trainer.resume_from_path=%s)", latest, other, latest)
+            continue
+        key = (latest / META).stat().st_mtime
+        if best is None or key > best[0]:
+            best = (key, latest)
     return best[1] if best else None
+
+
+def other_run(ckpt: Path, source: Optional[list] = None, model: Optional[str] = None,
+              task: Optional[str] = None) -> str:
+    """Why ``ckpt`` is not a checkpoint of a run on ``source`` with ``model`` and ``task`` (``"it trained on X, this
+    run on Y"``, joined by ``"; "``), or ``""`` when nothing recorded differs (what was not recorded, or is ``None``
+    here, is not checked)."""
+    why = []
+    trained_on = _trained_on(ckpt) if source is not None else None
+    if trained_on is not None and trained_on != source:
+        why.append(f"it trained on {trained_on}, this run on {source}")
+    recorded = _run_config(ckpt) if (model, task) != (None, None) else {}
+
+    def was(key: str) -> Optional[str]:  # the recorded value of a dotted key, if a string
+        value: Any = recorded
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value if isinstance(value, str) else None
+
+    was_model, was_task = was("actor_rollout_ref.model.path"), was("data.task")
+    if model is not None and was_model is not None and not _same_path(was_model, model):
+        why.append(f"its run used actor_rollout_ref.model.path={was_model}, this run {model}")
+    if task is not None and was_task is not None and was_task != task:
+        why.append(f"its run used data.task={was_task}, this run {task}")
+    return "; ".join(why)
+
+
+def _same_path(a: str, b: str) -> bool:
+    """The same model path: as written, or the same absolute path from here (``~`` expanded)."""
+    if a == b:
+        return True
+    try:
+        return Path(a).expanduser().absolute() == Path(b).expanduser().absolute()
+    except (OSError, ValueError, RuntimeError):
+        return False
+
+
+def _run_config(ckpt: Path) -> dict:
+    """The config a checkpoint's run used: its own ``config.yaml`` (every checkpoint the trainer writes holds one), else
+    its run directory's (``<run>/checkpoints/global_step_N``); ``{}`` when neither can be read."""
+    import yaml
+
+    for path in (ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"):
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(loaded, dict):
+            return loaded
+    return {}
 
 
 def _trained_on(ckpt: Path) -> Optional[list]:
