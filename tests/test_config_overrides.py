@@ -168,7 +168,7 @@ def test_a_name_reset_with_tilde_is_as_if_never_set():
     plain = load_config(overrides=["data.train_files=my_rows.jsonl"]).trainer.experiment_name
     reset = load_config(overrides=["trainer.experiment_name=foo", "~trainer.experiment_name",
                                    "data.train_files=my_rows.jsonl"]).trainer.experiment_name
-    assert reset == plain == "my_rows_grpo_cpu"
+    assert reset == plain == "my_rows_arith_grpo_cpu"
     assert load_config(overrides=["~trainer.experiment_name", "trainer.experiment_name=foo",
                                   "data.train_files=my_rows.jsonl"]).trainer.experiment_name == "foo"
 
