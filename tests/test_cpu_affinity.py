@@ -72,7 +72,9 @@ def test_a_list_of_cores_is_refused_in_asyncrls_words_with_the_forms_to_write(ke
     yml = tmp_path / "c.yaml"
     yml.write_text("".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split("."))) +
                    f"{'  ' * len(section.split('.'))}{last}: [0, 1]\n")
-    with pytest.raises(ConfigError, match=rf"^invalid value for '{key}' in {yml}: \[0, 1\] is not str; {forms}"):
+    line = len(section.split(".")) + 1
+    with pytest.raises(ConfigError, match=rf"^invalid value for '{key}' in config file '{yml}', line {line}: \[0, 1\] is "
+                                          rf"not str; {forms}"):
         load_config(yml)
     cfg = ExperimentConfig()
     node = cfg
