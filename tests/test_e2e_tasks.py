@@ -81,7 +81,8 @@ def test_own_data_and_custom_reward_file_train_end_to_end(shared_replica, tmp_pa
     load the file (the path travels absolute), a string extra (verl's ``"pred"``) fails nothing, a numeric one is a
     ``reward/<key>`` metric, and ``acc`` is what the held-out accuracy averages. Session 32: the config's
     ``reward_kwargs`` reach the function in the actors, ``config.yaml`` holds the data files' absolute paths, and
-    ``async_training.rollouter_cpu_affinity`` pins every thread of the rollouter and queue actors."""
+    ``async_training.rollouter_cpu_affinity`` pins every thread of the rollouter and queue actors (session 33: its
+    default, ``auto``, puts them on the trainer's core once rollout and trainer are pinned)."""
     import csv
     import json
     from pathlib import Path
@@ -110,8 +111,13 @@ def test_own_data_and_custom_reward_file_train_end_to_end(shared_replica, tmp_pa
 
     import ray
 
-    glue = max(os.sched_getaffinity(0))  # session 32: the glue actors pinned, every thread of each
-    cfg.async_training.rollouter_cpu_affinity = str(glue)
+    cores = sorted(os.sched_getaffinity(0))
+    glue = cores[-1]  # session 32: the glue actors pinned, every thread of each
+    if len(cores) > 1:  # session 33: by rollouter_cpu_affinity's default, "auto": the trainer's core beside the rollout's
+        assert cfg.async_training.rollouter_cpu_affinity == "auto"
+        cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = str(cores[0]), str(glue)
+    else:
+        cfg.async_training.rollouter_cpu_affinity = str(glue)
     pinned = {}
 
     def threads_cores(_actor):
