@@ -55,6 +55,24 @@ def bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range when it can: a port the kernel hands out (``bind(0)``) is
+    in that range, and between this check and the master's bind the kernel may give it to another process's outgoing
+    connection (Ray's: a full-suite run failed with EADDRINUSE on 33699)."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(64 if low > 12000 else 0):
+        port = random.randint(10000, low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -179,7 +197,7 @@ def test_sender_times_out_on_dead_receiver():
 
 
 def test_channel_timeouts_name_the_problem():
-    store = torch.distributed.TCPStore("127.0.0.1", free_port(), 1, is_master=True, wait_for_workers=False)
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)  # 0: it binds one
     ch = StoreChannel(store, "t")
     with pytest.raises(TimeoutError, match="no metadata"):
         ch.recv(0.2)
