@@ -556,6 +556,7 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.models import load_tokenizer
     from asyncrl.placement import trainer_env
     from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode, rollout_only
+    from asyncrl.sim.probes import long_prompt, probe_token_costs
     from asyncrl.staleness import sample_budget
 
     cfg = mode_config("d", args)
@@ -564,9 +565,17 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     prompt = render_prompt_ids(tok, rows[0]["prompt"])
     cal: dict[str, Any] = {"prompt_tokens": statistics.fmean(len(render_prompt_ids(tok, r["prompt"])) for r in rows[:64])}
     probe = {"batch_sizes": PROBE_BATCHES, "tokens": PROBE_TOKENS}
+    cal["probe_prompt_tokens"] = len(prompt)
+    longer = long_prompt([render_prompt_ids(tok, r["prompt"]) for r in rows[:32]], LONG_PROMPT_TOKENS)
     for kind, rep in replicas.items():
         cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, **probe))
         print(f"  decode ms/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
+              flush=True)
+        # what a resumed partial rollout's prefill and a long response's context cost, beside the probe (session 34)
+        costs, cal[f"token_costs_{kind}"] = asyncio.run(probe_token_costs(rep, prompt, longer, cal[f"decode_{kind}"],
+                                                                          PROBE_TOKENS))
+        print(f"  prefill {costs.per_prefill_token_s * 1e6:.1f} us per prompt token, decode {costs.per_ctx_token_s * 1e6:.3f} "
+              f"us per context token an iteration ({kind}; one-token requests and the probe at {len(longer)} prompt tokens)",
               flush=True)
     split = replicas.get("split") or replicas["shared"]
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
@@ -606,6 +615,9 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
 
 PROBE_TOKENS = 48
 """Tokens per request of the decode probes (``calibrate``)."""
+LONG_PROMPT_TOKENS = 320
+"""Prompt tokens of the calibration's long-context probes (``probe_token_costs``): the long-tail task's long responses
+run at 57-440 tokens of context; the engine's ``max_model_len`` must hold this plus ``PROBE_TOKENS``."""
 PROBE_BATCHES = (1, 8, 32, 128, 256)
 """Sequences per decode probe (``calibrate``). 256 since session 31: the engines seat 256, and a run with many groups in
 flight decodes ~240 at once (d_s1_t2 on hf, session 30: 232 per iteration) where a table ending at 128 extrapolated
@@ -638,9 +650,16 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         token of trained rows}, "notes": [...]}``.
     """
     from asyncrl.sim.calibrate import fit_per_request, per_request_cap, priced_tokens
+    from asyncrl.sim.probes import fit_token_costs
     from asyncrl.staleness import sample_budget
 
     cal, ideal, notes = result["calibration"], result.get("ideal") or {}, []
+    # prefill and context prices of each engine (saved since session 34; before: 0, the probe's table alone)
+    tokens = {kind: fit_token_costs(cal[f"token_costs_{kind}"], cal[f"decode_{kind}"], PROBE_TOKENS)
+              for kind in ("split", "shared") if f"token_costs_{kind}" in cal and f"decode_{kind}" in cal}
+    if not tokens:
+        notes.append("no prefill / context probes (saved before session 34): a resumed request's prefill and a long "
+                     "context's reads are priced at 0")
     cfg = mode_config("d", args)
     n = cfg.actor_rollout_ref.rollout.n
     pt = int(cal["prompt_tokens"])
@@ -676,8 +695,9 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     c, at_cap = None, False
     if groups and "decode_split" in cal:
         split = {int(b): t for b, t in cal["decode_split"].items()}
-        c = fit_per_request(split, PROBE_TOKENS, groups, conc, seconds, pt, more=more).prefill_s
-        at_cap = c >= 0.999 * per_request_cap(split, PROBE_TOKENS)
+        c = fit_per_request(split, PROBE_TOKENS, groups, conc, seconds, pt, more=more,
+                            token_costs=tokens.get("split")).prefill_s
+        at_cap = c >= 0.999 * per_request_cap(split, PROBE_TOKENS, tokens.get("split"))
         if at_cap:  # the bisection ran into its bound
             notes.append(f"per-request cost at its cap ({c * 1e3:.2f} ms): even so the simulated rollout-only is faster "
                          f"than the measured {seconds:.2f} s; what slows the real one is not in the probe")
@@ -687,7 +707,7 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         shared = {int(b): t for b, t in cal["decode_shared"].items()}
         first = own[0]
         by_kind["shared"] = fit_per_request(shared, PROBE_TOKENS, first["groups"], first["concurrency"], first["seconds"],
-                                            pt, more=own[1:]).prefill_s
+                                            pt, more=own[1:], token_costs=tokens.get("shared")).prefill_s
     elif c is not None and "decode_shared" in cal:  # before: the split replica's cost, capped at the shared probe's
         cap = per_request_cap({int(b): t for b, t in cal["decode_shared"].items()}, PROBE_TOKENS)
         if c > cap:
@@ -707,7 +727,7 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     trained = {kind: cal[f"train_s_per_trained_priced_token_{kind}"] for kind in ("split", "shared")
                if f"train_s_per_trained_priced_token_{kind}" in cal}
     return {"pool": pool, "per_request_s": c, "per_request_at_cap": at_cap, "per_request_by_kind": by_kind,
-            "train": train, "train_trained": trained, "notes": notes}
+            "train": train, "train_trained": trained, "token_costs": tokens, "notes": notes}
 
 
 def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int = 96,
@@ -762,7 +782,8 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
     inputs["group_correlation"] = rho
     print(f"  calibration: the lengths of a group's responses correlate at {rho:.2f} (rollout-only groups)", flush=True)
     pool_lengths = empirical_lengths(inputs["pool"], rho)
-    result["sim_calibration"] = {k: v for k, v in inputs.items() if k != "pool"}
+    result["sim_calibration"] = {k: v for k, v in inputs.items() if k not in ("pool", "token_costs")}
+    result["sim_calibration"]["token_costs"] = {k: dataclasses.asdict(v) for k, v in inputs["token_costs"].items()}
     out = {}
     for note in inputs["notes"]:
         print(f"  calibration: {note}", flush=True)
@@ -797,7 +818,8 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                               cal["sync_s"], int(cal["prompt_tokens"]),
                               rollout_contention=cal.get("rollout_contention", 0.0) if kind == "split" else 0.0,
                               train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0,
-                              per_request_s=inputs["per_request_by_kind"][kind], probe_tokens=PROBE_TOKENS)
+                              per_request_s=inputs["per_request_by_kind"][kind], probe_tokens=PROBE_TOKENS,
+                              token_costs=inputs["token_costs"].get(kind))
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0

@@ -4,6 +4,8 @@
 
     probe_decode(replica)  B concurrent ignore-EOS requests of T tokens, B in batch_sizes
         -> seconds per decode iteration at each B -> least squares: step_s + per_seq_s * B
+    probe_token_costs(replica)  one-token requests and the probe at a long prompt (asyncrl.sim.probes)
+        -> per_prefill_token_s, per_ctx_token_s (a resumed partial rollout's prefill, a long context's reads)
     rollout-only of the workload (measure_rollout, timed)       -> fit_per_request: the per-request cost the
         probe's long fixed-length requests hide, and the probe net of it as a table (session 10)
     train seconds / priced tokens (the train engine alone)      -> per_token_s
@@ -23,32 +25,8 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from asyncrl.sim.cost_models import ClusterCostModel, RolloutCostModel, SyncCostModel, TrainCostModel
+from asyncrl.sim.probes import TokenCosts, probe_decode  # noqa: F401 - probe_decode's home before session 34
 from asyncrl.sim.workload import empirical_lengths, lengths_from_rows  # noqa: F401 - their home before session 14
-
-
-async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Sequence[int] = (1, 8, 32, 128, 256),
-                       tokens: int = 64, repeats: int = 2) -> dict[int, float]:
-    """Seconds per decode iteration with ``B`` sequences running, for each ``B`` (best of ``repeats``).
-
-    Each probe starts ``B`` requests of exactly ``tokens`` tokens (EOS ignored) at once and divides
-    the wall time by ``tokens`` (the prefill is included, spread over the iterations, as in a run).
-
-    Args:
-        replica: a :class:`~asyncrl.rollout.replica.RolloutReplica` (or anything with ``generate_async``).
-        prompt_ids: the prompt every request uses (the workload's typical length).
-    """
-    from asyncrl.rollout.base import SamplingParams
-
-    sp = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=True)
-    out: dict[int, float] = {}
-    for b in batch_sizes:
-        best = float("inf")
-        for r in range(repeats):
-            t0 = time.perf_counter()
-            await asyncio.gather(*[replica.generate_async(f"probe-{b}-{r}-{i}", list(prompt_ids), sp) for i in range(b)])
-            best = min(best, time.perf_counter() - t0)
-        out[int(b)] = best / tokens
-    return out
 
 
 def fit_rollout(per_iteration_s: dict, max_num_seqs: int = 256, weight_load_s: float = 0.0) -> RolloutCostModel:
@@ -97,7 +75,7 @@ def simulate_rollout_only(cost: RolloutCostModel, group_lengths: Sequence[Sequen
 
 def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequence[Sequence[int]], concurrency: int,
                     seconds: float, prompt_tokens: int, max_num_seqs: int = 256,
-                    more: Sequence[dict] = ()) -> RolloutCostModel:
+                    more: Sequence[dict] = (), token_costs: Optional[TokenCosts] = None) -> RolloutCostModel:
     """A rollout cost model that reproduces both micro-measurements of the replica alone: the decode probe
     (``B`` requests of ``probe_tokens`` tokens at once, :func:`probe_decode`) and a rollout-only
     measurement of the workload (:func:`measure_rollout`: ``group_lengths`` at ``concurrency`` groups took
@@ -118,15 +96,18 @@ def fit_per_request(decode_probe: dict, probe_tokens: int, group_lengths: Sequen
     them add up to the measured ones. On a long-tail workload one measurement of 64 groups is a noisy price (the
     same 64 groups at concurrency 48, twice on one replica minutes apart: 5.16 and 3.87 s, ``benchmarks/RESULTS.md``
     session 16).
+
+    ``token_costs`` (:func:`asyncrl.sim.probes.probe_token_costs`, since session 34): the model also prices
+    prefill per prompt token and decode per context token; the probe is taken net of its own share of both
+    (:meth:`TokenCosts.probe_share`), and ``c`` is what a request costs beyond them.
     """
     probe = {int(b): float(t) for b, t in decode_probe.items()}
-    c_max = per_request_cap(probe, probe_tokens)
+    c_max = per_request_cap(probe, probe_tokens, token_costs)
     runs = [(group_lengths, concurrency)] + [(m["groups"], m["concurrency"]) for m in more]
     seconds = seconds + sum(float(m["seconds"]) for m in more)
 
     def model(c: float) -> RolloutCostModel:
-        return RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=c, max_num_seqs=max_num_seqs,
-                                per_iteration_s=net_of_per_request(probe, c, probe_tokens))
+        return probe_model(probe, c, probe_tokens, token_costs, max_num_seqs)
 
     def simulated(c: float) -> float:
         return sum(simulate_rollout_only(model(c), g, k, prompt_tokens) for g, k in runs)
@@ -167,22 +148,47 @@ def contention(alone: Any, loaded: Any) -> float:
     return max(0.0, ratio - 1.0)
 
 
-def per_request_cap(decode_probe: dict, probe_tokens: int) -> float:
+def per_request_cap(decode_probe: dict, probe_tokens: int, token_costs: Optional[TokenCosts] = None) -> float:
     """The largest per-request cost a probe can be taken net of: 95% of its smallest time per request
-    (``t(B) * probe_tokens / B``). Above it some table entry is <= 0: the whole probe time spent on admission."""
-    return min(float(t) * probe_tokens / int(b) for b, t in decode_probe.items()) * 0.95
+    (``t(B) * probe_tokens / B``, less what ``token_costs`` price of it). Above it some table entry is <= 0:
+    the whole probe time spent on admission."""
+    tc = token_costs or TokenCosts()
+    return min((float(t) - tc.probe_share(int(b), probe_tokens)) * probe_tokens / int(b)
+               for b, t in decode_probe.items()) * 0.95
 
 
-def net_of_per_request(decode_probe: dict, per_request_s: float, probe_tokens: int) -> dict:
+def net_of_per_request(decode_probe: dict, per_request_s: float, probe_tokens: int,
+                       token_costs: Optional[TokenCosts] = None) -> dict:
     """The probe's seconds per decode iteration with the per-request cost taken out: each of a probe's ``B``
-    requests paid ``per_request_s`` once over its ``probe_tokens`` iterations (:func:`fit_per_request`)."""
-    return {int(b): float(t) - int(b) * per_request_s / probe_tokens for b, t in decode_probe.items()}
+    requests paid ``per_request_s`` once over its ``probe_tokens`` iterations (:func:`fit_per_request`); and with
+    ``token_costs``, their prefill and context share too (:meth:`TokenCosts.probe_share`).
+
+    Raises:
+        ValueError: ``token_costs`` price more than some probe entry took (the table would hold a time <= 0).
+    """
+    tc = token_costs or TokenCosts()
+    out = {int(b): float(t) - int(b) * per_request_s / probe_tokens - tc.probe_share(int(b), probe_tokens)
+           for b, t in decode_probe.items()}
+    if token_costs is not None and any(t <= 0 for t in out.values()):
+        raise ValueError(f"token costs {token_costs} price more than the decode probe {decode_probe} took: "
+                         "were they measured on another replica or another prompt?")
+    return out
+
+
+def probe_model(decode_probe: dict, per_request_s: float, probe_tokens: int, token_costs: Optional[TokenCosts] = None,
+                max_num_seqs: int = 256) -> RolloutCostModel:
+    """The rollout cost model of a decode probe: its table net of the per-request cost (:attr:`~RolloutCostModel.
+    prefill_s`) and of ``token_costs`` (prefill per prompt token, decode per context token), which it charges apart."""
+    tc = token_costs or TokenCosts()
+    return RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=tc.per_ctx_token_s, prefill_s=per_request_s,
+                            per_prefill_token_s=tc.per_prefill_token_s, max_num_seqs=max_num_seqs,
+                            per_iteration_s=net_of_per_request(decode_probe, per_request_s, probe_tokens, token_costs))
 
 
 def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, prompt_tokens: int,
                    per_update_s: float = 0.0, name: str = "cpu-calibrated", rollout_contention: float = 0.0,
                    train_contention: float = 0.0, per_request_s: Optional[float] = None,
-                   probe_tokens: int = 48) -> ClusterCostModel:
+                   probe_tokens: int = 48, token_costs: Optional[TokenCosts] = None) -> ClusterCostModel:
     """A cost model of one CPU placement (one replica, one trainer) from its micro-measurements.
 
     Args:
@@ -197,6 +203,8 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
             (:attr:`RolloutCostModel.per_iteration_s`) and the cost charged per request
             (:attr:`RolloutCostModel.prefill_s`), capped at :func:`per_request_cap` of this probe;
             ``probe_tokens``: the probe's tokens per request.
+        token_costs: with ``per_request_s``, the replica's prefill and context prices
+            (:func:`asyncrl.sim.probes.probe_token_costs`), charged apart and taken out of the probe.
         train_s_per_token: with ``use_dynamic_bsz`` runs, per *priced* token (``measure_train``'s
             ``s_per_priced_token``, :func:`priced_tokens`).
     """
@@ -206,9 +214,8 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
         # a cost fitted on another placement's probe (the split replica's, for the shared one) may exceed
         # what this probe spends per request (session 11: 11.1 ms vs the shared probe's 8.1 ms at B = 128,
         # a table entry of -7.8 ms and a simulation that never advanced): capped at this probe's own bound
-        per_request_s = min(per_request_s, per_request_cap(decode_probe, probe_tokens))
-        rollout = RolloutCostModel(step_s=0.0, per_seq_s=0.0, per_ctx_token_s=0.0, prefill_s=per_request_s,
-                                   per_iteration_s=net_of_per_request(decode_probe, per_request_s, probe_tokens))
+        per_request_s = min(per_request_s, per_request_cap(decode_probe, probe_tokens, token_costs))
+        rollout = probe_model(decode_probe, per_request_s, probe_tokens, token_costs)
     rollout.contention = rollout_contention
     return ClusterCostModel(
         name=name, rollout=rollout,
