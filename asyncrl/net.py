@@ -56,7 +56,7 @@ def free_port(host: str = "", attempts: int = 64, rng: Optional[random.Random] =
 
     Tries up to ``attempts`` random ports in ``[PORT_FLOOR, ephemeral low)`` by binding each briefly
     (without ``SO_REUSEADDR``, so a port with lingering connections counts as taken). Two callers that
-    pick at random may still collide (about 1 in 12,000 per pair with the default range); the kernel
+    pick at random may still collide (about 1 in 12,800 per pair with the default range); the kernel
     never will.
 
     Args:
