@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asyncrl.net import free_port  # noqa: E402
 from asyncrl.sync.metadata import iter_bucket_plan, pack_bucket  # noqa: E402
 from asyncrl.sync.nccl_engine import NCCLCheckpointEngine, NCCLSyncConfig, NCCLWeightReceiver, hf_load_fn  # noqa: E402,F401
 
@@ -178,12 +178,6 @@ def _receiver(args, port, q):
     q.put(("receiver", out))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def report(res, rx, args):
     gb = res["bytes"] / 1e9
     rows = []
@@ -223,7 +217,7 @@ def main():
     elif torch.cuda.device_count() < 2:
         sys.exit("needs 2 CUDA GPUs (or --smoke)")
     ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), _free_port()
+    q, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=f, args=(args, port, q)) for f in (_sender, _receiver)]
     for p in procs:
         p.start()

@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +29,12 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from asyncrl.net import free_port  # noqa: E402  (after the repo is on the path)
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> object:
@@ -49,7 +46,7 @@ class Lab:
     """A JupyterLab server over ``root``; ``stop()`` shuts it (and its kernels) down."""
 
     def __init__(self, root: Path, env: dict[str, str], log: Path):
-        self.port, self.token = _free_port(), os.urandom(16).hex()
+        self.port, self.token = free_port(), os.urandom(16).hex()
         self.base = f"http://127.0.0.1:{self.port}"
         self._log = open(log, "w")
         self.proc = subprocess.Popen(

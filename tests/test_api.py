@@ -21,10 +21,11 @@ from asyncrl.api import CheckpointEngine, InferenceEngine, TrainEngine, WeightSe
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.hf_backend import HFEngine
 from asyncrl.sync.bucket import iter_buckets, plan_buckets
+from asyncrl.sync.gloo import open_gloo_store
+from asyncrl.sync.nccl_engine import NCCLCheckpointEngine, NCCLSyncConfig
 from asyncrl.sync.receiver import tensor_digest
 from asyncrl.trainer.engine import TrainEngine as CPUTrainEngine
 from asyncrl.trainer.engine import collate
-from test_nccl_engine_cpu import free_port
 
 
 class Recorder:
@@ -83,19 +84,15 @@ def test_cpu_train_engine_conforms(random_model_dir):
     assert eng.missing() == set()
 
 
-def _gloo_sender(port, tensors, bucket):
+def _gloo_sender(store, tensors, bucket):
     from asyncrl.sync.gloo import gloo_broadcast, make_gloo_group
 
-    group = make_gloo_group("127.0.0.1", port, 0, 2, 60)
+    group = make_gloo_group("127.0.0.1", store.port, 0, 2, 60, store=store)
     for buf, _ in iter_buckets(tensors, bucket):
         gloo_broadcast(group, buf, 0)
 
 
-def _nccl_sender(port, tensors, version):
-    from asyncrl.sync.nccl_engine import NCCLCheckpointEngine, NCCLSyncConfig
-
-    eng = NCCLCheckpointEngine(NCCLSyncConfig(master_port=port, world_size=2, bucket_mb=1 / 1024, backend="gloo",
-                                              metadata_channel="store", timeout_s=60))
+def _nccl_sender(eng, tensors, version):
     eng.send_weights_sync(iter(tensors), version)
     eng.close()
 
@@ -136,18 +133,21 @@ def test_hf_engine_conforms_to_inference_engine(random_model_dir):
         sums = await eng.param_checksums()
         assert sums[sent[0][0]] == pytest.approx(float(sent[0][1].double().sum()))
         # gloo transport (the trainer side in a thread)
-        sent, port = weights(2), free_port()
-        th = threading.Thread(target=_gloo_sender, args=(port, sent, 1000))
+        sent, store = weights(2), open_gloo_store("127.0.0.1", 0, 2, 60)  # binds its own port: no race
+        th = threading.Thread(target=_gloo_sender, args=(store, sent, 1000))
         th.start()
-        assert await eng.gloo_init("127.0.0.1", port, 1, 2, 60) == [1]
+        assert await eng.gloo_init("127.0.0.1", store.port, 1, 2, 60) == [1]
         plan = plan_buckets(((n, t.dtype, tuple(t.shape)) for n, t in sent), 1000)
         assert await eng.gloo_receive(plan, 4) == len(sent)
         th.join()
         digests = await eng.param_digests()
         assert all(digests[n] == tensor_digest(t) for n, t in sent) and eng.param_version == 4
         # nccl engine's transport over gloo
-        sent, port = weights(3), free_port()
-        th = threading.Thread(target=_nccl_sender, args=(port, sent, 5))
+        sent = weights(3)
+        sender = NCCLCheckpointEngine(NCCLSyncConfig(master_port=0, world_size=2, bucket_mb=1 / 1024, backend="gloo",
+                                                     metadata_channel="store", timeout_s=60))
+        port = sender.open_store()
+        th = threading.Thread(target=_nccl_sender, args=(sender, sent, 5))
         th.start()
         assert await eng.nccl_init("127.0.0.1", port, 1, 2, 60) == [1]
         assert await eng.nccl_receive(5) == len(sent)

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from asyncrl.net import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -50,12 +51,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.notebook, pytest.mark.timeout(1200),
               pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 5.0):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
@@ -67,7 +62,7 @@ def jupyterlab(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copy(REPO / "notebooks" / "00_quickstart.ipynb", root / "00_quickstart.ipynb")
-    port, token = _free_port(), os.urandom(16).hex()
+    port, token = free_port(), os.urandom(16).hex()
     env = {**os.environ, "CI": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}

@@ -5,11 +5,12 @@ The same code runs on GPUs with NCCL (``@pytest.mark.gpu`` case)."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from asyncrl.net import free_port
 
 
 def _worker(rank, world, port, device_type, ckpt, q):
@@ -62,9 +63,7 @@ def _worker(rank, world, port, device_type, ckpt, q):
 def _run(device_type, tmp_path):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, 2, port, device_type, str(tmp_path / "actor"), q)) for r in range(2)]
     for p in procs:
         p.start()

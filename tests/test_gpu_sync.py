@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from test_nccl_engine_cpu import bytes_equal, free_port, make_tensors
+from asyncrl.net import free_port
+from test_nccl_engine_cpu import bytes_equal, make_tensors
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from asyncrl.net import free_port
 
 
 def _tiny_config():
@@ -293,9 +294,7 @@ def test_rows_split_evenly_and_padding_rows_carry_no_loss():
 def _run(device_type):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, 2, port, device_type, q)) for r in range(2)]
     for p in procs:
         p.start()

@@ -89,13 +89,14 @@ def test_padding_before_real_tokens_keeps_the_mask_and_positions(random_model_di
     torch.testing.assert_close(lp, want, atol=1e-5, rtol=1e-5)
 
 
-def _fsdp_one_gpu(port, q):
+def _fsdp_one_gpu(q):
     """One NCCL rank on cuda:0: the FSDP2 engine's log-probs of a collate batch (rows' responses start at
     different columns, right-padded) against the plain computation on an unsharded copy, fp32 throughout."""
     import copy
     import os
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="0")  # one rank: its own store binds a port the kernel picks, no race
     try:
         from asyncrl.trainer.fsdp_engine import FSDPEngine
 
@@ -118,16 +119,11 @@ def _fsdp_one_gpu(port, q):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fsdp_engine_on_one_gpu_equals_the_plain_computation():
-    import socket
-
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = ctx.Process(target=_fsdp_one_gpu, args=(port, q))
+    p = ctx.Process(target=_fsdp_one_gpu, args=(q,))
     p.start()
     errors = q.get(timeout=600)
     p.join(60)

@@ -8,7 +8,6 @@ overlap is covered by ``tests/test_gpu_sync.py`` on GPUs.
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.net import free_port
 from asyncrl.sync.bucket import plan_buckets
 from asyncrl.sync.metadata import BucketMsg, StoreChannel, iter_bucket_plan, pack_bucket, unpack_bucket
 from asyncrl.sync.nccl_engine import NCCLCheckpointEngine, NCCLSyncConfig, NCCLWeightReceiver, require_backend
@@ -52,30 +52,6 @@ def bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return torch.equal(a.contiguous().reshape(-1).view(torch.uint8).cpu(), b.contiguous().reshape(-1).view(torch.uint8).cpu())
-
-
-def free_port() -> int:
-    """A port free now, below the kernel's ephemeral range when it can: a port the kernel hands out (``bind(0)``) is
-    in that range, and between this check and the master's bind the kernel may give it to another process's outgoing
-    connection (Ray's: a full-suite run failed with EADDRINUSE on 33699)."""
-    import random
-
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    for _ in range(64 if low > 12000 else 0):
-        port = random.randint(10000, low - 1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sender(port, world, channel, rebuild, rounds, q, bucket_mb=16 / 1024):
@@ -182,11 +158,10 @@ def _dead_receiver(port):
 
 def test_sender_times_out_on_dead_receiver():
     ctx = mp.get_context("spawn")
-    port = free_port()
-    p = ctx.Process(target=_dead_receiver, args=(port,))
-    p.start()
-    eng = NCCLCheckpointEngine(NCCLSyncConfig(master_port=port, world_size=2, bucket_mb=1 / 1024,
+    eng = NCCLCheckpointEngine(NCCLSyncConfig(master_port=0, world_size=2, bucket_mb=1 / 1024,
                                               backend="gloo", metadata_channel="store", timeout_s=60))
+    p = ctx.Process(target=_dead_receiver, args=(eng.open_store(),))  # the sender's store binds its own port
+    p.start()
     eng.init_group()
     p.join(30)
     t0 = time.monotonic()

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import socket
 import time
 
 import pytest
 import torch
 
 from asyncrl.sync.bucket import BucketAssembler, iter_buckets, metas_from_wire, metas_to_wire, plan_buckets
-from asyncrl.sync.gloo import gloo_broadcast, make_gloo_group
+from asyncrl.sync.gloo import gloo_broadcast, make_gloo_group, open_gloo_store
 
 
 def _tensors() -> list[tuple[str, torch.Tensor]]:
@@ -78,12 +77,6 @@ def test_wire_metas_roundtrip():
         assert metas_from_wire(metas_to_wire(metas)) == metas
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _receiver(port: int, plan, queue) -> None:
     group = make_gloo_group("127.0.0.1", port, 1, 2, 60)
     asm, got = BucketAssembler(), {}
@@ -100,13 +93,13 @@ def _receiver(port: int, plan, queue) -> None:
 def test_gloo_broadcast_bit_exact_across_processes():
     named = _tensors()
     plan = plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in named], 4093)
-    port = _free_port()
+    store = open_gloo_store("127.0.0.1", 0, 2, 60)  # rank 0 here: it binds its own port, no race
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_receiver, args=(port, plan, queue))
+    proc = ctx.Process(target=_receiver, args=(store.port, plan, queue))
     proc.start()
     try:
-        group = make_gloo_group("127.0.0.1", port, 0, 2, 60)
+        group = make_gloo_group("127.0.0.1", store.port, 0, 2, 60, store=store)
         for bucket, _ in iter_buckets(named, 4093):
             gloo_broadcast(group, bucket, 0)
         got = queue.get(timeout=60)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from typing import Any, Iterable, Optional, Sequence
 
@@ -85,12 +84,6 @@ class RayRPCCheckpointEngine(CheckpointEngine):
         return {"sync/pack_s": t1 - t0, "sync/load_s": t2 - t1, "sync/total_s": t2 - t0, "sync/bytes": float(nbytes)}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class GlooCheckpointEngine(CheckpointEngine):
     """torch.distributed gloo broadcast from the trainer (rank 0) to every engine worker.
 
@@ -102,7 +95,8 @@ class GlooCheckpointEngine(CheckpointEngine):
         bucket_bytes: bucket capacity in bytes.
         host: address the workers reach the trainer at; default: this node's Ray IP when Ray is
             initialised, else ``127.0.0.1``.
-        port: TCPStore port; 0 picks a free one.
+        port: TCPStore port; 0 (default) lets the store bind one the kernel picks, before the workers
+            are told where to connect.
         timeout_s: gloo / store timeout.
     """
 
@@ -122,17 +116,18 @@ class GlooCheckpointEngine(CheckpointEngine):
             return
         import ray
 
-        from asyncrl.sync.gloo import make_gloo_group
+        from asyncrl.sync.gloo import make_gloo_group, open_gloo_store
 
         host = self.host or (ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1")
-        port = self.port or _free_port()
         sizes = await asyncio.gather(*[h.num_weight_workers.remote() for h in self.replicas])
         world, bases = 1, []
         for n in sizes:
             bases.append(world)
             world += int(n)
+        store = open_gloo_store(host, self.port, world, self.timeout_s)  # listening before anyone is told the port
+        port = store.port
         joins = [h.init_weight_group.remote(host, port, b, world, self.timeout_s) for h, b in zip(self.replicas, bases)]
-        self._group = await asyncio.to_thread(make_gloo_group, host, port, 0, world, self.timeout_s)
+        self._group = await asyncio.to_thread(make_gloo_group, host, port, 0, world, self.timeout_s, store)
         await asyncio.gather(*joins)
         logger.info("weight-sync gloo group ready at %s:%d, world_size=%d", host, port, world)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -24,15 +25,31 @@ def local_address_towards(host: str, port: int) -> str:
         return s.getsockname()[0]
 
 
-def make_gloo_group(host: str, port: int, rank: int, world_size: int, timeout_s: float) -> dist.ProcessGroup:
+def open_gloo_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's TCPStore, listening from now on; ``port`` 0 lets the kernel pick (read it from ``.port``).
+
+    Open it before telling the other ranks where to connect: the port is held from the moment it is
+    chosen, so nothing can take it in between (see :mod:`asyncrl.net` for that race).
+    """
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def make_gloo_group(host: str, port: int, rank: int, world_size: int, timeout_s: float,
+                    store: Optional[dist.Store] = None) -> dist.ProcessGroup:
     """A stand-alone gloo group; rank 0 (the trainer) hosts the TCPStore at ``host:port``.
 
     Every rank binds its gloo device to its own interface towards ``host``. Use
     :func:`gloo_broadcast`: the ``dist.broadcast(group=...)`` helpers map global ranks and do not
     apply to this group.
+
+    Args:
+        store: rank 0's store from :func:`open_gloo_store` (then ``port`` is its ``.port``); default:
+            rank 0 opens one at ``port``, the others connect to it.
     """
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
+    if store is None:
+        store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout, wait_for_workers=False)
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
     device_host = host if rank == 0 else local_address_towards(host, port)

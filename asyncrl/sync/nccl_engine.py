@@ -51,7 +51,8 @@ class NCCLSyncConfig:
     master_addr: str = "127.0.0.1"
     """Host of the TCPStore (trainer rank 0); receivers connect there."""
     master_port: int = 29600
-    """TCPStore port."""
+    """TCPStore port; 0: the kernel picks one as the sender's store binds it (:meth:`NCCLCheckpointEngine.open_store`
+    returns it), so no other process can take it before the receivers connect (see :mod:`asyncrl.net`)."""
     world_size: int = 2
     """1 sender + number of rollout workers."""
     bucket_mb: float = 1024
@@ -216,14 +217,24 @@ class NCCLCheckpointEngine(CheckpointEngine, _Endpoint):
     def __init__(self, cfg: NCCLSyncConfig | None = None):
         _Endpoint.__init__(self, cfg or NCCLSyncConfig(), rank=0)
 
+    def open_store(self) -> int:
+        """Host the TCPStore now (once) and return the port it listens on.
+
+        Call it before telling the receivers where to connect when ``master_port`` is 0: the kernel picks
+        the port as the store binds it, so there is no window in which another process can take it.
+        """
+        if self.store is None:
+            self.store = dist.TCPStore(self.cfg.master_addr, self.cfg.master_port, self.cfg.world_size,
+                                       is_master=True, timeout=self.timeout, wait_for_workers=False)
+        return self.store.port
+
     def init_group(self) -> float:
         """Build (or reuse) store, metadata channel and process group; returns seconds spent."""
         t0 = time.perf_counter()
-        first = self.store is None
+        first = self.channel is None
         if first:
             self._setup_device()
-            self.store = dist.TCPStore(self.cfg.master_addr, self.cfg.master_port, self.cfg.world_size,
-                                       is_master=True, timeout=self.timeout, wait_for_workers=False)
+            self.open_store()
             if self.cfg.metadata_channel == "zmq":
                 self.channel = ZmqPublisher(self.cfg.master_addr, self.cfg.metadata_port)
             else:

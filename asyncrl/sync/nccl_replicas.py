@@ -27,7 +27,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from asyncrl.sync.base import CheckpointEngine
-from asyncrl.sync.cpu_engine import _free_port, _handles
+from asyncrl.sync.cpu_engine import _handles
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ class NCCLReplicaEngine(CheckpointEngine):
         replicas: RolloutReplica wrappers or their actor handles.
         bucket_bytes: NCCL bucket capacity (two buffers on each side, each the size of the largest bucket filled).
         host: address the receivers reach this process at; default this node's Ray IP.
-        port: TCPStore port; 0 picks a free one.
+        port: TCPStore port; 0 (default) lets the sender's store bind one the kernel picks, before the
+            receivers are told where to connect.
         timeout_s: deadline of every wait and collective.
         backend: ``nccl`` or ``gloo`` (CPU tests).
         metadata_channel: ``zmq`` or ``store`` (see :mod:`asyncrl.sync.metadata`); default ``zmq`` when
@@ -70,16 +71,16 @@ class NCCLReplicaEngine(CheckpointEngine):
 
         t0 = time.perf_counter()
         host = self.host or (ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1")
-        port = self.port or _free_port()
         sizes = await asyncio.gather(*[h.num_weight_workers.remote() for h in self.replicas])
         bases, world = [], 1
         for n in sizes:
             bases.append(world)
             world += int(n)
         self.sender = NCCLCheckpointEngine(NCCLSyncConfig(
-            master_addr=host, master_port=port, world_size=world, bucket_mb=self.bucket_bytes / (1 << 20),
+            master_addr=host, master_port=self.port, world_size=world, bucket_mb=self.bucket_bytes / (1 << 20),
             timeout_s=self.timeout_s, backend=self.backend, metadata_channel=self.metadata_channel,
             rebuild_group_each_sync=self.rebuild))
+        port = self.sender.open_store()  # listening before anyone is told the port
         await asyncio.gather(*[h.init_nccl_receiver.remote(host, port, b, world, self.timeout_s)
                                for h, b in zip(self.replicas, bases)])
         logger.info("NCCL weight sync: sender %s:%d, %d receivers (%s)", host, port, world - 1, self.backend)

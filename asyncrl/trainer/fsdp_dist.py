@@ -17,9 +17,11 @@ def init_distributed(backend: Optional[str] = None) -> tuple[int, int, torch.dev
         ``(rank, world_size, device)``; the device is ``cuda:LOCAL_RANK`` when CUDA is present.
     """
     if not dist.is_initialized():
-        for key, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
-                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
+        for key, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, val)
+        # alone, the store is ours: port 0 lets it bind one the kernel picks (a fixed 29511 would collide between two
+        # single-process runs on one machine); more ranks must agree on a port, so they keep a fixed default
+        os.environ.setdefault("MASTER_PORT", "0" if os.environ["WORLD_SIZE"] == "1" else "29511")
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

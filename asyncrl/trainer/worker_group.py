@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from typing import Any, Optional, Sequence
 
 import torch
 
 from asyncrl.api import LossFn
 from asyncrl.config import ExperimentConfig
+from asyncrl.net import free_port
 from asyncrl.trainer.engine import Batch
 
 logger = logging.getLogger(__name__)
@@ -67,13 +67,11 @@ class TrainWorker:
         torch.set_num_threads(max(1, cfg.trainer.torch_threads))
 
     def address(self) -> tuple[str, int]:
-        """This node's IP and a free port (rank 0 hosts the group's store)."""
+        """This node's IP and a free port (rank 0 hosts the group's store): ``init_process_group`` binds it
+        later, on every interface, so it is picked below the ephemeral range (:func:`asyncrl.net.free_port`)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int) -> int:
         """Join the group and build the FSDP2 engine (a collective: all ranks call it together)."""
