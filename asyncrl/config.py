@@ -219,12 +219,20 @@ def _reset(cfg, typed: str, defaults) -> str:
     """Hydra's ``~key`` on ``cfg`` (:func:`asyncrl.config_overrides.reset_key`); returns the key reset.
 
     Raises:
-        ConfigError: a section (``~trainer``), an entry its mapping does not hold, or an unknown key (naming the
-            closest valid one)."""
-    from asyncrl.config_overrides import ResetError, reset_key
+        ConfigError: a section (``~trainer``), an entry its mapping does not hold, an unknown key (naming the
+            closest valid one), or ``~key=value`` where the key holds another value (naming both)."""
+    import yaml
+
+    from asyncrl.config_overrides import OverrideSyntaxError, ResetError, ResetValueError, reset_key
 
     try:
         return reset_key(cfg, typed, defaults, section_names())
+    except ResetValueError as exc:  # Hydra: "Could not delete from config. The value of 'key' is X and not Y."
+        raise ConfigError(f"override {typed!r}: {exc.key} holds {exc.holds!r}, not {exc.expected!r}, so it is not "
+                          f"reset (~key=value resets key only while it holds value, as in Hydra): write ~{exc.key} to "
+                          f"reset it whatever it holds") from None
+    except (OverrideSyntaxError, yaml.YAMLError) as exc:
+        raise ConfigError(f"the value of override {typed!r} cannot be read: {exc}") from None
     except ResetError as exc:
         key, why = exc.args
         if why == "section":

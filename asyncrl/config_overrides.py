@@ -32,6 +32,7 @@ at every depth, as Hydra (1.0.1 and later) merges a dictionary override into an 
 list. To replace a mapping instead, reset it first with Hydra's ``~key`` (:func:`reset_key`: back to the recipe's
 value, ``{}`` for ``reward_kwargs``), then set it: ``'~custom_reward_function.reward_kwargs'
 'custom_reward_function.reward_kwargs={scale: 2}'``; ``'key={}'`` merges nothing and changes nothing, as in Hydra.
+``~key=value`` resets ``key`` only while it holds ``value`` and is otherwise an error naming both, as Hydra's is.
 A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config files (:mod:`asyncrl.config_yaml`).
 """
 
@@ -238,13 +239,47 @@ class ResetError(KeyError):
     """``~key`` cannot be done: ``args[0]`` is the key, ``args[1]`` why (``""``: not a config key at all)."""
 
 
+class ResetValueError(ValueError):
+    """``~key=value`` where ``key`` holds another value (Hydra refuses it: "Could not delete from config. The value of
+    'key' is X and not Y"): ``key``, what it ``holds`` and the ``expected`` value, as read."""
+
+    def __init__(self, key: str, holds: Any, expected: Any):
+        super().__init__(f"{key} holds {holds!r}, not {expected!r}")
+        self.key, self.holds, self.expected = key, holds, expected
+
+
+def _current(cfg: DictConfig, key: str, missing: Any) -> Any:
+    """The value at ``key`` of ``cfg`` as plain Python, interpolations resolved where they can be (Hydra compares
+    ``~key=value`` with the resolved value); ``missing`` where there is none."""
+    node = OmegaConf.select(cfg, key, default=missing, throw_on_resolution_failure=False)
+    if OmegaConf.is_config(node):
+        try:
+            return OmegaConf.to_container(node, resolve=True)
+        except Exception:  # noqa: BLE001 - an interpolation that cannot resolve yet: compared as written
+            return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def _holds(current: Any, text: str) -> bool:
+    """Whether ``current`` is the value ``text`` of ``~key=text`` (read as an override value is: ``off`` is the text,
+    ``1e-3`` the float 0.001, ``{a: 1}`` a mapping). A str also matches the text exactly as typed, as a str key keeps
+    it (``~trainer.experiment_name=1.10`` matches '1.10', not '1.1'); a bool matches only a bool (Python's
+    ``True == 1`` would match ``~flag=1``)."""
+    expected = override_value(text)
+    if isinstance(current, str) and current == _ESCAPED.sub(r"\1", text.strip()):
+        return True
+    return isinstance(current, bool) == isinstance(expected, bool) and current == expected
+
+
 def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = ()) -> str:
     """Hydra's ``~key`` (or ``~key=value``): set ``key`` back to its value in ``default_cfg`` (the base config a
     recipe gave :func:`asyncrl.config.load_config`, else the schema's defaults) in ``cfg`` (a mapping such as
     ``custom_reward_function.reward_kwargs`` emptied, not merged into: a saved run's ``config.yaml`` switched back to
     the rule reward by ``custom_reward_function.path=null '~custom_reward_function.reward_kwargs'``). An entry of a
     mapping that ``default_cfg`` lacks (``~custom_reward_function.reward_kwargs.scale``) is deleted, as Hydra deletes
-    it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset.
+    it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset. With a value
+    (``~key=value``, Hydra's "delete only if it holds value"), ``key`` is reset only while it holds that value
+    (:func:`_holds`); ``~key=`` (an empty value) is ``~key``.
 
     Returns:
         The key reset.
@@ -252,11 +287,18 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     Raises:
         ResetError: ``key`` is a section, an entry its mapping does not hold, or not a config key (the caller words
             it with the closest valid one).
+        ResetValueError: ``~key=value`` where ``key`` holds another value.
+        OverrideSyntaxError, yaml.YAMLError: a value that cannot be read (:func:`override_value`).
     """
-    key = typed.strip()[1:].partition("=")[0].strip()
+    key, equals, text = typed.strip()[1:].partition("=")
+    key = key.strip()
     if key in sections:
         raise ResetError(key, "section")
     missing = object()
+    if equals and text.strip():
+        current = _current(cfg, key, missing) if key else missing
+        if current is not missing and not _holds(current, text):
+            raise ResetValueError(key, current, override_value(text))
     default = OmegaConf.select(default_cfg, key, default=missing) if key else missing
     if default is missing:
         parent, _, name = key.rpartition(".")
