@@ -206,6 +206,46 @@ def override_value(text: str, as_text: bool = False) -> Any:
     return value
 
 
+def _escaped_byte(c: str) -> bool:
+    """Whether ``c`` stands for a byte that is not UTF-8 (Python's ``surrogateescape``: 0x80-0xff as U+DC80-U+DCFF)."""
+    return 0xDC80 <= ord(c) <= 0xDCFF
+
+
+def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
+    """Why a str in ``value`` (the value of ``key``, or a list / dict holding strs; ``what`` says where it came from,
+    e.g. ``"override 1"``) is refused, or None: it holds bytes that are not UTF-8, as Python hands over a
+    command-line word or a file name (``data.train_files=/data/x<0xff>.parquet``) with each such byte as a lone
+    surrogate (``surrogateescape``). The path would open, but a run writes its config as UTF-8 text (``config.yaml``
+    in its run directory, ``--dry-run``'s listing), which cannot hold it: refused before anything starts, the bytes
+    shown as ``\\xff``, with a UTF-8 name to link to the file."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+    for text in items:
+        if isinstance(text, (list, tuple, dict)):
+            found = not_utf8_problem(key, text, what)
+            if found:
+                return found
+        if not isinstance(text, str) or not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+            continue
+        shown = "".join(f"\\x{ord(c) - 0xDC00:02x}" if _escaped_byte(c) else f"\\u{ord(c):04x}"
+                        if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        bad = sorted({f"\\x{ord(c) - 0xDC00:02x}" for c in text if _escaped_byte(c)})
+        why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
+               if bad else "a lone surrogate, which no text encoding holds")
+        fix = "write it in UTF-8"
+        name = next(w for w in re.split(r"[\s'\"\[\]{},=]+", text) if any(0xD800 <= ord(c) <= 0xDFFF for c in w))
+        if "/" in name or "." in name:  # a file name (the word holding the bytes, out of [...] or quotes)
+            fix = "rename the file to a UTF-8 name"
+            if all(_escaped_byte(c) or not 0xD800 <= ord(c) <= 0xDFFF for c in name):
+                raw = name.encode("utf-8", "surrogateescape")
+                shell = "".join(chr(b) if 32 <= b < 127 and b not in (39, 92) else f"\\x{b:02x}" for b in raw)
+                clean = "".join("_" if _escaped_byte(c) else c for c in name)
+                fix += f", or link one to it (ln -s $'{shell}' '{clean}') and give that"
+        where = f" in {what}" if what else ""
+        return (f"{key}={shown}{where} is not UTF-8 text ({why}): a run writes its config as UTF-8 text "
+                f"(config.yaml in the run directory, --dry-run's listing), which cannot hold it; {fix}")
+    return None
+
+
 _ITEM = re.compile(r"\s*[A-Za-z_][\w-]*\s*:(?!//).*")  # a mapping entry (a:1) as brace expansion leaves it, not a URL
 
 
