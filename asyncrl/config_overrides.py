@@ -232,7 +232,7 @@ def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
         why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
                if bad else "a lone surrogate, which no text encoding holds")
         fix = "write it in UTF-8"
-        name = next(w for w in re.split(r"[\s'\"\[\]{},=]+", text) if any(0xD800 <= ord(c) <= 0xDFFF for c in w))
+        name = next(w.strip() for w in re.split(r"['\"\[\]{},=]+", text) if any(0xD800 <= ord(c) <= 0xDFFF for c in w))
         if "/" in name or "." in name:  # a file name (the word holding the bytes, out of [...] or quotes)
             fix = "rename the file to a UTF-8 name"
             if all(_escaped_byte(c) or not 0xD800 <= ord(c) <= 0xDFFF for c in name):
