@@ -36,7 +36,7 @@ from asyncrl.config_schema import (  # noqa: F401 - the schema's names are this 
     AsyncTrainingConfig, CriticModelConfig, CriticConfig, TrainerConfig, RolloutResourceConfig, RayConfig,
     ExperimentConfig, MODEL_DIR)
 from asyncrl.config_ranges import RANGES, Range, check_lengths, check_ranges, range_hint, resolved_max_model_len  # noqa: F401
-from asyncrl.config_overrides import brace_expansion_problem, sets_key
+from asyncrl.config_overrides import brace_expansion_problem, not_utf8_problem, sets_key
 from asyncrl.config_yaml import load_yaml_file, yaml_problem
 from asyncrl.run_names import run_name_length_problem
 from asyncrl.config_types import (_check_raw, _get, _leaf_types, section_names, _plain_leaves, check_copyable,  # noqa: F401
@@ -182,6 +182,10 @@ def load_config(
     if problem:
         raise ConfigError(problem)
     for typed in overrides:
+        key_typed, _, value_typed = typed.lstrip().lstrip("+~").partition("=")
+        problem = not_utf8_problem(key_typed.strip(), value_typed, "an override")  # before YAML reads it, and fails
+        if problem:
+            raise ConfigError(problem)
         if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping's entry deleted)
             given.append(_reset(cfg, typed, defaults))
             continue
@@ -219,12 +223,20 @@ def _reset(cfg, typed: str, defaults) -> str:
     """Hydra's ``~key`` on ``cfg`` (:func:`asyncrl.config_overrides.reset_key`); returns the key reset.
 
     Raises:
-        ConfigError: a section (``~trainer``), an entry its mapping does not hold, or an unknown key (naming the
-            closest valid one)."""
-    from asyncrl.config_overrides import ResetError, reset_key
+        ConfigError: a section (``~trainer``), an entry its mapping does not hold, an unknown key (naming the
+            closest valid one), or ``~key=value`` where the key holds another value (naming both)."""
+    import yaml
+
+    from asyncrl.config_overrides import OverrideSyntaxError, ResetError, ResetValueError, reset_key
 
     try:
         return reset_key(cfg, typed, defaults, section_names())
+    except ResetValueError as exc:  # Hydra: "Could not delete from config. The value of 'key' is X and not Y."
+        raise ConfigError(f"override {typed!r}: {exc.key} holds {exc.holds!r}, not {exc.expected!r}, so it is not "
+                          f"reset (~key=value resets key only while it holds value, as in Hydra): write ~{exc.key} to "
+                          f"reset it whatever it holds") from None
+    except (OverrideSyntaxError, yaml.YAMLError) as exc:
+        raise ConfigError(f"the value of override {typed!r} cannot be read: {exc}") from None
     except ResetError as exc:
         key, why = exc.args
         if why == "section":
@@ -306,6 +318,10 @@ def validate(cfg: ExperimentConfig) -> None:
     """Check enum-like keys (:data:`CHOICES`) and cross-field constraints; raises :class:`ConfigError` naming the key."""
     at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
     check_types(cfg, hint=range_hint, key_hint=unknown_key_hint)
+    for key in _leaf_types():  # a value set from Python with a file name's non-UTF-8 bytes (overrides: load_config)
+        problem = not_utf8_problem(key, _get(cfg, key))
+        if problem:
+            raise ConfigError(problem)
     for key, choices in CHOICES.items():
         check_choice(key, _get(cfg, key), choices)
     vllm_kwargs = (ro.engine_kwargs or {}).get("vllm") or {}

@@ -32,6 +32,7 @@ at every depth, as Hydra (1.0.1 and later) merges a dictionary override into an 
 list. To replace a mapping instead, reset it first with Hydra's ``~key`` (:func:`reset_key`: back to the recipe's
 value, ``{}`` for ``reward_kwargs``), then set it: ``'~custom_reward_function.reward_kwargs'
 'custom_reward_function.reward_kwargs={scale: 2}'``; ``'key={}'`` merges nothing and changes nothing, as in Hydra.
+``~key=value`` resets ``key`` only while it holds ``value`` and is otherwise an error naming both, as Hydra's is.
 A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config files (:mod:`asyncrl.config_yaml`).
 """
 
@@ -205,6 +206,46 @@ def override_value(text: str, as_text: bool = False) -> Any:
     return value
 
 
+def _escaped_byte(c: str) -> bool:
+    """Whether ``c`` stands for a byte that is not UTF-8 (Python's ``surrogateescape``: 0x80-0xff as U+DC80-U+DCFF)."""
+    return 0xDC80 <= ord(c) <= 0xDCFF
+
+
+def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
+    """Why a str in ``value`` (the value of ``key``, or a list / dict holding strs; ``what`` says where it came from,
+    e.g. ``"override 1"``) is refused, or None: it holds bytes that are not UTF-8, as Python hands over a
+    command-line word or a file name (``data.train_files=/data/x<0xff>.parquet``) with each such byte as a lone
+    surrogate (``surrogateescape``). The path would open, but a run writes its config as UTF-8 text (``config.yaml``
+    in its run directory, ``--dry-run``'s listing), which cannot hold it: refused before anything starts, the bytes
+    shown as ``\\xff``, with a UTF-8 name to link to the file."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+    for text in items:
+        if isinstance(text, (list, tuple, dict)):
+            found = not_utf8_problem(key, text, what)
+            if found:
+                return found
+        if not isinstance(text, str) or not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+            continue
+        shown = "".join(f"\\x{ord(c) - 0xDC00:02x}" if _escaped_byte(c) else f"\\u{ord(c):04x}"
+                        if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+        bad = sorted({f"\\x{ord(c) - 0xDC00:02x}" for c in text if _escaped_byte(c)})
+        why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
+               if bad else "a lone surrogate, which no text encoding holds")
+        fix = "write it in UTF-8"
+        name = next(w.strip() for w in re.split(r"['\"\[\]{},=]+", text) if any(0xD800 <= ord(c) <= 0xDFFF for c in w))
+        if "/" in name or "." in name:  # a file name (the word holding the bytes, out of [...] or quotes)
+            fix = "rename the file to a UTF-8 name"
+            if all(_escaped_byte(c) or not 0xD800 <= ord(c) <= 0xDFFF for c in name):
+                raw = name.encode("utf-8", "surrogateescape")
+                shell = "".join(chr(b) if 32 <= b < 127 and b not in (39, 92) else f"\\x{b:02x}" for b in raw)
+                clean = "".join("_" if _escaped_byte(c) else c for c in name)
+                fix += f", or link one to it (ln -s $'{shell}' '{clean}') and give that"
+        where = f" in {what}" if what else ""
+        return (f"{key}={shown}{where} is not UTF-8 text ({why}): a run writes its config as UTF-8 text "
+                f"(config.yaml in the run directory, --dry-run's listing), which cannot hold it; {fix}")
+    return None
+
+
 _ITEM = re.compile(r"\s*[A-Za-z_][\w-]*\s*:(?!//).*")  # a mapping entry (a:1) as brace expansion leaves it, not a URL
 
 
@@ -238,13 +279,47 @@ class ResetError(KeyError):
     """``~key`` cannot be done: ``args[0]`` is the key, ``args[1]`` why (``""``: not a config key at all)."""
 
 
+class ResetValueError(ValueError):
+    """``~key=value`` where ``key`` holds another value (Hydra refuses it: "Could not delete from config. The value of
+    'key' is X and not Y"): ``key``, what it ``holds`` and the ``expected`` value, as read."""
+
+    def __init__(self, key: str, holds: Any, expected: Any):
+        super().__init__(f"{key} holds {holds!r}, not {expected!r}")
+        self.key, self.holds, self.expected = key, holds, expected
+
+
+def _current(cfg: DictConfig, key: str, missing: Any) -> Any:
+    """The value at ``key`` of ``cfg`` as plain Python, interpolations resolved where they can be (Hydra compares
+    ``~key=value`` with the resolved value); ``missing`` where there is none."""
+    node = OmegaConf.select(cfg, key, default=missing, throw_on_resolution_failure=False)
+    if OmegaConf.is_config(node):
+        try:
+            return OmegaConf.to_container(node, resolve=True)
+        except Exception:  # noqa: BLE001 - an interpolation that cannot resolve yet: compared as written
+            return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def _holds(current: Any, text: str) -> bool:
+    """Whether ``current`` is the value ``text`` of ``~key=text`` (read as an override value is: ``off`` is the text,
+    ``1e-3`` the float 0.001, ``{a: 1}`` a mapping). A str also matches the text exactly as typed, as a str key keeps
+    it (``~trainer.experiment_name=1.10`` matches '1.10', not '1.1'); a bool matches only a bool (Python's
+    ``True == 1`` would match ``~flag=1``)."""
+    expected = override_value(text)
+    if isinstance(current, str) and current == _ESCAPED.sub(r"\1", text.strip()):
+        return True
+    return isinstance(current, bool) == isinstance(expected, bool) and current == expected
+
+
 def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = ()) -> str:
     """Hydra's ``~key`` (or ``~key=value``): set ``key`` back to its value in ``default_cfg`` (the base config a
     recipe gave :func:`asyncrl.config.load_config`, else the schema's defaults) in ``cfg`` (a mapping such as
     ``custom_reward_function.reward_kwargs`` emptied, not merged into: a saved run's ``config.yaml`` switched back to
     the rule reward by ``custom_reward_function.path=null '~custom_reward_function.reward_kwargs'``). An entry of a
     mapping that ``default_cfg`` lacks (``~custom_reward_function.reward_kwargs.scale``) is deleted, as Hydra deletes
-    it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset.
+    it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset. With a value
+    (``~key=value``, Hydra's "delete only if it holds value"), ``key`` is reset only while it holds that value
+    (:func:`_holds`); ``~key=`` (an empty value) is ``~key``.
 
     Returns:
         The key reset.
@@ -252,11 +327,18 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     Raises:
         ResetError: ``key`` is a section, an entry its mapping does not hold, or not a config key (the caller words
             it with the closest valid one).
+        ResetValueError: ``~key=value`` where ``key`` holds another value.
+        OverrideSyntaxError, yaml.YAMLError: a value that cannot be read (:func:`override_value`).
     """
-    key = typed.strip()[1:].partition("=")[0].strip()
+    key, equals, text = typed.strip()[1:].partition("=")
+    key = key.strip()
     if key in sections:
         raise ResetError(key, "section")
     missing = object()
+    if equals and text.strip():
+        current = _current(cfg, key, missing) if key else missing
+        if current is not missing and not _holds(current, text):
+            raise ResetValueError(key, current, override_value(text))
     default = OmegaConf.select(default_cfg, key, default=missing) if key else missing
     if default is missing:
         parent, _, name = key.rpartition(".")

@@ -12,15 +12,22 @@ typed and the key's type:
   ``reward_kwargs.version: 0123`` included): write the decimal number, or quote the text;
 * a plain value that YAML reads as a non-string whose text it does not keep (``no`` -> False, ``1e3`` -> 1000.0,
   ``0x10`` -> 16), under a str key (``experiment_name``, ``data.task``, the entries of ``trainer.logger``): quote it;
-* a YAML 1.1 boolean word (``yes`` / ``no`` / ``on`` / ``off``) under a number or list key (``seed: no``).
+* a YAML 1.1 boolean word (``yes`` / ``no`` / ``on`` / ``off``) under a number or list key (``seed: no``);
+* under a free-form mapping (``custom_reward_function.reward_kwargs``, ``actor_rollout_ref.rollout.engine_kwargs``),
+  which has no type to check against: a plain value YAML 1.1 reads as a non-string that YAML 1.2 (the core schema,
+  and what a reader of the text expects) reads otherwise: ``mode: off`` (False, where 1.2 keeps the text ``off``),
+  ``enforce_eager: yes``, ``n: 1_000`` (1000; 1.2: text), ``0b11``; the error offers both spellings (``false`` for
+  the boolean, ``'off'`` quoted for the text). And an empty value whose line goes on with a comment: ``tag: ####``
+  (GSM8K's answer mark) is ``tag:`` with a comment, so null: quote the text, or write ``null``.
 
 All of a file's refusals come in one error, a line each. A value tagged explicitly (``experiment_name: !!str 0123``) is
 taken as tagged. A value of the wrong type for its key (``cpu_affinity: [0, 1]``) is named with its file and line too.
 
-Kept as Hydra reads them: booleans under a bool key (``partial_rollout: off`` is false) and inside a mapping key's
-values (``engine_kwargs.vllm.enforce_eager: yes`` is true: an untyped value means what YAML says), and hex / binary
-numbers (``0x10``) under a number key. Command-line overrides follow Hydra's override grammar instead
-(:mod:`asyncrl.config_overrides`: ``key=no`` is the text ``no``).
+Kept as Hydra reads them: booleans under a bool key (``partial_rollout: off`` is false), values both YAML versions read
+alike (``true``, ``1e-3``, ``0x10``, ``null``, an empty ``key:`` with no comment) and hex / binary numbers (``0x10``)
+under a number key. Command-line overrides follow Hydra's override grammar instead (:mod:`asyncrl.config_overrides`:
+``key=no`` and ``+custom_reward_function.reward_kwargs.mode=off`` are the text, as in Hydra, whose grammar reads
+only ``true`` / ``false`` as booleans).
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ from asyncrl.config_types import _leaf_types, _type_name
 _BOOL_1_1 = re.compile(r"yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF")  # PyYAML's bool words but true / false
 _OCTAL = re.compile(r"[-+]?0[0-7_]+")  # PyYAML's int resolver
 _BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+# the YAML 1.2 core schema's plain scalars (https://yaml.org/spec/1.2.2/#1032-tag-resolution); anything else is text
+_CORE_NULL = re.compile(r"null|Null|NULL|~|")
+_CORE_BOOL = re.compile(r"true|True|TRUE|false|False|FALSE")
+_CORE_INT = re.compile(r"[-+]?[0-9]+")
+_CORE_OCT, _CORE_HEX = re.compile(r"0o[0-7]+"), re.compile(r"0x[0-9a-fA-F]+")
+_CORE_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+_CORE_INF, _CORE_NAN = re.compile(r"[-+]?\.(?:inf|Inf|INF)"), re.compile(r"\.(?:nan|NaN|NAN)")
 
 
 def yaml_problem(exc: Exception, what: str) -> ConfigError:
@@ -90,6 +104,59 @@ def _takes(t: Any, kind: type) -> bool:
     return t is kind or kind in typing.get_args(t)
 
 
+def yaml_1_2(text: str) -> Any:
+    """The plain scalar ``text`` as the YAML 1.2 core schema reads it (no octal ``0123``, base-60 or ``yes`` / ``off``
+    booleans, no ``_`` in numbers): None, a bool, an int, a float or the text."""
+    if _CORE_NULL.fullmatch(text):
+        return None
+    if _CORE_BOOL.fullmatch(text):
+        return text.lower() == "true"
+    if _CORE_INT.fullmatch(text):
+        return int(text)
+    if _CORE_OCT.fullmatch(text) or _CORE_HEX.fullmatch(text):
+        return int(text, 0)
+    if _CORE_FLOAT.fullmatch(text):
+        return float(text)
+    if _CORE_INF.fullmatch(text):
+        return float(text.replace(".", ""))
+    if _CORE_NAN.fullmatch(text):
+        return float("nan")
+    return text
+
+
+def _spelt(value: Any) -> str:
+    """``value`` (None, a bool, an int or a float) as both YAML versions write it: ``false``, ``1000``, ``.inf``."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, float) and value != value:
+        return ".nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "-.inf" if value < 0 else ".inf"
+    return repr(value)
+
+
+def _free_form_surprise(text: str) -> Optional[str]:
+    """Why the plain scalar ``text`` under a free-form mapping (no type to check against) is refused: YAML 1.1 reads a
+    non-string that YAML 1.2 reads otherwise (``off`` False / the text, ``1_000`` 1000 / the text), or None."""
+    from asyncrl.config_overrides import _yaml
+
+    try:
+        old = _yaml(text)
+    except Exception:  # noqa: BLE001 - what the loader cannot build is its error to report (load_yaml_file)
+        return None
+    new = yaml_1_2(text)
+    if isinstance(old, str) or (type(old) is type(new) and (old == new or old != old and new != new)):
+        return None
+    what = "boolean" if isinstance(old, bool) else "number"
+    return (f"is read by YAML 1.1 as {old!r} ({type(old).__name__}) and by YAML 1.2 as {new!r}, and the key is "
+            f"free-form (no type to choose): write {_spelt(old)} for the {what}, or '{text}' (quoted) for the text")
+
+
+def _comment_only(line: str, column: int) -> bool:
+    """Whether ``line`` goes on with a comment from ``column`` (where an empty plain value was found): ``tag: ####``."""
+    return line[column:].lstrip().startswith("#")
+
+
 def _surprise(text: str, t: Any) -> Optional[str]:
     """Why the plain YAML scalar ``text`` at a key of type ``t`` is refused (module docstring), or None."""
     from asyncrl.config_overrides import _yaml
@@ -105,7 +172,7 @@ def _surprise(text: str, t: Any) -> Optional[str]:
     if _BASE_60.fullmatch(text):
         return f"is YAML 1.1's base-60 number {_yaml(text)!r}: write '{text}' (quoted) for the text"
     if t is Any:
-        return None
+        return _free_form_surprise(text)
     if _takes(t, str) or (typing.get_origin(t) is typing.Union and any(typing.get_origin(a) is list for a in
                                                                        typing.get_args(t))):
         value = _yaml(text)
@@ -146,6 +213,7 @@ def yaml_1_1_surprises(text: str, path: str, lines: Optional[dict] = None) -> No
     import yaml
 
     refused: list[str] = []
+    source = text.splitlines()
 
     def walk(node: Any, key: str, in_list: bool) -> None:
         if lines is not None and key and not in_list:
@@ -160,9 +228,16 @@ def yaml_1_1_surprises(text: str, path: str, lines: Optional[dict] = None) -> No
         elif (isinstance(node, yaml.ScalarNode) and node.style is None and key
               and not getattr(node, "explicit_tag", False)):
             t = _key_type(key, in_list)
+            at = node.start_mark
+            if t is Any and node.value == "" and at.line < len(source) and _comment_only(source[at.line], at.column):
+                comment = source[at.line][at.column:].strip()
+                quoted = comment.replace("'", "''")  # YAML's single-quoted style doubles a quote
+                refused.append(f"line {at.line + 1}: {key}: {comment} is a comment, so the value is empty (null): "
+                               f"write '{quoted}' (quoted) for the text, or null for no value")
+                return
             why = _surprise(node.value, t) if t is not None else None
             if why:
-                refused.append(f"line {node.start_mark.line + 1}: {key}: {node.value} {why}")
+                refused.append(f"line {at.line + 1}: {key}: {node.value} {why}")
 
     walk(yaml.compose(text, Loader=_tag_marking_loader()), "", False)
     if len(refused) == 1:

@@ -102,6 +102,7 @@ def test_auto_resume_passes_over_a_checkpoint_of_another_model_or_task(tmp_path,
     got its run name and resumed its checkpoint (another model), appended to its metrics.csv, overwrote its config.yaml.
     ``auto`` now reads the model and task the checkpoint's run used (its ``config.yaml``, else the run directory's)
     and passes over one that differs, with a WARNING; what was not recorded is not checked."""
+    from asyncrl.checkpoint.fingerprint import model_fingerprint
     from asyncrl.config import to_yaml
     from asyncrl.recipes import arith_grpo_cpu, longtail_grpo_cpu
 
@@ -112,6 +113,7 @@ def test_auto_resume_passes_over_a_checkpoint_of_another_model_or_task(tmp_path,
         def write(d):
             if where == "checkpoint":  # as write_checkpoint does
                 (d / "config.yaml").write_text(to_yaml(cfg))
+                return {"model_fingerprint": model_fingerprint(cfg.actor_rollout_ref.model.path)}
         ckpt = CheckpointManager(tmp_path / run / "checkpoints").save(3, write)
         if where == "run":  # a checkpoint without its own: the run directory's
             (tmp_path / run / "config.yaml").write_text(to_yaml(cfg))
@@ -126,9 +128,10 @@ def test_auto_resume_passes_over_a_checkpoint_of_another_model_or_task(tmp_path,
     assert find(arith) == a
     with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
         assert find(longtail) is None
-    assert (f"not resuming {a}: its run used actor_rollout_ref.model.path={arith.actor_rollout_ref.model.path}, this "
-            f"run {longtail.actor_rollout_ref.model.path}; its run used data.task=arith, this run longtail (to continue "
-            f"it anyway: trainer.resume_mode=resume_path trainer.resume_from_path={a})") in caplog.text
+    assert (f"not resuming {a}: its run trained another model (actor_rollout_ref.model.path="
+            f"{arith.actor_rollout_ref.model.path}; this run's {longtail.actor_rollout_ref.model.path} has another "
+            f"config.json or weights); its run used data.task=arith, this run longtail (to continue it anyway: "
+            f"trainer.resume_mode=resume_path trainer.resume_from_path={a})") in caplog.text
     other_task = arith_grpo_cpu()
     other_task.data.task = "calc_tool"  # the same model, another task
     assert find(other_task) is None
@@ -138,6 +141,71 @@ def test_auto_resume_passes_over_a_checkpoint_of_another_model_or_task(tmp_path,
     c = save("exp__0__20260103-000000", None, 3, where="nowhere")  # an older checkpoint, nothing recorded: taken
     assert (find(longtail), find(arith)) == (c, c)
     assert find_resume_checkpoint(tmp_path, "exp", 0, "resume_path", str(a), model="elsewhere", task="x") == a
+
+
+def test_auto_resume_knows_a_moved_model_folder_by_its_fingerprint(tmp_path, caplog):
+    """A model folder moved or renamed counted as another model (the recorded ``model.path`` differed), so ``auto``
+    passed over the checkpoint and the run started from scratch. A checkpoint records the model's fingerprint
+    (config.json, weight file names, sizes and sampled bytes): a moved folder is the same model, with a WARNING saying
+    so; another model is passed over, also at the same path or with the same config.json and sizes; a checkpoint
+    from before fingerprints falls back to the path, and its WARNING says why."""
+    import shutil
+
+    from asyncrl.checkpoint.fingerprint import model_fingerprint
+    from asyncrl.config import MODEL_DIR, to_yaml
+    from asyncrl.recipes import arith_grpo_cpu
+
+    first = tmp_path / "models" / "mine"
+    shutil.copytree(MODEL_DIR, first)
+    twin = tmp_path / "models" / "twin"  # the same config.json and file sizes, other weights (another fine-tune)
+    shutil.copytree(MODEL_DIR, twin)
+    weights = bytearray((twin / "model.safetensors").read_bytes())
+    weights[-10:] = bytes(10)
+    (twin / "model.safetensors").write_bytes(bytes(weights))
+    assert model_fingerprint(twin) != model_fingerprint(first) and model_fingerprint(tmp_path / "nowhere") is None
+
+    def save(run, path, when, recorded=True):
+        cfg = arith_grpo_cpu()
+        cfg.actor_rollout_ref.model.path = str(path)
+
+        def write(d):  # as write_checkpoint does
+            (d / "config.yaml").write_text(to_yaml(cfg))
+            return {"model_fingerprint": model_fingerprint(path)} if recorded else {}
+        ckpt = CheckpointManager(tmp_path / "runs" / run / "checkpoints").save(3, write)
+        os.utime(ckpt / "meta.json", (when, when))
+        return ckpt
+
+    def find(path):
+        return find_resume_checkpoint(tmp_path / "runs", "exp", 0, "auto", model=str(path), task="arith")
+
+    a = save("exp__0__20260101-000000", first, 1)
+    assert find(first) == a
+    moved = tmp_path / "elsewhere" / "renamed"
+    moved.parent.mkdir()
+    first.rename(moved)
+    with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
+        assert find(moved) == a  # was None: a fresh run
+    assert f"{a}: its model folder {first} is now {moved} (the same config.json and weights): the same model" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
+        assert find(twin) is None
+        shutil.copytree(twin, first)  # another model where the first one was
+        assert find(first) is None
+    assert caplog.text.count(f"not resuming {a}: its run trained another model (actor_rollout_ref.model.path={first}; "
+                             "this run's ") == 2
+    assert f"this run's {twin} has another config.json or weights) (to continue it anyway: " in caplog.text
+    assert find("Org/hub-name") is None  # no folder to fingerprint: the path decides
+    shutil.rmtree(first)
+    shutil.rmtree(a.parent.parent)  # (its fingerprint would find the folder moved back)
+    b = save("exp__0__20260102-000000", moved, 2, recorded=False)  # written before fingerprints
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
+        assert find(moved) == b
+        moved.rename(first)
+        assert find(first) is None
+    assert (f"not resuming {b}: its run used actor_rollout_ref.model.path={moved}, this run {first} (the checkpoint "
+            "records no fingerprint of its model, written before they were: a moved model folder looks like another "
+            "model) (to continue it anyway: ") in caplog.text
 
 
 def _engine(path, **kw):

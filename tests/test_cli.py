@@ -409,3 +409,28 @@ def test_short_aliases_work_after_hydras_plus_and_tilde():
     assert _expand(["+seed=5", "++steps=3", "~seed", " task=arith", "x.seed=2", "~trainer.seed"]) == [
         "+trainer.seed=5", "++trainer.total_training_steps=3", "~trainer.seed", "data.task=arith", "x.seed=2",
         "~trainer.seed"]
+
+
+def test_a_file_name_that_is_not_utf8_is_a_config_error_naming_its_bytes_and_a_link_to_make(tmp_path):
+    """``data.train_files=/data/x<0xff>.jsonl`` (a name's bytes, which Python hands over as surrogates) crashed
+    ``--dry-run`` with UnicodeEncodeError (the config listing; a run's config.yaml likewise), and a quoted one the
+    override parser. Refused before anything starts with the byte shown and a UTF-8 link to make, which then works."""
+    import os
+
+    bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/d\xff.jsonl")
+    Path(bad).write_text("".join(json.dumps({"data_source": "arith", "prompt": f"what is {i} + 1?",
+                                             "reward_model": {"ground_truth": str(i + 1)}}) + "\n" for i in range(64)))
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", "--dry-run",
+                           os.fsencode(f"data.train_files={bad}")], capture_output=True, timeout=300, cwd=REPO)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    shown, link = f"{tmp_path}/d\\xff.jsonl", f"{tmp_path}/d_.jsonl"
+    assert err.strip() == (
+        f"config error: data.train_files={shown} in an override is not UTF-8 text (the byte \\xff, passed on as typed "
+        "or as a file name holds it): a run writes its config as UTF-8 text (config.yaml in the run directory, "
+        f"--dry-run's listing), which cannot hold it; rename the file to a UTF-8 name, or link one to it "
+        f"(ln -s $'{shown}' '{link}') and give that")
+    os.symlink(bad, link)
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", "--dry-run", f"data.train_files={link}"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and "config ok (64 training prompts)" in proc.stderr, proc.stderr

@@ -7,6 +7,7 @@ The schema typed them ``Optional[str]``: a one-element list was taken as its pat
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -130,3 +131,23 @@ def test_an_empty_override_is_the_empty_string_as_in_hydra(override):
     with pytest.raises(ConfigError, match=r"invalid value for 'trainer.total_training_steps' in override "
                                           r"'trainer.total_training_steps=': '' is not int$"):
         load_config(overrides=["trainer.total_training_steps="])
+
+
+@pytest.mark.parametrize("value", ["{p}", "'{p}'", "[a.jsonl, {p}]"])
+def test_a_data_file_name_that_is_not_utf8_is_a_config_error(value):
+    """A name with the byte 0xff, as ``sys.argv`` holds it (``surrogateescape``): the quoted form crashed the override
+    parser (UnicodeEncodeError from YAML), the others a run's config.yaml; a value set from Python is refused too."""
+    from asyncrl.recipes import arith_grpo_cpu
+
+    p = os.fsdecode(b"/data/x\xff.parquet")
+    with pytest.raises(ConfigError, match=r"^data.train_files=.*/data/x\\xff.parquet.* in an override is not UTF-8 "
+                                          r"text \(the byte \\xff, .*rename the file to a UTF-8 name, or link one to it "
+                                          r"\(ln -s \$'/data/x\\xff.parquet' '/data/x_.parquet'\) and give that$"):
+        load_config(overrides=["data.train_files=" + value.format(p=p)])
+    base = arith_grpo_cpu()
+    base.data.val_files = p
+    with pytest.raises(ConfigError, match=r"^data.val_files=/data/x\\xff.parquet is not UTF-8 text"):
+        load_config(base=base)
+    with pytest.raises(ConfigError, match=r"^trainer.experiment_name=run\\xfe in an override is not UTF-8 text .*; "
+                                          r"write it in UTF-8$"):
+        load_config(overrides=[os.fsdecode(b"trainer.experiment_name=run\xfe")])

@@ -188,3 +188,30 @@ def test_a_value_the_shell_split_says_to_quote_the_override(overrides, example):
     with pytest.raises(ConfigError, match=r"the shell may have split it: quote the whole override, " + re.escape(example)):
         load_config(overrides=overrides)
     assert load_config(overrides=["trainer.project_name=a:1"]).trainer.project_name == "a:1"  # one alone is fine
+
+
+def test_tilde_with_a_value_resets_only_while_the_key_holds_it(reward):
+    """``~key=value`` ignored the value (reset whatever the key held); Hydra deletes only while the key holds it and
+    is otherwise an error naming both values."""
+    kw = "custom_reward_function.reward_kwargs"
+    assert load_config(overrides=["trainer.seed=3", "~trainer.seed=3"]).trainer.seed == 0
+    assert load_config(overrides=[reward, f"{kw}={{mode: off, n: 1}}", f"~{kw}.mode=off"]
+                       ).custom_reward_function.reward_kwargs == {"n": 1}
+    assert load_config(overrides=[reward, f"{kw}={{a: 1, b: [x]}}", f"~{kw}={{a: 1, b: [x]}}"]
+                       ).custom_reward_function.reward_kwargs == {}
+    assert load_config(overrides=["trainer.experiment_name=1.10", "~trainer.experiment_name=1.10"]
+                       ).trainer.experiment_name == "arith_grpo_cpu"  # the text as typed, as a str key keeps it
+    assert load_config(overrides=["trainer.seed=3", "~trainer.seed="]).trainer.seed == 0  # an empty value: ~key
+    with pytest.raises(ConfigError, match=r"^override '~trainer.seed=4': trainer.seed holds 3, not 4, so it is not "
+                                          r"reset \(~key=value resets key only while it holds value, as in Hydra\): "
+                                          r"write ~trainer.seed to reset it whatever it holds$"):
+        load_config(overrides=["trainer.seed=3", "~trainer.seed=4"])
+    with pytest.raises(ConfigError, match=rf"^override '~{kw}.mode=on': {kw}.mode holds 'off', not 'on', "):
+        load_config(overrides=[reward, f"{kw}.mode=off", f"~{kw}.mode=on"])
+    with pytest.raises(ConfigError, match=r"trainer.experiment_name holds '1.10', not 1.1, "):
+        load_config(overrides=["trainer.experiment_name=1.10", "~trainer.experiment_name=1.1"])
+    with pytest.raises(ConfigError, match=r"holds True, not 1, "):  # a bool is no number here (Python: True == 1)
+        load_config(overrides=["async_training.partial_rollout=true", "~async_training.partial_rollout=1"])
+    with pytest.raises(ConfigError, match=r"^the value of override '~trainer.seed=\[1' cannot be read: the '\[' here "
+                                          r"is never closed"):
+        load_config(overrides=["~trainer.seed=[1"])

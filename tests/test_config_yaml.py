@@ -22,8 +22,8 @@ def test_exponent_floats_and_yaml_1_1_booleans_of_bool_keys_read_as_hydra_reads_
     assert cfg.async_training.partial_rollout is False and cfg.trainer.seed == 16
     reward = tmp_path / "r.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 0\n")
-    cfg = load_config(_file(tmp_path, f"custom_reward_function:\n  path: {reward}\n  reward_kwargs: {{a: off, b: 1e-3}}\n"))
-    assert cfg.custom_reward_function.reward_kwargs == {"a": False, "b": 0.001}  # an untyped value: YAML's (Hydra's)
+    cfg = load_config(_file(tmp_path, f"custom_reward_function:\n  path: {reward}\n  reward_kwargs: {{a: false, b: 1e-3}}\n"))
+    assert cfg.custom_reward_function.reward_kwargs == {"a": False, "b": 0.001}  # both YAML versions read these alike
 
 
 @pytest.mark.parametrize("text, says", [
@@ -109,3 +109,71 @@ def test_a_saved_config_yaml_with_look_alike_strings_reads_back_the_same(tmp_pat
     again = load_config(saved)
     assert again.trainer.experiment_name == "0123"
     assert again.custom_reward_function.reward_kwargs == {"a": "no", "b": "0123", "c": "12:30", "d": 1000.0, "e": "off"}
+
+
+def _reward(tmp_path) -> str:
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 0\n")
+    return f"custom_reward_function:\n  path: {reward}\n  reward_kwargs:\n"
+
+
+@pytest.mark.parametrize("value, says", [
+    ("off", r"off is read by YAML 1.1 as False \(bool\) and by YAML 1.2 as 'off', and the key is free-form \(no type "
+            r"to choose\): write false for the boolean, or 'off' \(quoted\) for the text$"),  # was False
+    ("Yes", r"Yes is read by YAML 1.1 as True \(bool\) and by YAML 1.2 as 'Yes'.*: write true for the boolean, or "
+            r"'Yes' \(quoted\) for the text$"),
+    ("1_000", r"1_000 is read by YAML 1.1 as 1000 \(int\) and by YAML 1.2 as '1_000'.*: write 1000 for the number, or "
+              r"'1_000' \(quoted\) for the text$"),
+    ("0b11", r"0b11 is read by YAML 1.1 as 3 \(int\) .*write 3 for the number, or '0b11' \(quoted\)"),
+    ("0123", r"0123 is YAML 1.1's octal number 83, not 123: write 123 for the number, or '0123' \(quoted\) for the "
+             r"text$"),  # was 83
+    ("####", r"#### is a comment, so the value is empty \(null\): write '####' \(quoted\) for the text, or null for no "
+             r"value$"),  # was None
+    ("#### (\\d+)  # it's", r"#### \(\\d\+\)  # it's is a comment, .*: write '#### \(\\d\+\)  # it''s' \(quoted\)"),
+])
+def test_a_free_form_value_read_otherwise_by_yaml_1_1_is_refused_with_both_spellings(value, says, tmp_path):
+    """A mapping key's values have no type to check: ``mode: off`` became False, ``tag: ####`` None (a comment),
+    ``n: 0123`` 83, ``1_000`` 1000, where YAML 1.2 and a reader of the text see text. Refused as the typed keys are,
+    with the file and line, and the spellings of both readings."""
+    path = _file(tmp_path, _reward(tmp_path) + f"    mode: {value}\n")
+    with pytest.raises(ConfigError, match=rf"^config file '{path}', line 4: custom_reward_function.reward_kwargs.mode: "
+                                          rf"{says}"):
+        load_config(path)
+
+
+def test_free_form_values_both_yaml_versions_read_alike_are_kept_and_the_spellings_offered_work(tmp_path):
+    """What the refusals say to write reads as meant; what YAML 1.1 and 1.2 read alike is kept (``1e-3``, ``0x10``,
+    ``null``, an empty value without a comment, a tagged ``!!bool off``), and so are values in engine_kwargs."""
+    text = _reward(tmp_path) + ("    a: false\n    b: 'off'\n    c: '####'\n    d: 1000\n    e: '1_000'\n    f: 0x10\n"
+                                "    g: .inf\n    h: null\n    i:\n    j: !!bool off\n    k: [true, 'yes']\n"
+                                "    l: x  # a comment after a value\n"
+                                "actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm:\n        enforce_eager: true\n")
+    cfg = load_config(_file(tmp_path, text))
+    assert cfg.custom_reward_function.reward_kwargs == {
+        "a": False, "b": "off", "c": "####", "d": 1000, "e": "1_000", "f": 16, "g": float("inf"), "h": None, "i": None,
+        "j": False, "k": [True, "yes"], "l": "x"}
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"] == {"enforce_eager": True}
+
+
+def test_engine_kwargs_and_list_entries_are_free_form_too(tmp_path):
+    """``engine_kwargs.vllm.enforce_eager: yes`` was true without a word; a list entry ``- off`` False."""
+    path = _file(tmp_path, _reward(tmp_path) + "    stops:\n      - off\n"
+                           "actor_rollout_ref:\n  rollout:\n    engine_kwargs:\n      vllm:\n        enforce_eager: yes\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    lines = [line.strip() for line in str(info.value).splitlines()]
+    assert lines[1].startswith("line 5: custom_reward_function.reward_kwargs.stops: off is read by YAML 1.1 as False")
+    assert lines[2].startswith("line 10: actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager: yes is read by "
+                               "YAML 1.1 as True (bool) and by YAML 1.2 as 'yes'")
+
+
+def test_on_the_command_line_a_free_form_value_follows_hydras_grammar(tmp_path):
+    """Hydra's override grammar reads only true / false (any case) as booleans: ``+...reward_kwargs.mode=off`` is the
+    text 'off' there and here; ``####`` is text, not a comment; ``0123`` and ``1_000`` are as Hydra reads them."""
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 0\n")
+    kw = "custom_reward_function.reward_kwargs"
+    cfg = load_config(overrides=[f"custom_reward_function.path={reward}", f"+{kw}.mode=off", f"+{kw}.tag=####",
+                                 f"+{kw}.n=0123", f"+{kw}.u=1_000", f"+{kw}.b=TRUE", f"+{kw}.y=yes"])
+    assert cfg.custom_reward_function.reward_kwargs == {"mode": "off", "tag": "####", "n": "0123", "u": 1000, "b": True,
+                                                        "y": "yes"}

@@ -310,7 +310,7 @@ def test_dry_run_prints_absolute_paths_takes_a_leading_tilde_key_and_expands_hom
     ("donne\u0301es.jsonl", "données"),  # decomposed (macOS): the same name as typed
     ("~/data/résumé/train.parquet", "résumé"),
     ("a b\t*c?[d].jsonl", "a_b_c_d"),  # whitespace and glob characters still become _
-    ("x/\udcff\u3000y.jsonl", "y"),  # a byte that is not UTF-8, an ideographic space
+    ("x/\u3000y.jsonl", "y"),  # an ideographic space
 ])
 def test_a_data_file_named_in_another_script_keeps_its_letters_in_the_run_name(train_files, data):
     """A fresh user's pass (session 33): ``données.jsonl`` named ``donn_es_grpo_cpu``, and every CJK-named file
@@ -325,6 +325,21 @@ def test_a_data_file_named_in_another_script_keeps_its_letters_in_the_run_name(t
     name_after_data(cfg)
     assert cfg.trainer.experiment_name.startswith(f"{data}_")
     validate(cfg)
+
+
+def test_a_data_file_name_with_a_byte_that_is_not_utf8_names_no_run_and_is_refused():
+    """The name drops the byte (``x/<0xff> y.jsonl`` is ``y``); the config is refused all the same, with the link to
+    make (tests/test_config_data_files.py): a run writes config.yaml as UTF-8, and pyarrow cannot open such a path."""
+    from asyncrl.config import ConfigError, validate
+    from asyncrl.config_data import data_name, name_after_data
+
+    assert data_name("x/\udcff\u3000y.jsonl") == "y"
+    cfg = arith_grpo_cpu()
+    cfg.data.train_files = "x/\udcff\u3000y.jsonl"
+    name_after_data(cfg)
+    assert cfg.trainer.experiment_name == "y_arith_grpo_cpu"
+    with pytest.raises(ConfigError, match=r"^data.train_files=x/\\xff\u3000y.jsonl is not UTF-8 text"):
+        validate(cfg)
 
 
 @pytest.mark.parametrize("char", ["é", "数", "𝟘"])  # 2, 3, 4 bytes in UTF-8

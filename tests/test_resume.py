@@ -69,11 +69,14 @@ def test_resume_continues_steps_data_and_lr_exactly(ray_session, tmp_path, monke
     assert [r["step"] for r in rows_a] == list(range(1, steps + 1))
     ck = run_dir / "checkpoints" / f"global_step_{ckpt}"
     assert (ck / "actor" / "huggingface" / "model.safetensors").exists() and (ck / "meta.json").exists()
+    from asyncrl.checkpoint.fingerprint import model_fingerprint  # what auto-resume knows a moved model folder by
+    from asyncrl.checkpoint.manager import read_json
+
+    fingerprint = model_fingerprint(exp_a.config.actor_rollout_ref.model.path)
+    assert fingerprint is not None and read_json(ck / "meta.json")["model_fingerprint"] == fingerprint
     assert sum_a.last_checkpoint.endswith(f"global_step_{steps}")
     if loggers:
         assert list((run_dir / "tensorboard").glob("events.*")) and list((run_dir / "wandb").glob("offline-run-*"))
-
-    from asyncrl.checkpoint.manager import read_json
 
     ro_state = read_json(ck / "rollouter_state.json")
     cfg_b = tiny_cfg(tmp_path, trigger, steps, save_freq=ckpt, resume_mode="resume_path", resume_from_path=str(ck))

@@ -5,6 +5,7 @@
 - :mod:`asyncrl.checkpoint.engine_io`: train-engine state (HF weights, optimizer, LR schedule,
   RNG), single-process and FSDP2 (sharded optimizer through ``torch.distributed.checkpoint``).
 - :mod:`asyncrl.checkpoint.trainer_state`: what a run saves and restores around the engine.
+- :mod:`asyncrl.checkpoint.fingerprint`: the model a checkpoint trained, known again in a moved folder.
 """
 
 from asyncrl.checkpoint.manager import (CheckpointError, CheckpointManager, check_checkpoint,

@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from asyncrl.checkpoint.fingerprint import model_fingerprint
 from asyncrl.run_names import run_name_pattern
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,10 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
         model, task: ``actor_rollout_ref.model.path`` and ``data.task``: ``auto`` passes over a checkpoint whose run
             used another model or task (a WARNING names both), as recorded in the checkpoint's ``config.yaml`` (or, for
             one without, its run directory's): two recipes on one data file shared a run name until session 33, and
-            the second resumed the first's weights, another model. ``None``, or nothing recorded: not checked.
+            the second resumed the first's weights, another model. ``None``, or nothing recorded: not checked. The
+            model is compared by its fingerprint (:mod:`asyncrl.checkpoint.fingerprint`, in ``meta.json``) where the
+            checkpoint recorded one and ``model`` is a readable folder, so a moved or renamed model folder is the same
+            model (a WARNING says it moved); else by its path.
 
     Raises:
         CheckpointError: ``resume_path`` names a missing or incomplete checkpoint.
@@ -194,13 +198,14 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
     if not base.is_dir():
         return None
     pattern = run_name_pattern(experiment_name, seed)
+    fingerprint = model_fingerprint(model) if model is not None else None
     for run in base.iterdir():
         if not pattern.fullmatch(run.name) or not run.is_dir():
             continue
         latest = CheckpointManager(run / "checkpoints").latest()
         if latest is None:
             continue
-        other = other_run(latest, source, model, task)
+        other = other_run(latest, source, model, task, fingerprint)
         if other:
             logger.warning("trainer.resume_mode=auto: not resuming %s: %s (to continue it anyway: "
                            "trainer.resume_mode=resume_path trainer.resume_from_path=%s)", latest, other, latest)
@@ -212,10 +217,12 @@ def find_resume_checkpoint(default_local_dir: str | Path, experiment_name: str, 
 
 
 def other_run(ckpt: Path, source: Optional[list] = None, model: Optional[str] = None,
-              task: Optional[str] = None) -> str:
+              task: Optional[str] = None, fingerprint: Optional[str] = None) -> str:
     """Why ``ckpt`` is not a checkpoint of a run on ``source`` with ``model`` and ``task`` (``"it trained on X, this
     run on Y"``, joined by ``"; "``), or ``""`` when nothing recorded differs (what was not recorded, or is ``None``
-    here, is not checked)."""
+    here, is not checked). ``fingerprint`` (of ``model``'s folder, :func:`model_fingerprint`) decides the model where
+    the checkpoint recorded one too: a folder moved since is the same model (logged), another model at the same path
+    is not."""
     why = []
     trained_on = _trained_on(ckpt) if source is not None else None
     if trained_on is not None and trained_on != source:
@@ -229,11 +236,30 @@ def other_run(ckpt: Path, source: Optional[list] = None, model: Optional[str] = 
         return value if isinstance(value, str) else None
 
     was_model, was_task = was("actor_rollout_ref.model.path"), was("data.task")
-    if model is not None and was_model is not None and not _same_path(was_model, model):
-        why.append(f"its run used actor_rollout_ref.model.path={was_model}, this run {model}")
+    was_print = _recorded_fingerprint(ckpt) if model is not None else None
+    if model is not None and was_print is not None and fingerprint is not None:
+        if was_print != fingerprint:
+            why.append(f"its run trained another model (actor_rollout_ref.model.path={was_model or '?'}; this run's "
+                       f"{model} has another config.json or weights)")
+        elif was_model is not None and not _same_path(was_model, model):
+            logger.warning("trainer.resume_mode=auto: %s: its model folder %s is now %s (the same config.json and "
+                           "weights): the same model", ckpt, was_model, model)
+    elif model is not None and was_model is not None and not _same_path(was_model, model):
+        why.append(f"its run used actor_rollout_ref.model.path={was_model}, this run {model}" + (
+            "" if was_print is not None else " (the checkpoint records no fingerprint of its model, written before "
+            "they were: a moved model folder looks like another model)"))
     if task is not None and was_task is not None and was_task != task:
         why.append(f"its run used data.task={was_task}, this run {task}")
     return "; ".join(why)
+
+
+def _recorded_fingerprint(ckpt: Path) -> Optional[str]:
+    """The model fingerprint the checkpoint's ``meta.json`` records, or ``None`` (written before they were)."""
+    try:
+        value = read_json(ckpt / META).get("model_fingerprint")
+    except (CheckpointError, AttributeError):  # unreadable, or not a mapping: the resume itself reports that
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _same_path(a: str, b: str) -> bool:

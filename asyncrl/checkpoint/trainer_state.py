@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from asyncrl.accounting import checkpoint_ledger
+from asyncrl.checkpoint.fingerprint import model_fingerprint
 from asyncrl.checkpoint.manager import CheckpointError, read_json, write_json
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ async def write_checkpoint(tr: Any, final: bool = False) -> Path:
         write_json(tmp / "ledger.json", ledger)
         (tmp / "config.yaml").write_text(to_yaml(cfg))
         return {"format": FORMAT, "param_version": state["param_version"], "synced": state["synced"],
-                "taken": ledger["taken"], "in_flight": len(ledger["in_flight"]), "time": time.time()}
+                "taken": ledger["taken"], "in_flight": len(ledger["in_flight"]), "time": time.time(),
+                "model_fingerprint": model_fingerprint(model.path)}  # auto-resume knows the model if it moves
 
     return await asyncio.to_thread(tr.checkpoints.save, tr.global_steps, write)
 
