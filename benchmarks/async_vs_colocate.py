@@ -143,6 +143,10 @@ MODES = {
     # fewer versions (the bound is in versions; session 23)
     "d_s1_t2": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
                 "async_training.trigger_parameter_sync_step": 2},
+    # d_s1_t2 with PipelineRL's in-flight weight update (session 34): the simulator, with the prefill price, puts
+    # the re-prefill of every resumed response at ~6% of this mode's samples/s
+    "d_s1_t2_keep": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                     "async_training.trigger_parameter_sync_step": 2, "async_training.partial_rollout_mode": "keep"},
     # d_s1_t2 with fewer prompt groups in generation at once: its staleness budget (128 groups, ~1,000 requests)
     # let the CPU engine fall behind in most session-32 runs (200+ sequences an iteration, long responses outliving
     # the bound); a group cap keeps the batch near where the engine kept up (43-103 sequences)
