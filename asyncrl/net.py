@@ -43,7 +43,7 @@ DEFAULT_EPHEMERAL_LOW = DEFAULT_EPHEMERAL_RANGE[0]
 PORT_FLOOR = 20000
 """Lowest port :func:`free_port` picks: above the registered services people run (8080, 6379 Ray GCS,
 8265 Ray dashboard, 10001 Ray client) and Ray's default worker ports (10002-19999)."""
-RECENT_PORTS = 256
+RECENT_PORTS = 1024
 """How many of its latest answers :func:`free_port` remembers and does not give again (at most a quarter of
 the window, so a small window is never used up by memory alone)."""
 
