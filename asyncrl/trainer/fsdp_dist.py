@@ -11,17 +11,13 @@ import torch.distributed as dist
 
 
 def init_distributed(backend: Optional[str] = None) -> tuple[int, int, torch.device]:
-    """Initialise the default process group from torchrun's env (single process if absent).
+    """Initialise the default process group from torchrun's env (single process where absent or empty).
 
     Returns:
         ``(rank, world_size, device)``; the device is ``cuda:LOCAL_RANK`` when CUDA is present.
     """
     if not dist.is_initialized():
-        for key, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
-            os.environ.setdefault(key, val)
-        # alone, the store is ours: port 0 lets it bind one the kernel picks (a fixed 29511 would collide between two
-        # single-process runs on one machine); more ranks must agree on a port, so they keep a fixed default
-        os.environ.setdefault("MASTER_PORT", "0" if os.environ["WORLD_SIZE"] == "1" else "29511")
+        _default_env()
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -32,6 +28,18 @@ def init_distributed(backend: Optional[str] = None) -> tuple[int, int, torch.dev
     else:
         device = torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def _default_env() -> None:
+    """Fill in torchrun's variables that are unset *or empty* (``MASTER_PORT=`` exported with no value would
+    otherwise reach torch, which fails with "MASTER_PORT expected, but not set"); set values are kept."""
+    for key, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")):
+        if not os.environ.get(key, "").strip():
+            os.environ[key] = val
+    if not os.environ.get("MASTER_PORT", "").strip():
+        # alone, the store is ours: port 0 lets it bind one the kernel picks (a fixed 29511 would collide between two
+        # single-process runs on one machine); more ranks must agree on a port, so they keep a fixed default
+        os.environ["MASTER_PORT"] = "0" if os.environ["WORLD_SIZE"].strip() == "1" else "29511"
 
 
 def _rows(batch: Any, i: int, j: int) -> Any:

@@ -68,7 +68,7 @@ class TrainWorker:
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port (rank 0 hosts the group's store): ``init_process_group`` binds it
-        later, on every interface, so it is picked below the ephemeral range (:func:`asyncrl.net.free_port`)."""
+        later, on every interface, so it is picked outside the ephemeral range (:func:`asyncrl.net.free_port`)."""
         import ray
 
         return ray.util.get_node_ip_address(), free_port()
