@@ -32,14 +32,16 @@ at every depth, as Hydra (1.0.1 and later) merges a dictionary override into an 
 list. To replace a mapping instead, reset it first with Hydra's ``~key`` (:func:`reset_key`: back to the recipe's
 value, ``{}`` for ``reward_kwargs``), then set it: ``'~custom_reward_function.reward_kwargs'
 'custom_reward_function.reward_kwargs={scale: 2}'``; ``'key={}'`` merges nothing and changes nothing, as in Hydra.
-``~key=value`` resets ``key`` only while it holds ``value`` and is otherwise an error naming both, as Hydra's is.
+``~key=value`` resets ``key`` only while it holds ``value`` and is otherwise an error naming both, as Hydra's is;
+``value`` is compared after the conversion ``key=value`` would apply (``trainer.seed=0123`` then ``~trainer.seed=0123``
+resets, where Hydra compares the text as read), so what a set wrote, the same text resets.
 A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config files (:mod:`asyncrl.config_yaml`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -300,18 +302,30 @@ def _current(cfg: DictConfig, key: str, missing: Any) -> Any:
     return node
 
 
-def _holds(current: Any, text: str) -> bool:
-    """Whether ``current`` is the value ``text`` of ``~key=text`` (read as an override value is: ``off`` is the text,
-    ``1e-3`` the float 0.001, ``{a: 1}`` a mapping). A str also matches the text exactly as typed, as a str key keeps
-    it (``~trainer.experiment_name=1.10`` matches '1.10', not '1.1'); a bool matches only a bool (Python's
-    ``True == 1`` would match ``~flag=1``)."""
-    expected = override_value(text)
-    if isinstance(current, str) and current == _ESCAPED.sub(r"\1", text.strip()):
-        return True
+NOT_SET = object()
+"""What :func:`reset_key`'s ``as_set`` gives where no set converts the value (a key inside a mapping)."""
+
+
+def _same(current: Any, expected: Any) -> bool:
+    """``current == expected``, but a bool equals only a bool (Python's ``True == 1`` would match ``~flag=1``)."""
     return isinstance(current, bool) == isinstance(expected, bool) and current == expected
 
 
-def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = ()) -> str:
+def _holds(current: Any, text: str, as_set: Any = NOT_SET) -> bool:
+    """Whether ``current`` is the value ``text`` of ``~key=text``: the value ``key=text`` would set (``as_set``, where
+    the key's type converts it: ``trainer.seed=0123`` is 123, ``data.train_files=[a.jsonl]`` is ``'a.jsonl'``), or the
+    text read as an override value is (``off`` is the text, ``1e-3`` the float 0.001, ``{a: 1}`` a mapping). A str
+    also matches the text exactly as typed, as a str key keeps it (``~trainer.experiment_name=1.10`` matches '1.10',
+    not '1.1'); a bool matches only a bool (:func:`_same`)."""
+    if as_set is not NOT_SET and _same(current, as_set):
+        return True
+    if isinstance(current, str) and current == _ESCAPED.sub(r"\1", text.strip()):
+        return True
+    return _same(current, override_value(text))
+
+
+def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = (),
+              as_set: Optional[Callable[[str, str], Any]] = None) -> str:
     """Hydra's ``~key`` (or ``~key=value``): set ``key`` back to its value in ``default_cfg`` (the base config a
     recipe gave :func:`asyncrl.config.load_config`, else the schema's defaults) in ``cfg`` (a mapping such as
     ``custom_reward_function.reward_kwargs`` emptied, not merged into: a saved run's ``config.yaml`` switched back to
@@ -319,7 +333,10 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     mapping that ``default_cfg`` lacks (``~custom_reward_function.reward_kwargs.scale``) is deleted, as Hydra deletes
     it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset. With a value
     (``~key=value``, Hydra's "delete only if it holds value"), ``key`` is reset only while it holds that value
-    (:func:`_holds`); ``~key=`` (an empty value) is ``~key``.
+    (:func:`_holds`), compared after the conversion a set applies (``as_set(key, text)``: the value ``key=text`` would
+    set, or :data:`NOT_SET`; :func:`asyncrl.config._as_set`), so what ``key=text`` set, ``~key=text`` resets (where
+    Hydra compares the text as read: its ``~trainer.seed=0123`` does not match the 123 that ``trainer.seed=0123`` set);
+    ``~key=`` (an empty value) is ``~key``.
 
     Returns:
         The key reset.
@@ -337,7 +354,7 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     missing = object()
     if equals and text.strip():
         current = _current(cfg, key, missing) if key else missing
-        if current is not missing and not _holds(current, text):
+        if current is not missing and not _holds(current, text, as_set(key, text) if as_set else NOT_SET):
             raise ResetValueError(key, current, override_value(text))
     default = OmegaConf.select(default_cfg, key, default=missing) if key else missing
     if default is missing:
