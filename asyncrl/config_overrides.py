@@ -213,28 +213,61 @@ def _escaped_byte(c: str) -> bool:
     return 0xDC80 <= ord(c) <= 0xDCFF
 
 
+def _surrogates(text: Any) -> bool:
+    return isinstance(text, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def _shown_and_why(text: str) -> tuple[str, str]:
+    """``text`` with each non-UTF-8 byte shown as ``\\xff``, and why it is refused (the bytes, or a lone surrogate)."""
+    shown = "".join(f"\\x{ord(c) - 0xDC00:02x}" if _escaped_byte(c) else f"\\u{ord(c):04x}"
+                    if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    bad = sorted({f"\\x{ord(c) - 0xDC00:02x}" for c in text if _escaped_byte(c)})
+    why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
+           if bad else "a lone surrogate, which no text encoding holds")
+    return shown, why
+
+
+def _not_utf8_key(key: str, value: Any) -> Optional[str]:
+    """The dotted key, ``key`` itself or one of the mappings in ``value`` (at any depth), that is not UTF-8 text."""
+    if _surrogates(key):
+        return key
+    entries = value.items() if isinstance(value, dict) else ((None, v) for v in value) if isinstance(
+        value, (list, tuple)) else ()
+    for name, inner in entries:
+        found = _not_utf8_key(key if name is None else f"{key}.{name}", inner)
+        if found:
+            return found
+    return None
+
+
+_CANNOT_HOLD = ("a run writes its config as UTF-8 text (config.yaml in the run directory, --dry-run's listing), which "
+                "cannot hold it")
+
+
 def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
-    """Why a str in ``value`` (the value of ``key``, or a list / dict holding strs; ``what`` says where it came from,
-    e.g. ``"override 1"``) is refused, or None: it holds bytes that are not UTF-8, as Python hands over a
-    command-line word or a file name (``data.train_files=/data/x<0xff>.parquet``) with each such byte as a lone
-    surrogate (``surrogateescape``). The path would open, but a run writes its config as UTF-8 text (``config.yaml``
-    in its run directory, ``--dry-run``'s listing), which cannot hold it: refused before anything starts, the bytes
-    shown as ``\\xff``, with a UTF-8 name to link to the file."""
+    """Why ``key`` or a str in ``value`` (the value of ``key``, or a list / dict holding strs, the dict's keys
+    included; ``what`` says where it came from, e.g. ``"an override"``) is refused, or None: it holds bytes that are
+    not UTF-8, as Python hands over a command-line word or a file name (``data.train_files=/data/x<0xff>.parquet``,
+    ``custom_reward_function.reward_kwargs.m<0xff>=x``) with each such byte as a lone surrogate
+    (``surrogateescape``). The path would open, but a run writes its config as UTF-8 text (``config.yaml`` in its run
+    directory, ``--dry-run``'s listing), which cannot hold it: refused before anything starts, the bytes shown as
+    ``\\xff``, with a UTF-8 name to link to the file (a key: to write it in UTF-8)."""
+    where = f" in {what}" if what else ""
+    bad_key = _not_utf8_key(key, value)
+    if bad_key:
+        shown, why = _shown_and_why(bad_key)
+        return f"the key {shown}{where} is not UTF-8 text ({why}): {_CANNOT_HOLD}; write the key in UTF-8"
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
     for text in items:
         if isinstance(text, (list, tuple, dict)):
             found = not_utf8_problem(key, text, what)
             if found:
                 return found
-        if not isinstance(text, str) or not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        if not _surrogates(text):
             continue
-        shown = "".join(f"\\x{ord(c) - 0xDC00:02x}" if _escaped_byte(c) else f"\\u{ord(c):04x}"
-                        if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
-        bad = sorted({f"\\x{ord(c) - 0xDC00:02x}" for c in text if _escaped_byte(c)})
-        why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
-               if bad else "a lone surrogate, which no text encoding holds")
+        shown, why = _shown_and_why(text)
         fix = "write it in UTF-8"
-        name = next(w.strip() for w in re.split(r"['\"\[\]{},=]+", text) if any(0xD800 <= ord(c) <= 0xDFFF for c in w))
+        name = next(w.strip() for w in re.split(r"['\"\[\]{},=]+", text) if _surrogates(w))
         if "/" in name or "." in name:  # a file name (the word holding the bytes, out of [...] or quotes)
             fix = "rename the file to a UTF-8 name"
             if all(_escaped_byte(c) or not 0xD800 <= ord(c) <= 0xDFFF for c in name):
@@ -242,9 +275,7 @@ def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
                 shell = "".join(chr(b) if 32 <= b < 127 and b not in (39, 92) else f"\\x{b:02x}" for b in raw)
                 clean = "".join("_" if _escaped_byte(c) else c for c in name)
                 fix += f", or link one to it (ln -s $'{shell}' '{clean}') and give that"
-        where = f" in {what}" if what else ""
-        return (f"{key}={shown}{where} is not UTF-8 text ({why}): a run writes its config as UTF-8 text "
-                f"(config.yaml in the run directory, --dry-run's listing), which cannot hold it; {fix}")
+        return f"{key}={shown}{where} is not UTF-8 text ({why}): {_CANNOT_HOLD}; {fix}"
     return None
 
 
