@@ -189,22 +189,8 @@ def load_config(
         if typed.lstrip().startswith("~"):  # Hydra's ~key: back to the base's value (a mapping's entry deleted)
             given.append(_reset(cfg, typed, defaults))
             continue
-        # Hydra's +key=value (add a key) and ++key=value (add or override), as verl command lines set a key their
-        # YAML lacks (+custom_reward_function.reward_kwargs.scale=2): every key here is in the schema or in a mapping
-        item = typed.lstrip().lstrip("+") if typed.lstrip().startswith("+") else typed
-        if "=" not in item or not item.partition("=")[0].strip():
-            raise ConfigError(f"override {typed!r} is not of the form key=value" + (
-                " (its key is empty)" if "=" in item else ""))
-        key, _, value = item.partition("=")
-        if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
-            value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
-        t = _leaf_types().get(key.strip())  # None inside a mapping (reward_kwargs.a): its list is no list key
-        if t is not None and OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not (
-                value.strip().startswith("[")):
-            item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
-        as_text = t is str or (typing.get_origin(t) is typing.Union and str in typing.get_args(t))
-        given.append(_parse_override(item, as_text))
-        cfg = _merge(cfg, given[-1], f"override {item!r}" if item == typed else f"override {typed!r}")
+        cfg, piece = _set(cfg, typed)
+        given.append(piece)
     try:
         out = OmegaConf.to_object(cfg)  # resolves interpolations (${oc.env:...}, ${other.key})
     except (InterpolationResolutionError, GrammarParseError, ValidationError) as exc:
@@ -219,6 +205,50 @@ def load_config(
     return out
 
 
+def _set(cfg, typed: str) -> tuple:
+    """The override ``key=value`` merged into ``cfg``: ``(the merged config, the override's own DictConfig)``. Hydra's
+    ``+key=value`` (add a key) and ``++key=value`` (add or override), as verl command lines set a key their YAML lacks
+    (``+custom_reward_function.reward_kwargs.scale=2``): every key here is in the schema or in a mapping.
+
+    Raises:
+        ConfigError: not ``key=value``, a value that cannot be read or is of the wrong type for its key.
+    """
+    item = typed.lstrip().lstrip("+") if typed.lstrip().startswith("+") else typed
+    if "=" not in item or not item.partition("=")[0].strip():
+        raise ConfigError(f"override {typed!r} is not of the form key=value" + (
+            " (its key is empty)" if "=" in item else ""))
+    key, _, value = item.partition("=")
+    if not value.strip():  # Hydra's (verl's) reading: the empty string. YAML's was null, so an unset shell
+        value, item = "''", f"{key}=''"  # variable (data.train_files=$UNSET) trained on the built-in task
+    t = _leaf_types().get(key.strip())  # None inside a mapping (reward_kwargs.a): its list is no list key
+    if t is not None and OmegaConf.is_list(OmegaConf.select(cfg, key.strip(), default=None)) and not (
+            value.strip().startswith("[")):
+        item = f"{key}=[{value}]"  # verl accepts a single name for list keys (trainer.logger=console)
+    as_text = t is str or (typing.get_origin(t) is typing.Union and str in typing.get_args(t))
+    piece = _parse_override(item, as_text)
+    return _merge(cfg, piece, f"override {item!r}" if item == typed else f"override {typed!r}"), piece
+
+
+def _as_set(cfg, key: str, text: str) -> Any:
+    """The value ``key=text`` would give the schema key ``key`` of ``cfg`` (:func:`_set` on a copy, a mapping key
+    emptied first so nothing is merged into it): ``trainer.seed=0123`` is 123, ``data.train_files=[a.jsonl]`` is
+    ``'a.jsonl'``. So ``~key=text`` resets what ``key=text`` set (:func:`asyncrl.config_overrides.reset_key`).
+    :data:`asyncrl.config_overrides.NOT_SET` for a key inside a mapping (``reward_kwargs.mode``: no type converts
+    it) or a value the set would refuse; the caller then compares the value as read."""
+    from asyncrl.config_overrides import NOT_SET, _current
+
+    if _leaf_types().get(key) is None:
+        return NOT_SET
+    trial = copy.deepcopy(cfg)
+    if OmegaConf.is_dict(OmegaConf.select(trial, key, default=None)):
+        OmegaConf.update(trial, key, {}, merge=False)
+    try:
+        trial, _ = _set(trial, f"{key}={text}")
+    except ConfigError:
+        return NOT_SET
+    return _current(trial, key, NOT_SET)
+
+
 def _reset(cfg, typed: str, defaults) -> str:
     """Hydra's ``~key`` on ``cfg`` (:func:`asyncrl.config_overrides.reset_key`); returns the key reset.
 
@@ -230,7 +260,7 @@ def _reset(cfg, typed: str, defaults) -> str:
     from asyncrl.config_overrides import OverrideSyntaxError, ResetError, ResetValueError, reset_key
 
     try:
-        return reset_key(cfg, typed, defaults, section_names())
+        return reset_key(cfg, typed, defaults, section_names(), as_set=lambda key, text: _as_set(cfg, key, text))
     except ResetValueError as exc:  # Hydra: "Could not delete from config. The value of 'key' is X and not Y."
         raise ConfigError(f"override {typed!r}: {exc.key} holds {exc.holds!r}, not {exc.expected!r}, so it is not "
                           f"reset (~key=value resets key only while it holds value, as in Hydra): write ~{exc.key} to "

@@ -32,14 +32,16 @@ at every depth, as Hydra (1.0.1 and later) merges a dictionary override into an 
 list. To replace a mapping instead, reset it first with Hydra's ``~key`` (:func:`reset_key`: back to the recipe's
 value, ``{}`` for ``reward_kwargs``), then set it: ``'~custom_reward_function.reward_kwargs'
 'custom_reward_function.reward_kwargs={scale: 2}'``; ``'key={}'`` merges nothing and changes nothing, as in Hydra.
-``~key=value`` resets ``key`` only while it holds ``value`` and is otherwise an error naming both, as Hydra's is.
+``~key=value`` resets ``key`` only while it holds ``value`` and is otherwise an error naming both, as Hydra's is;
+``value`` is compared after the conversion ``key=value`` would apply (``trainer.seed=0123`` then ``~trainer.seed=0123``
+resets, where Hydra compares the text as read), so what a set wrote, the same text resets.
 A YAML file is read as YAML 1.1 with OmegaConf's loader, as Hydra reads config files (:mod:`asyncrl.config_yaml`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -211,28 +213,61 @@ def _escaped_byte(c: str) -> bool:
     return 0xDC80 <= ord(c) <= 0xDCFF
 
 
+def _surrogates(text: Any) -> bool:
+    return isinstance(text, str) and any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def _shown_and_why(text: str) -> tuple[str, str]:
+    """``text`` with each non-UTF-8 byte shown as ``\\xff``, and why it is refused (the bytes, or a lone surrogate)."""
+    shown = "".join(f"\\x{ord(c) - 0xDC00:02x}" if _escaped_byte(c) else f"\\u{ord(c):04x}"
+                    if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
+    bad = sorted({f"\\x{ord(c) - 0xDC00:02x}" for c in text if _escaped_byte(c)})
+    why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
+           if bad else "a lone surrogate, which no text encoding holds")
+    return shown, why
+
+
+def _not_utf8_key(key: str, value: Any) -> Optional[str]:
+    """The dotted key, ``key`` itself or one of the mappings in ``value`` (at any depth), that is not UTF-8 text."""
+    if _surrogates(key):
+        return key
+    entries = value.items() if isinstance(value, dict) else ((None, v) for v in value) if isinstance(
+        value, (list, tuple)) else ()
+    for name, inner in entries:
+        found = _not_utf8_key(key if name is None else f"{key}.{name}", inner)
+        if found:
+            return found
+    return None
+
+
+_CANNOT_HOLD = ("a run writes its config as UTF-8 text (config.yaml in the run directory, --dry-run's listing), which "
+                "cannot hold it")
+
+
 def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
-    """Why a str in ``value`` (the value of ``key``, or a list / dict holding strs; ``what`` says where it came from,
-    e.g. ``"override 1"``) is refused, or None: it holds bytes that are not UTF-8, as Python hands over a
-    command-line word or a file name (``data.train_files=/data/x<0xff>.parquet``) with each such byte as a lone
-    surrogate (``surrogateescape``). The path would open, but a run writes its config as UTF-8 text (``config.yaml``
-    in its run directory, ``--dry-run``'s listing), which cannot hold it: refused before anything starts, the bytes
-    shown as ``\\xff``, with a UTF-8 name to link to the file."""
+    """Why ``key`` or a str in ``value`` (the value of ``key``, or a list / dict holding strs, the dict's keys
+    included; ``what`` says where it came from, e.g. ``"an override"``) is refused, or None: it holds bytes that are
+    not UTF-8, as Python hands over a command-line word or a file name (``data.train_files=/data/x<0xff>.parquet``,
+    ``custom_reward_function.reward_kwargs.m<0xff>=x``) with each such byte as a lone surrogate
+    (``surrogateescape``). The path would open, but a run writes its config as UTF-8 text (``config.yaml`` in its run
+    directory, ``--dry-run``'s listing), which cannot hold it: refused before anything starts, the bytes shown as
+    ``\\xff``, with a UTF-8 name to link to the file (a key: to write it in UTF-8)."""
+    where = f" in {what}" if what else ""
+    bad_key = _not_utf8_key(key, value)
+    if bad_key:
+        shown, why = _shown_and_why(bad_key)
+        return f"the key {shown}{where} is not UTF-8 text ({why}): {_CANNOT_HOLD}; write the key in UTF-8"
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
     for text in items:
         if isinstance(text, (list, tuple, dict)):
             found = not_utf8_problem(key, text, what)
             if found:
                 return found
-        if not isinstance(text, str) or not any(0xD800 <= ord(c) <= 0xDFFF for c in text):
+        if not _surrogates(text):
             continue
-        shown = "".join(f"\\x{ord(c) - 0xDC00:02x}" if _escaped_byte(c) else f"\\u{ord(c):04x}"
-                        if 0xD800 <= ord(c) <= 0xDFFF else c for c in text)
-        bad = sorted({f"\\x{ord(c) - 0xDC00:02x}" for c in text if _escaped_byte(c)})
-        why = (f"the byte{'s' * (len(bad) > 1)} {', '.join(bad)}, passed on as typed or as a file name holds it"
-               if bad else "a lone surrogate, which no text encoding holds")
+        shown, why = _shown_and_why(text)
         fix = "write it in UTF-8"
-        name = next(w.strip() for w in re.split(r"['\"\[\]{},=]+", text) if any(0xD800 <= ord(c) <= 0xDFFF for c in w))
+        name = next(w.strip() for w in re.split(r"['\"\[\]{},=]+", text) if _surrogates(w))
         if "/" in name or "." in name:  # a file name (the word holding the bytes, out of [...] or quotes)
             fix = "rename the file to a UTF-8 name"
             if all(_escaped_byte(c) or not 0xD800 <= ord(c) <= 0xDFFF for c in name):
@@ -240,9 +275,7 @@ def not_utf8_problem(key: str, value: Any, what: str = "") -> Optional[str]:
                 shell = "".join(chr(b) if 32 <= b < 127 and b not in (39, 92) else f"\\x{b:02x}" for b in raw)
                 clean = "".join("_" if _escaped_byte(c) else c for c in name)
                 fix += f", or link one to it (ln -s $'{shell}' '{clean}') and give that"
-        where = f" in {what}" if what else ""
-        return (f"{key}={shown}{where} is not UTF-8 text ({why}): a run writes its config as UTF-8 text "
-                f"(config.yaml in the run directory, --dry-run's listing), which cannot hold it; {fix}")
+        return f"{key}={shown}{where} is not UTF-8 text ({why}): {_CANNOT_HOLD}; {fix}"
     return None
 
 
@@ -300,18 +333,30 @@ def _current(cfg: DictConfig, key: str, missing: Any) -> Any:
     return node
 
 
-def _holds(current: Any, text: str) -> bool:
-    """Whether ``current`` is the value ``text`` of ``~key=text`` (read as an override value is: ``off`` is the text,
-    ``1e-3`` the float 0.001, ``{a: 1}`` a mapping). A str also matches the text exactly as typed, as a str key keeps
-    it (``~trainer.experiment_name=1.10`` matches '1.10', not '1.1'); a bool matches only a bool (Python's
-    ``True == 1`` would match ``~flag=1``)."""
-    expected = override_value(text)
-    if isinstance(current, str) and current == _ESCAPED.sub(r"\1", text.strip()):
-        return True
+NOT_SET = object()
+"""What :func:`reset_key`'s ``as_set`` gives where no set converts the value (a key inside a mapping)."""
+
+
+def _same(current: Any, expected: Any) -> bool:
+    """``current == expected``, but a bool equals only a bool (Python's ``True == 1`` would match ``~flag=1``)."""
     return isinstance(current, bool) == isinstance(expected, bool) and current == expected
 
 
-def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = ()) -> str:
+def _holds(current: Any, text: str, as_set: Any = NOT_SET) -> bool:
+    """Whether ``current`` is the value ``text`` of ``~key=text``: the value ``key=text`` would set (``as_set``, where
+    the key's type converts it: ``trainer.seed=0123`` is 123, ``data.train_files=[a.jsonl]`` is ``'a.jsonl'``), or the
+    text read as an override value is (``off`` is the text, ``1e-3`` the float 0.001, ``{a: 1}`` a mapping). A str
+    also matches the text exactly as typed, as a str key keeps it (``~trainer.experiment_name=1.10`` matches '1.10',
+    not '1.1'); a bool matches only a bool (:func:`_same`)."""
+    if as_set is not NOT_SET and _same(current, as_set):
+        return True
+    if isinstance(current, str) and current == _ESCAPED.sub(r"\1", text.strip()):
+        return True
+    return _same(current, override_value(text))
+
+
+def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: Any = (),
+              as_set: Optional[Callable[[str, str], Any]] = None) -> str:
     """Hydra's ``~key`` (or ``~key=value``): set ``key`` back to its value in ``default_cfg`` (the base config a
     recipe gave :func:`asyncrl.config.load_config`, else the schema's defaults) in ``cfg`` (a mapping such as
     ``custom_reward_function.reward_kwargs`` emptied, not merged into: a saved run's ``config.yaml`` switched back to
@@ -319,7 +364,10 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     mapping that ``default_cfg`` lacks (``~custom_reward_function.reward_kwargs.scale``) is deleted, as Hydra deletes
     it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset. With a value
     (``~key=value``, Hydra's "delete only if it holds value"), ``key`` is reset only while it holds that value
-    (:func:`_holds`); ``~key=`` (an empty value) is ``~key``.
+    (:func:`_holds`), compared after the conversion a set applies (``as_set(key, text)``: the value ``key=text`` would
+    set, or :data:`NOT_SET`; :func:`asyncrl.config._as_set`), so what ``key=text`` set, ``~key=text`` resets (where
+    Hydra compares the text as read: its ``~trainer.seed=0123`` does not match the 123 that ``trainer.seed=0123`` set);
+    ``~key=`` (an empty value) is ``~key``.
 
     Returns:
         The key reset.
@@ -337,7 +385,7 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     missing = object()
     if equals and text.strip():
         current = _current(cfg, key, missing) if key else missing
-        if current is not missing and not _holds(current, text):
+        if current is not missing and not _holds(current, text, as_set(key, text) if as_set else NOT_SET):
             raise ResetValueError(key, current, override_value(text))
     default = OmegaConf.select(default_cfg, key, default=missing) if key else missing
     if default is missing:

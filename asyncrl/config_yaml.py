@@ -247,19 +247,41 @@ def yaml_1_1_surprises(text: str, path: str, lines: Optional[dict] = None) -> No
                           + "\n  ".join(refused))
 
 
+def utf8_text(raw: bytes, path: str) -> str:
+    """The config file ``path``'s bytes ``raw`` as text: YAML files are UTF-8 (OmegaConf reads them so, as Hydra does).
+
+    Raises:
+        ConfigError: a byte that is not UTF-8 (a file saved as Latin-1 or Windows-1252, e.g. ``caf\\xe9``: the
+            UnicodeDecodeError was a traceback), naming the file, line, column and byte, and how to re-save it.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        start = raw.rfind(b"\n", 0, exc.start) + 1
+        line, column = raw.count(b"\n", 0, exc.start) + 1, exc.start - start + 1
+        shown = raw[start:raw.find(b"\n", exc.start) if b"\n" in raw[exc.start:] else len(raw)]
+        shown_text = shown.decode("utf-8", "backslashreplace").strip()
+        raise ConfigError(f"config file {path!r}, line {line}, column {column}: the byte \\x{raw[exc.start]:02x} "
+                          f"(in: {shown_text}) is not UTF-8 text, which YAML config files are: the file was saved in "
+                          f"another encoding (Latin-1 or Windows-1252, as some editors save): re-save it as UTF-8, "
+                          f"e.g. iconv -f latin1 -t utf-8 '{path}' > '{path}.utf8' && mv '{path}.utf8' '{path}' "
+                          f"(a file name it gives that holds the byte: rename that file to a UTF-8 name)") from None
+
+
 def load_yaml_file(path: str | Path, lines: Optional[dict] = None):
     """The YAML file ``path`` as a DictConfig (OmegaConf's loader, as Hydra reads config files); ``lines``, if given,
     is filled with each dotted key's line (:func:`yaml_1_1_surprises`).
 
     Raises:
-        ConfigError: a missing file, bad syntax, a top level that is not a mapping of keys, or a YAML 1.1 reading
-            that changes a value's meaning (:func:`yaml_1_1_surprises`).
+        ConfigError: a missing file, a file that is not UTF-8 (:func:`utf8_text`), bad syntax, a top level that is not
+            a mapping of keys, or a YAML 1.1 reading that changes a value's meaning (:func:`yaml_1_1_surprises`).
     """
     import yaml
 
     try:
+        text = utf8_text(Path(path).read_bytes(), str(path))
         loaded = OmegaConf.load(str(path))
-        yaml_1_1_surprises(Path(path).read_text(), str(path), lines)
+        yaml_1_1_surprises(text, str(path), lines)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

@@ -88,13 +88,14 @@ class Experiment(LiveState):
         validate(self.config)
         self.budget = sample_budget(self.config)
         from asyncrl.checkpoint import find_resume_checkpoint
+        from asyncrl.run_paths import local_model_path
 
         tr = self.config.trainer
         local_dir = Path(tr.default_local_dir).expanduser()  # ~/runs: the home's, not a directory named ~
         self.resume_from = find_resume_checkpoint(  # auto: only a checkpoint of this data, model and task
             str(local_dir), tr.experiment_name, tr.seed, tr.resume_mode, tr.resume_from_path,
-            source=train_source(self.config.data), model=self.config.actor_rollout_ref.model.path,
-            task=self.config.data.task)
+            source=train_source(self.config.data), task=self.config.data.task,
+            model=local_model_path(self.config.actor_rollout_ref.model.path))  # as config.yaml records it (absolute)
         if self.resume_from is not None:  # continue in the checkpoint's run directory
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name
@@ -157,7 +158,7 @@ class Experiment(LiveState):
         self.t_start = time.time()
         train, val = self.preflight()
         # relative paths made absolute before config.yaml is written and the config reaches the actors: the run
-        # directory's config.yaml re-runs from any directory (data, reward file, trainer.default_local_dir)
+        # directory's config.yaml re-runs from any directory (data, reward file, model, trainer.default_local_dir)
         resolve_run_paths(cfg)
         for note in (no_held_out(self.config.data), no_train_files(self.config.data)):  # once, before anything
             if note:  # starts (--dry-run prints them; the summary repeats the first)

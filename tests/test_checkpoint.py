@@ -208,6 +208,51 @@ def test_auto_resume_knows_a_moved_model_folder_by_its_fingerprint(tmp_path, cap
             "model) (to continue it anyway: ") in caplog.text
 
 
+def test_a_fingerprint_hashes_every_byte_of_a_model_under_the_limit_and_samples_above(tmp_path, monkeypatch, caplog):
+    """A session-34 tester's finding: the fingerprint read 8 x 64 KiB of each weight file, so a change elsewhere (a
+    partial fine-tune) was the same model, and ``auto`` could take another run's checkpoint. Weight files totalling
+    at most FULL_HASH_LIMIT (1 GiB) are hashed whole now (``v2``); above it the sampling stays (documented). A
+    checkpoint that recorded a ``v1`` fingerprint is compared by ``v1``, so it still resumes in a moved folder."""
+    import shutil
+
+    from asyncrl.checkpoint import fingerprint
+    from asyncrl.checkpoint.fingerprint import CHUNK, SAMPLES, model_fingerprint
+    from asyncrl.config import MODEL_DIR, to_yaml
+    from asyncrl.recipes import arith_grpo_cpu
+
+    first, twin = tmp_path / "m1", tmp_path / "twin"
+    shutil.copytree(MODEL_DIR, first)
+    shutil.copytree(MODEL_DIR, twin)
+    size = (twin / "model.safetensors").stat().st_size
+    starts = [max(0, size - CHUNK) * i // (SAMPLES - 1) for i in range(SAMPLES)]
+    offset = (CHUNK + starts[1]) // 2  # between the first two sampled windows
+    assert not any(a <= offset < a + CHUNK for a in starts)
+    with open(twin / "model.safetensors", "r+b") as f:  # one byte changed in place (its ctime changes)
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 1]))
+    assert model_fingerprint(twin).startswith("v2:") and model_fingerprint(twin) != model_fingerprint(first)
+    assert model_fingerprint(twin, "v1") == model_fingerprint(first, "v1")  # what v1 missed
+    assert model_fingerprint(first, "v9") is None
+    monkeypatch.setattr(fingerprint, "FULL_HASH_LIMIT", size - 1)  # above the limit: sampled, the change unseen
+    assert model_fingerprint(twin) == model_fingerprint(first)
+    monkeypatch.undo()
+
+    cfg = arith_grpo_cpu()
+    cfg.actor_rollout_ref.model.path = str(first)
+
+    def write(d):  # a checkpoint of the first fingerprints: a v1 one
+        (d / "config.yaml").write_text(to_yaml(cfg))
+        return {"model_fingerprint": model_fingerprint(first, "v1")}
+    ckpt = CheckpointManager(tmp_path / "runs" / "exp__0__20260101-000000" / "checkpoints").save(3, write)
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    with caplog.at_level("WARNING", logger="asyncrl.checkpoint.manager"):
+        assert find_resume_checkpoint(tmp_path / "runs", "exp", 0, "auto", model=str(moved), task="arith") == ckpt
+    assert f"its model folder {first} is now {moved} (the same config.json and weights)" in caplog.text
+
+
 def _engine(path, **kw):
     from asyncrl.trainer.engine import TrainEngine
 

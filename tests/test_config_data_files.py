@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -151,3 +152,32 @@ def test_a_data_file_name_that_is_not_utf8_is_a_config_error(value):
     with pytest.raises(ConfigError, match=r"^trainer.experiment_name=run\\xfe in an override is not UTF-8 text .*; "
                                           r"write it in UTF-8$"):
         load_config(overrides=[os.fsdecode(b"trainer.experiment_name=run\xfe")])
+
+
+@pytest.mark.parametrize("override, key", [
+    (b"custom_reward_function.reward_kwargs.m\xff=x", r"custom_reward_function.reward_kwargs.m\xff"),
+    (b"+custom_reward_function.reward_kwargs.m\xff=x", r"custom_reward_function.reward_kwargs.m\xff"),
+    (b"trainer.se\xfeed=1", r"trainer.se\xfeed"),  # an unknown key too: not UTF-8 before unknown
+])
+def test_a_key_that_is_not_utf8_is_a_config_error_as_a_value_is(override, key, tmp_path, capsys):
+    """A session-34 tester's finding: the non-UTF-8 check covered override values, not keys:
+    ``custom_reward_function.reward_kwargs.m<0xff>=x`` passed, then ``--dry-run`` crashed printing the YAML
+    (UnicodeEncodeError, exit 1), as a run's config.yaml would. A key is refused as a value is, from Python too."""
+    from asyncrl.cli import main
+    from asyncrl.recipes import arith_grpo_cpu
+
+    reward = tmp_path / "r.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n    return 0\n")
+    says = re.escape(f"the key {key} in an override is not UTF-8 text (the byte ") + r"\\x[0-9a-f]{2}" + re.escape(
+        ", passed on as typed or as a file name holds it): a run writes its config as UTF-8 text (config.yaml in the "
+        "run directory, --dry-run's listing), which cannot hold it; write the key in UTF-8")
+    argv = [f"custom_reward_function.path={reward}", os.fsdecode(override)]
+    with pytest.raises(ConfigError, match=f"^{says}$"):
+        load_config(overrides=argv)
+    assert main(["train", "--dry-run", *argv]) == 2
+    assert re.fullmatch(f"config error: {says}", capsys.readouterr().err.strip().splitlines()[-1])
+    base = arith_grpo_cpu()  # set from Python, in a mapping at any depth
+    base.custom_reward_function.path = str(reward)
+    base.custom_reward_function.reward_kwargs = {"a": {os.fsdecode(b"m\xff"): 1}}
+    with pytest.raises(ConfigError, match=r"^the key custom_reward_function.reward_kwargs.a.m\\xff is not UTF-8 text "):
+        load_config(base=base)

@@ -190,6 +190,22 @@ def test_a_value_the_shell_split_says_to_quote_the_override(overrides, example):
     assert load_config(overrides=["trainer.project_name=a:1"]).trainer.project_name == "a:1"  # one alone is fine
 
 
+@pytest.mark.parametrize("given, value", [
+    ("data.train_files=[a.jsonl]", "[a.jsonl]"),  # a one-element list is kept as its path
+    ("data.train_files=a.jsonl", "[a.jsonl]"), ("data.train_files=[a.jsonl]", "a.jsonl"),
+    ("trainer.seed=0123", "0123"),  # the text 0123, which the int key takes as 123
+    ("trainer.seed='7'", "'7'"), ("async_training.partial_rollout=1", "1"),  # a bool key takes 1 as true
+    ("trainer.logger=console", "console"), ("trainer.logger=[console,tensorboard]", "[console,tensorboard]"),
+])
+def test_tilde_with_a_value_resets_what_the_same_text_set(given, value):
+    """A session-34 tester's finding: ``data.train_files=[a.jsonl] '~data.train_files=[a.jsonl]'`` and
+    ``trainer.seed=0123 '~trainer.seed=0123'`` were refused ("holds 123, not '0123'"): ``~key=value`` compared the
+    value as read, a set converts it to the key's type. Compared now after the set's conversion."""
+    key = given.partition("=")[0]
+    cfg = load_config(overrides=[given, f"~{key}={value}"])
+    assert cfg == load_config()
+
+
 def test_tilde_with_a_value_resets_only_while_the_key_holds_it(reward):
     """``~key=value`` ignored the value (reset whatever the key held); Hydra deletes only while the key holds it and
     is otherwise an error naming both values."""
@@ -211,7 +227,7 @@ def test_tilde_with_a_value_resets_only_while_the_key_holds_it(reward):
     with pytest.raises(ConfigError, match=r"trainer.experiment_name holds '1.10', not 1.1, "):
         load_config(overrides=["trainer.experiment_name=1.10", "~trainer.experiment_name=1.1"])
     with pytest.raises(ConfigError, match=r"holds True, not 1, "):  # a bool is no number here (Python: True == 1)
-        load_config(overrides=["async_training.partial_rollout=true", "~async_training.partial_rollout=1"])
+        load_config(overrides=[reward, f"{kw}.flag=true", f"~{kw}.flag=1"])  # in a mapping: no type converts 1
     with pytest.raises(ConfigError, match=r"^the value of override '~trainer.seed=\[1' cannot be read: the '\[' here "
                                           r"is never closed"):
         load_config(overrides=["~trainer.seed=[1"])

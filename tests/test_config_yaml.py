@@ -177,3 +177,31 @@ def test_on_the_command_line_a_free_form_value_follows_hydras_grammar(tmp_path):
                                  f"+{kw}.n=0123", f"+{kw}.u=1_000", f"+{kw}.b=TRUE", f"+{kw}.y=yes"])
     assert cfg.custom_reward_function.reward_kwargs == {"mode": "off", "tag": "####", "n": "0123", "u": 1000, "b": True,
                                                         "y": "yes"}
+
+
+@pytest.mark.parametrize("raw, line, column, byte, shown", [
+    (b"trainer:\n  experiment_name: caf\xe9\n", 2, 23, r"\xe9", r"experiment_name: caf\xe9"),  # Latin-1 'café'
+    (b"data:\n  train_files: bad\xff.jsonl\n", 2, 19, r"\xff", r"train_files: bad\xff.jsonl"),
+    (b"custom_reward_function:\n  reward_kwargs:\n    m\xff: 1\n", 3, 6, r"\xff", r"m\xff: 1"),  # in a key
+])
+def test_a_config_file_that_is_not_utf8_is_a_config_error_naming_line_and_byte(raw, line, column, byte, shown,
+                                                                                 tmp_path, capsys):
+    """A session-34 tester's finding: a YAML file saved as Latin-1 (a Windows editor's ``caf\\xe9``) was a
+    UnicodeDecodeError traceback from OmegaConf's loader, exit 1. Now a config error (exit 2) naming the file, line,
+    column and byte, and how to re-save it as UTF-8."""
+    from asyncrl.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_bytes(raw)
+    says = (f"config file '{path}', line {line}, column {column}: the byte {byte} (in: {shown}) is not UTF-8 text, "
+            f"which YAML config files are: the file was saved in another encoding (Latin-1 or Windows-1252, as some "
+            f"editors save): re-save it as UTF-8, e.g. iconv -f latin1 -t utf-8 '{path}' > '{path}.utf8' && "
+            f"mv '{path}.utf8' '{path}' (a file name it gives that holds the byte: rename that file to a UTF-8 name)")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == says
+    assert main(["train", "--dry-run", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"config error: {says}"
+    path.write_bytes(raw.decode("latin-1").encode("utf-8"))  # the fix the error gives (iconv -f latin1 -t utf-8)
+    if b"train_files" not in raw and b"reward_kwargs" not in raw:
+        assert load_config(path).trainer.experiment_name == "café"

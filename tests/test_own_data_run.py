@@ -383,3 +383,47 @@ def test_dry_run_shows_that_a_run_of_another_model_is_not_resumed(capsys, caplog
     assert "not resuming runs/shared__0__20260101-000000/checkpoints/global_step_3: its run used " \
            "actor_rollout_ref.model.path=" in caplog.text  # the WARNING (on stderr, through logging, outside pytest)
     assert "run: runs/shared__0__<start time>/" in err, err
+
+
+def test_local_model_paths_are_made_absolute_and_a_hub_name_is_kept(tmp_path, monkeypatch, capsys):
+    """A session-34 tester's finding: ``actor_rollout_ref.model.path=m1moved`` stayed relative in the resolved config
+    (``--dry-run``'s YAML, a run's config.yaml), so ``asyncrl train <that>.yaml`` from another directory failed with
+    "no such directory", against the README. A local model, tokenizer or critic directory is made absolute where the
+    data paths are, and so are the other local paths (resume_from_path, the sandbox's trials_dir and harbor_python);
+    a hub-style name that is no local directory is kept as typed, for what reads it."""
+    import shutil
+
+    import yaml
+
+    from asyncrl.cli import main
+    from asyncrl.models import EMBEDDED_MODEL_DIR
+    from asyncrl.run_paths import local_model_path, resolve_run_paths
+
+    work = tmp_path / "models"
+    work.mkdir()
+    shutil.copytree(EMBEDDED_MODEL_DIR, work / "m1")
+    monkeypatch.chdir(work)
+    argv = ["train", "--dry-run", "actor_rollout_ref.model.path=m1", "actor_rollout_ref.model.tokenizer_path=./m1",
+            f"trainer.default_local_dir={tmp_path / 'runs'}", "trainer.experiment_name=rel"]
+    assert main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["actor_rollout_ref"]["model"]["path"] == str(work / "m1")
+    assert printed["actor_rollout_ref"]["model"]["tokenizer_path"] == str(work / "m1")
+    (tmp_path / "rel.yaml").write_text(yaml.safe_dump(printed))
+    monkeypatch.chdir(tmp_path)  # elsewhere: the printed config runs as it is
+    assert main(["train", "--dry-run", str(tmp_path / "rel.yaml")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    monkeypatch.chdir(work)
+    cfg = ExperimentConfig()
+    sandbox = cfg.actor_rollout_ref.rollout.agent.sandbox
+    cfg.actor_rollout_ref.model.path, cfg.critic.model.path = "Qwen/Qwen2.5-0.5B", "m1"
+    cfg.trainer.resume_from_path, sandbox.trials_dir, sandbox.harbor_python = "runs/x/ckpt", "trials", "py/bin/python"
+    resolve_run_paths(cfg)
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B"  # no local directory: a hub name, kept
+    assert cfg.actor_rollout_ref.model.tokenizer_path is None
+    assert cfg.critic.model.path == str(work / "m1")
+    assert (cfg.trainer.resume_from_path, sandbox.trials_dir, sandbox.harbor_python) == (
+        str(work / "runs/x/ckpt"), str(work / "trials"), str(work / "py/bin/python"))  # local whatever they hold
+    (work / "Qwen" / "Qwen2.5-0.5B").mkdir(parents=True)  # a local directory of that name: the local one
+    assert local_model_path("Qwen/Qwen2.5-0.5B") == str(work / "Qwen" / "Qwen2.5-0.5B")
+    assert (local_model_path(None), local_model_path("")) == (None, "")

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from asyncrl.checkpoint.fingerprint import model_fingerprint
+from asyncrl.checkpoint.fingerprint import fingerprint_like, model_fingerprint
 from asyncrl.run_names import run_name_pattern
 
 logger = logging.getLogger(__name__)
@@ -237,6 +237,8 @@ def other_run(ckpt: Path, source: Optional[list] = None, model: Optional[str] = 
 
     was_model, was_task = was("actor_rollout_ref.model.path"), was("data.task")
     was_print = _recorded_fingerprint(ckpt) if model is not None else None
+    if model is not None and was_print is not None:  # by the recipe it was made with (a v1 of an older checkpoint)
+        fingerprint = fingerprint_like(was_print, model, fingerprint)
     if model is not None and was_print is not None and fingerprint is not None:
         if was_print != fingerprint:
             why.append(f"its run trained another model (actor_rollout_ref.model.path={was_model or '?'}; this run's "
