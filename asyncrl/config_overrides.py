@@ -365,7 +365,7 @@ def reset_key(cfg: DictConfig, typed: str, default_cfg: DictConfig, sections: An
     it. A config section (``~trainer``, one of ``sections``) is refused: it is no value to reset. With a value
     (``~key=value``, Hydra's "delete only if it holds value"), ``key`` is reset only while it holds that value
     (:func:`_holds`), compared after the conversion a set applies (``as_set(key, text)``: the value ``key=text`` would
-    set, or :data:`NOT_SET`; :func:`asyncrl.config._as_set`), so what ``key=text`` set, ``~key=text`` resets (where
+    set, or :data:`NOT_SET`; :func:`asyncrl.config_apply._as_set`), so what ``key=text`` set, ``~key=text`` resets (where
     Hydra compares the text as read: its ``~trainer.seed=0123`` does not match the 123 that ``trainer.seed=0123`` set);
     ``~key=`` (an empty value) is ``~key``.
 
