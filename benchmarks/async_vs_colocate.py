@@ -556,31 +556,39 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
     import ray
 
     from asyncrl.agent_loop.single_turn import render_prompt_ids
-    from asyncrl.data.dataset import get_task_rows
-    from asyncrl.models import load_tokenizer
     from asyncrl.placement import trainer_env
     from asyncrl.sim.calibrate import contention, measure_rollout, measure_train, probe_decode, rollout_only
     from asyncrl.sim.probes import long_prompt, probe_token_costs
     from asyncrl.staleness import sample_budget
 
     cfg = mode_config("d", args)
-    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
-    rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
-    prompt = render_prompt_ids(tok, rows[0]["prompt"])
+    tok, rows, prompt = probe_prompt(cfg)
     cal: dict[str, Any] = {"prompt_tokens": statistics.fmean(len(render_prompt_ids(tok, r["prompt"])) for r in rows[:64])}
     probe = {"batch_sizes": PROBE_BATCHES, "tokens": PROBE_TOKENS}
     cal["probe_prompt_tokens"] = len(prompt)
-    longer = long_prompt([render_prompt_ids(tok, r["prompt"]) for r in rows[:32]], LONG_PROMPT_TOKENS)
+    long_tokens, note = long_probe_plan(calibration_context(args), len(prompt))  # check_args made sure it can run
+    if note:
+        print(f"  calibration: {note}", flush=True)
+        cal["token_probe_note"] = note
+    longer = long_prompt([render_prompt_ids(tok, r["prompt"]) for r in rows[:32]], long_tokens) if long_tokens else None
     for kind, rep in replicas.items():
         cal[f"decode_{kind}"] = asyncio.run(probe_decode(rep, prompt, **probe))
         print(f"  decode ms/iteration ({kind}): " + ", ".join(f"B={b}: {t * 1e3:.1f} ms" for b, t in cal[f'decode_{kind}'].items()),
               flush=True)
-        # what a resumed partial rollout's prefill and a long response's context cost, beside the probe (session 34)
-        costs, cal[f"token_costs_{kind}"] = asyncio.run(probe_token_costs(rep, prompt, longer, cal[f"decode_{kind}"],
-                                                                          PROBE_TOKENS))
+        if longer is None:
+            continue
+        # what a resumed partial rollout's prefill and a long response's context cost, beside the probe (session 34);
+        # optional: a failure is a note (priced at 0), never a crash that loses the timed modes' calibration
+        try:
+            costs, cal[f"token_costs_{kind}"] = asyncio.run(probe_token_costs(rep, prompt, longer, cal[f"decode_{kind}"],
+                                                                              PROBE_TOKENS))
+        except ValueError as exc:  # PromptTooLong (through Ray too), a request cut at the context, a broken time
+            cal["token_probe_note"] = f"prefill / context probes failed on the {kind} engine ({exc})"
+            print(f"  calibration: {cal['token_probe_note']}", flush=True)
+            continue
         print(f"  prefill {costs.per_prefill_token_s * 1e6:.1f} us per prompt token, decode {costs.per_ctx_token_s * 1e6:.3f} "
-              f"us per context token an iteration ({kind}; one-token requests and the probe at {len(longer)} prompt tokens)",
-              flush=True)
+              f"us per context token an iteration ({kind}; one-token requests and the probe at {len(longer)} prompt tokens)"
+              + "".join(f"; {n}" for n in costs.notes), flush=True)
     split = replicas.get("split") or replicas["shared"]
     ro_s, outputs = asyncio.run(measure_rollout(split, cfg, rows, 64))
     cal["response_lengths"] = [len(o.token_ids) for _, _, outs, _ in outputs for o in outs]
@@ -621,11 +629,65 @@ PROBE_TOKENS = 48
 """Tokens per request of the decode probes (``calibrate``)."""
 LONG_PROMPT_TOKENS = 320
 """Prompt tokens of the calibration's long-context probes (``probe_token_costs``): the long-tail task's long responses
-run at 57-440 tokens of context; the engine's ``max_model_len`` must hold this plus ``PROBE_TOKENS``."""
+run at 57-440 tokens of context. An engine whose ``max_model_len`` cannot hold this plus ``PROBE_TOKENS`` is probed at
+a shorter one, or not at all (``long_probe_plan``)."""
+LONG_PROMPT_MIN_EXTRA = 128
+"""The fewest tokens the long prompt must exceed the probe's own prompt by for the token prices to be measured
+(``long_probe_plan``): both are differences between the two prompts, and at 128 extra tokens the prefill probe's
+difference is still ~0.35 s (128 requests x 128 tokens x ~21 us, session 34's price on the 2-core box), where a few
+tokens more would be lost in the box's noise."""
 PROBE_BATCHES = (1, 8, 32, 128, 256)
 """Sequences per decode probe (``calibrate``). 256 since session 31: the engines seat 256, and a run with many groups in
 flight decodes ~240 at once (d_s1_t2 on hf, session 30: 232 per iteration) where a table ending at 128 extrapolated
 10.9 ms per iteration against 15.5 ms probed (the hf engine, one core)."""
+
+
+def probe_prompt(cfg: Any) -> tuple[Any, list[dict], list[int]]:
+    """``(tokenizer, rows, prompt_ids)`` of the calibration: the task's train rows (seed + 7) and the first one's
+    rendered prompt, the decode probes' prompt (``calibrate``; ``check_args`` measures its length)."""
+    from asyncrl.agent_loop.single_turn import render_prompt_ids
+    from asyncrl.data.dataset import get_task_rows
+    from asyncrl.models import load_tokenizer
+
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path)
+    rows = get_task_rows(cfg.data.task, "train", 512, cfg.trainer.seed + 7)
+    return tok, rows, render_prompt_ids(tok, rows[0]["prompt"])
+
+
+def calibration_context(args: argparse.Namespace) -> int:
+    """The context (tokens) of the engines ``calibrate`` probes: the smaller ``resolved_max_model_len`` of the configs
+    ``start_replicas`` builds them from (mode d's for ``split``, colocated's for ``shared``)."""
+    from asyncrl.config_ranges import resolved_max_model_len
+
+    return min(resolved_max_model_len(mode_config(m, args)) for m in ("d", "colocated"))
+
+
+def long_probe_plan(context: int, short: int) -> tuple[Optional[int], Optional[str]]:
+    """The long prompt of the calibration's token probes for engines of ``context`` tokens and a probe prompt of
+    ``short`` tokens: :data:`LONG_PROMPT_TOKENS`, else capped at what the context holds with :data:`PROBE_TOKENS`
+    more, else none (the probes skipped: the simulation prices a resumed request's prefill and a long context's reads
+    at 0, as it does results saved before session 34).
+
+    Returns:
+        ``(long prompt tokens or None, note or None)``: a note says why when not :data:`LONG_PROMPT_TOKENS`.
+
+    Raises:
+        ValueError: ``short + PROBE_TOKENS > context``: the decode probe itself cannot run (no simulation at all).
+    """
+    if short + PROBE_TOKENS > context:
+        raise ValueError(f"the engines' context of {context} tokens (actor_rollout_ref.rollout.max_model_len) cannot hold "
+                         f"the calibration's decode probe: its {short}-token prompt and {PROBE_TOKENS} tokens; raise "
+                         f"max_model_len to at least {short + PROBE_TOKENS}, or add --no-simulate")
+    long_ = min(LONG_PROMPT_TOKENS, context - PROBE_TOKENS)
+    if long_ - short < LONG_PROMPT_MIN_EXTRA:
+        return None, (f"prefill / context probes skipped: the engines' context of {context} tokens holds a prompt of "
+                      f"{context - PROBE_TOKENS} with the probe's {PROBE_TOKENS} tokens, less than "
+                      f"{LONG_PROMPT_MIN_EXTRA} over the probe's {short}-token prompt (raise max_model_len to "
+                      f"{min(LONG_PROMPT_TOKENS, short + LONG_PROMPT_MIN_EXTRA) + PROBE_TOKENS} to have them)")
+    if long_ < LONG_PROMPT_TOKENS:
+        return long_, (f"prefill / context probes at a {long_}-token prompt, not {LONG_PROMPT_TOKENS}: the engines' "
+                       f"context of {context} tokens holds that with the probe's {PROBE_TOKENS} tokens")
+    return long_, None
 
 
 def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
@@ -661,9 +723,14 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     # prefill and context prices of each engine (saved since session 34; before: 0, the probe's table alone)
     tokens = {kind: fit_token_costs(cal[f"token_costs_{kind}"], cal[f"decode_{kind}"], PROBE_TOKENS)
               for kind in ("split", "shared") if f"token_costs_{kind}" in cal and f"decode_{kind}" in cal}
+    for kind, costs in tokens.items():
+        notes += [f"{kind}: {n}" for n in costs.notes]
+    plan = cal.get("token_probe_note")  # the long prompt capped, or the probes skipped (long_probe_plan)
     if not tokens:
-        notes.append("no prefill / context probes (saved before session 34): a resumed request's prefill and a long "
-                     "context's reads are priced at 0")
+        notes.append((plan or "no prefill / context probes (saved before session 34)")
+                     + ": a resumed request's prefill and a long context's reads are priced at 0")
+    elif plan:
+        notes.append(plan)
     cfg = mode_config("d", args)
     n = cfg.actor_rollout_ref.rollout.n
     pt = int(cal["prompt_tokens"])
@@ -716,6 +783,9 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
         cap = per_request_cap({int(b): t for b, t in cal["decode_shared"].items()}, PROBE_TOKENS)
         if c > cap:
             notes.append(f"per-request cost on the shared probe capped at {cap * 1e3:.2f} ms (its own time per request)")
+    for kind in [k for k in tokens if by_kind[k] is None]:  # no rollout-only: the probe's least-squares line, which
+        del tokens[kind]  # prices the probe's own prefill and context already (cpu_cost_model refuses both)
+        notes.append(f"{kind}: prefill / context prices unused, with no rollout-only to fit the per-request cost on")
     budget = cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu if cfg.actor_rollout_ref.actor.use_dynamic_bsz else None
     train = {}
     for kind in ("split", "shared"):
@@ -1140,6 +1210,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
         try:
             for m in modes:
                 mode_config(m, checked)
+            if getattr(args, "simulate", False) and not args.gpu and not args.simulate_only:
+                check_calibration(checked)
         except ConfigError as exc:
             print(f"config error: {exc}", file=sys.stderr)
             sys.exit(2)
@@ -1152,6 +1224,28 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
                     + (": add --simulate-only for the predicted GPU rows, or drop --gpu for the CPU run" if not have
                        else f": lower --gpus to {have} (async modes need 2)"))
     return modes
+
+
+def check_calibration(args: argparse.Namespace) -> None:
+    """The calibration (after every timed mode) can run on the engines' context: refused here, before Ray, only when
+    its decode probe cannot (no simulation at all); a long-prompt probe capped or skipped is printed now and again when
+    it runs (``long_probe_plan``). The probe's prompt is tokenized only for a context under the default probes' needs.
+
+    Raises:
+        ConfigError: the context cannot hold the decode probe.
+    """
+    from asyncrl.config import ConfigError
+
+    context = calibration_context(args)
+    if context >= LONG_PROMPT_TOKENS + PROBE_TOKENS:
+        return
+    short = len(probe_prompt(mode_config("d", args))[2])
+    try:
+        _, note = long_probe_plan(context, short)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if note:
+        print(f"calibration: {note}", flush=True)
 
 
 def resimulate(args: argparse.Namespace) -> dict:

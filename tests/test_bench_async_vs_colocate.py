@@ -4,6 +4,7 @@ The first GPU run of the benchmark (2026-11-30) died at step 1 with CUDA OOM: th
 (64 rows) at 1,088 tokens with Qwen2.5's 151,936-token vocabulary needed 26 GiB of fp32 logits at once.
 """
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -273,6 +274,9 @@ def test_session_17s_run_is_simulated_within_15_percent_with_each_engine_on_its_
 SIM = ["--gpu", "--simulate-only"]  # no GPU, no Ray: the checks run before either would start
 
 
+SIM_CPU_ARITH = ["--task", "arith", "--modes", "d", "--steps", "2", "--no-ideal", "--out", "/tmp/never-written"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (SIM + ["--set", "async_training.staleness_treshold=1"], "config error: unknown config key 'async_training.staleness_treshold'"),
     (SIM + ["--set", "async_training.staleness_threshold=-1"], "config error: async_training.staleness_threshold must be >= 0"),
@@ -288,6 +292,10 @@ SIM = ["--gpu", "--simulate-only"]  # no GPU, no Ray: the checks run before eith
     (["--calibration", "tests/data/avc_cpu_longtail_s17.json", "--modes", "d"], "add --simulate-only"),
     (["--simulate-only", "--calibration", "/nonexistent.json"], "cannot read a saved result (FileNotFoundError"),
     (["--simulate-only", "--calibration", "tests/data/avc_gpu_x2_h200_2048.json"], "a --gpu result"),
+    # session 35 (s34u #1): a context too short for the calibration's decode probe crashed after every timed mode
+    (SIM_CPU_ARITH + ["--set", "actor_rollout_ref.rollout.max_model_len=60", "data.max_prompt_length=32"],
+     "config error: the engines' context of 60 tokens (actor_rollout_ref.rollout.max_model_len) cannot hold the "
+     "calibration's decode probe"),
     (["--modes", ","], "names no mode"),
     (["--modes", "d,d"], "names a mode twice"),
     (["--ideal-groups", "0"], "--ideal-groups must be at least 1"),
@@ -437,3 +445,62 @@ def test_session_34s_run_is_simulated_within_15_percent_with_the_prefill_and_con
         measured = result["modes"][m]["engine"]["tokens_per_s"]
         assert (abs(out[m]["engine"]["tokens_per_s"] / measured - 1)
                 < abs(without[m]["engine"]["tokens_per_s"] / measured - 1)), (m, out[m]["engine"], without[m]["engine"])
+
+
+def test_the_long_prompt_probe_is_capped_at_the_context_or_skipped(bench):
+    """s34u #1: the calibration probes a 320-token prompt with 48 tokens more after every timed mode; an engine of a
+    shorter context crashed there (PromptTooLong), or (320-367) cut each request short and read it too cheap. Now the
+    long prompt is what the context holds with the 48 tokens, if that is still 128 over the probe's own prompt; else
+    the token probes are skipped (priced at 0, as results saved before session 34); only a context that cannot hold
+    the decode probe itself is refused."""
+    assert bench.long_probe_plan(512, 57) == (320, None)
+    assert bench.long_probe_plan(368, 57) == (320, None)
+    long_, note = bench.long_probe_plan(340, 57)
+    assert long_ == 292 and note.startswith("prefill / context probes at a 292-token prompt, not 320: the engines' "
+                                            "context of 340 tokens holds that")
+    assert bench.long_probe_plan(233, 57)[0] == 185  # 128 over 57: the least kept
+    long_, note = bench.long_probe_plan(232, 57)
+    assert long_ is None and note.startswith("prefill / context probes skipped: the engines' context of 232 tokens "
+                                             "holds a prompt of 184") and "raise max_model_len to 233" in note
+    long_, note = bench.long_probe_plan(96, 45)
+    assert long_ is None and "raise max_model_len to 221" in note
+    assert bench.long_probe_plan(105, 57)[0] is None  # the decode probe fits exactly: no error
+    with pytest.raises(ValueError, match="context of 104 tokens .* cannot hold the calibration's decode probe: its "
+                                         "57-token prompt and 48 tokens; raise max_model_len to at least 105"):
+        bench.long_probe_plan(104, 57)
+
+
+def test_the_testers_short_context_is_checked_before_ray_and_its_skip_reaches_the_simulation(bench, tmp_path, capsys):
+    """The tester's run (--task arith --set actor_rollout_ref.rollout.max_model_len=96: 64 + 24 fit) is let through with
+    a note printed before Ray; the same context less than the probe prompt + 48 is a config error; and a calibration
+    whose token probes were skipped is simulated with them at 0, its note saying why."""
+    import json
+
+    from asyncrl.config import ConfigError
+
+    args = _args(bench, tmp_path)
+    args.gpu, args.backend, args.task, args.set = False, "vllm", "arith", ["actor_rollout_ref.rollout.max_model_len=96"]
+    assert bench.calibration_context(args) == 96
+    short = len(bench.probe_prompt(bench.mode_config("d", args))[2])
+    bench.check_calibration(args)
+    out = capsys.readouterr().out
+    assert out.startswith("calibration: prefill / context probes skipped: the engines' context of 96 tokens holds a "
+                          f"prompt of 48 with the probe's 48 tokens, less than 128 over the probe's {short}-token "
+                          "prompt"), out
+    args.set = [f"actor_rollout_ref.rollout.max_model_len={short + 47}", "data.max_prompt_length=16"]
+    with pytest.raises(ConfigError, match=f"raise max_model_len to at least {short + 48}, or add --no-simulate"):
+        bench.check_calibration(args)
+    args.set = None
+    bench.check_calibration(args)  # the default context (512): nothing to say, no tokenizer loaded
+    assert capsys.readouterr().out == ""
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s34.json").read_text())
+    for kind in ("split", "shared"):
+        del result["calibration"][f"token_costs_{kind}"]
+    result["calibration"]["token_probe_note"] = bench.long_probe_plan(150, 57)[1]
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path), gpu=False)
+    inputs = bench.cpu_calibration(result, args)
+    assert inputs["token_costs"] == {}
+    assert any(n.startswith("prefill / context probes skipped: the engines' context of 150 tokens") and
+               n.endswith("a resumed request's prefill and a long context's reads are priced at 0")
+               for n in inputs["notes"]), inputs["notes"]

@@ -204,10 +204,19 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
             (:attr:`RolloutCostModel.prefill_s`), capped at :func:`per_request_cap` of this probe;
             ``probe_tokens``: the probe's tokens per request.
         token_costs: with ``per_request_s``, the replica's prefill and context prices
-            (:func:`asyncrl.sim.probes.probe_token_costs`), charged apart and taken out of the probe.
+            (:func:`asyncrl.sim.probes.probe_token_costs`), charged apart and taken out of the probe. Refused with
+            ``per_request_s=None``: the least-squares line has no per-request term to take them out of, and adding
+            them on top would charge the probe's own prefill and context twice.
         train_s_per_token: with ``use_dynamic_bsz`` runs, per *priced* token (``measure_train``'s
             ``s_per_priced_token``, :func:`priced_tokens`).
+
+    Raises:
+        ValueError: ``token_costs`` given with ``per_request_s=None``.
     """
+    if per_request_s is None and token_costs is not None:
+        raise ValueError(f"cpu_cost_model: token_costs={token_costs} need per_request_s (a number, 0.0 included, e.g. "
+                         "fit_per_request's): the least-squares line of per_request_s=None would charge them twice; "
+                         "pass per_request_s, or drop token_costs")
     if per_request_s is None:
         rollout = fit_rollout(decode_probe)
     else:

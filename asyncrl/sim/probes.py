@@ -21,17 +21,62 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import numbers
 import statistics
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 
 _ids = itertools.count()  # request ids unique within the process (a replica may still hold an aborted one's)
 
 
+def _whole(where: str, name: str, value: Any, least: int) -> int:
+    """``value`` as an int, refused unless a whole number (numpy's too; a bool is no count) >= ``least``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{where}: {name}={value!r} must be a whole number >= {least}")
+    return int(value)
+
+
+def _timings(where: str, name: str, values: Any) -> dict[int, float]:
+    """``{size: seconds}`` of a probe (JSON's string keys too), refused unless every size is a whole number >= 1 and
+    every time a finite number > 0: a NaN, an infinity or a time <= 0 is a broken measurement, not a price of 0."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{where}: {name}={values!r} must be a mapping {{size: seconds}}")
+    out: dict[int, float] = {}
+    for k, v in values.items():
+        if isinstance(k, str) and k.isdigit():  # a saved result's keys
+            size = int(k)
+        else:
+            size = int(k) if isinstance(k, numbers.Integral) and not isinstance(k, bool) else 0
+        if size < 1:
+            raise ValueError(f"{where}: {name} has the size {k!r}: sizes are whole numbers >= 1 (prompt tokens or "
+                             "requests at once)")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{where}: {name}[{k!r}]={v!r} is no measured time (a finite number of seconds > 0): "
+                             "a broken or hand-edited measurement: take the probes again")
+        out[size] = float(v)
+    return out
+
+
+def _check_generated(where: str, outputs: Sequence[Any], prompt_tokens: int, tokens: int) -> None:
+    """Every probe request generated exactly ``tokens`` tokens: vLLM stops one at its context (``max_model_len``),
+    and a probe that divides by ``tokens`` would then read each iteration too cheap."""
+    short = [o for o in outputs if len(o.token_ids) != tokens]
+    if short:
+        o = short[0]
+        raise ValueError(f"{where}: {len(short)} of {len(outputs)} requests of a {prompt_tokens}-token prompt asked "
+                         f"{tokens} tokens and got {len(o.token_ids)} (stop reason {o.stop_reason!r}): an engine stops "
+                         f"a request at its context, so give a prompt of at most max_model_len - {tokens} tokens "
+                         "(or raise the engine's max_model_len)")
+
+
 @dataclass(frozen=True)
 class TokenCosts:
     """Per-token prices of a replica beside its decode probe (seconds; tokens are real tokens).
+
+    Numbers of any kind (numpy's too) are kept as ``float`` / ``int``, so a result holding them stays JSON; a bool
+    is refused (it is an int to Python, never a price or a length).
 
     Attributes:
         per_prefill_token_s: prefill time per prompt token (also paid again, for prompt + partial tokens,
@@ -40,26 +85,38 @@ class TokenCosts:
             :attr:`RolloutCostModel.per_ctx_token_s`.
         probe_prompt_tokens: the prompt length of the decode probe these go with (:func:`probe_decode`'s
             ``prompt_ids``): the probe is taken net of its own prefill and context at this length.
+        notes: what :func:`fit_token_costs` clamped (a negative difference of two measurements read as 0), for
+            the report; not part of the prices (left out of ``==``).
     """
 
     per_prefill_token_s: float = 0.0
     per_ctx_token_s: float = 0.0
     probe_prompt_tokens: int = 0
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name in ("per_prefill_token_s", "per_ctx_token_s"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v >= 0 and v == v and v != float("inf")):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"TokenCosts.{name}={v!r}: seconds per token, a finite number >= 0")
-        if not isinstance(self.probe_prompt_tokens, int) or self.probe_prompt_tokens < 0:
-            raise ValueError(f"TokenCosts.probe_prompt_tokens={self.probe_prompt_tokens!r}: a whole number of tokens >= 0")
+            object.__setattr__(self, name, float(v) + 0.0)  # + 0.0: -0.0 reads 0.0
+        p = self.probe_prompt_tokens
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or p < 0:
+            raise ValueError(f"TokenCosts.probe_prompt_tokens={p!r}: a whole number of tokens >= 0")
+        object.__setattr__(self, "probe_prompt_tokens", int(p))
+        object.__setattr__(self, "notes", tuple(str(n) for n in self.notes))
 
     def probe_share(self, batch: float, probe_tokens: int) -> float:
         """Seconds per iteration of a decode probe (``batch`` requests of :attr:`probe_prompt_tokens` prompt
         tokens, ``probe_tokens`` tokens each) that these prices account for: the requests' prefill spread over
-        the probe's iterations, and the context read at its mean (prompt + ``(probe_tokens - 1) / 2``)."""
+        the probe's iterations, and the context read at its mean (prompt + ``(probe_tokens - 1) / 2``).
+
+        Raises:
+            ValueError: ``probe_tokens`` < 1 (a probe generates at least one token a request).
+        """
+        t = _whole("TokenCosts.probe_share", "probe_tokens", probe_tokens, 1)
         p = self.probe_prompt_tokens
-        return batch * (self.per_prefill_token_s * p / probe_tokens + self.per_ctx_token_s * (p + (probe_tokens - 1) / 2))
+        return batch * (self.per_prefill_token_s * p / t + self.per_ctx_token_s * (p + (t - 1) / 2))
 
 
 async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Sequence[int] = (1, 8, 32, 128, 256),
@@ -71,35 +128,61 @@ async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Seq
 
     Args:
         replica: a :class:`~asyncrl.rollout.replica.RolloutReplica` (or anything with ``generate_async``).
-        prompt_ids: the prompt every request uses (the workload's typical length).
+        prompt_ids: the prompt every request uses (the workload's typical length), non-empty; with ``tokens``
+            more, within the engine's ``max_model_len``.
+        batch_sizes: requests at once, each >= 1 (at least one size); tokens, repeats: each >= 1.
+
+    Raises:
+        ValueError: an argument out of its range (before any request), or a request that generated fewer than
+            ``tokens`` tokens (the engine stopped it at its context: the time per iteration would read too low).
     """
     from asyncrl.rollout.base import SamplingParams
 
+    if len(prompt_ids) < 1:
+        raise ValueError("probe_decode: prompt_ids is empty (an engine refuses a request without a prompt)")
+    sizes = _sizes("probe_decode", batch_sizes)
+    tokens = _whole("probe_decode", "tokens", tokens, 1)
+    repeats = _whole("probe_decode", "repeats", repeats, 1)
     sp = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=True)
     loop = asyncio.get_running_loop()  # its clock: the wall's (monotonic), or a simulation's virtual one
     out: dict[int, float] = {}
-    for b in batch_sizes:
+    for b in sizes:
         best = float("inf")
         for r in range(repeats):
             t0 = loop.time()
-            await asyncio.gather(*[replica.generate_async(f"probe-{next(_ids)}-{b}-{r}-{i}", list(prompt_ids), sp)
-                                   for i in range(b)])
+            outs = await asyncio.gather(*[replica.generate_async(f"probe-{next(_ids)}-{b}-{r}-{i}", list(prompt_ids), sp)
+                                          for i in range(b)])
             best = min(best, loop.time() - t0)
-        out[int(b)] = best / tokens
+            _check_generated("probe_decode", outs, len(prompt_ids), tokens)
+        out[b] = best / tokens
     return out
+
+
+def _sizes(where: str, batch_sizes: Sequence[int]) -> list[int]:
+    """The probe's batch sizes as ints: at least one, each a whole number >= 1."""
+    sizes = [_whole(where, "batch_sizes", b, 1) for b in batch_sizes]
+    if not sizes:
+        raise ValueError(f"{where}: batch_sizes is empty: give at least one number of requests at once")
+    return sizes
 
 
 def long_prompt(prompts: Sequence[Sequence[int]], length: int) -> list[int]:
     """A prompt of exactly ``length`` real token ids: ``prompts`` (a task's rendered prompts) joined end to end.
 
     Raises:
-        ValueError: ``prompts`` hold fewer than ``length`` tokens in all, or ``length`` < 1.
+        ValueError: ``prompts`` hold fewer than ``length`` tokens in all, or ``length`` not a whole number >= 1.
     """
+    length = _whole("long_prompt", "length", length, 1)
     ids = [int(t) for p in prompts for t in p][:length]
     if length < 1 or len(ids) < length:
         raise ValueError(f"long_prompt: {sum(len(p) for p in prompts)} tokens in {len(prompts)} prompts, "
                          f"{length} asked (>= 1): give more prompts")
     return ids
+
+
+RAW_KEYS = ("prefill_s", "prefill_batch", "decode_long", "long_prompt_tokens", "short_prompt_tokens")
+"""What :func:`fit_token_costs` needs of :func:`probe_token_costs`' ``raw`` (saved with a result since session 34;
+``probe_tokens`` too since session 35, checked where present)."""
 
 
 async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Sequence[int],
@@ -112,31 +195,46 @@ async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Se
       whatever its length, its one decode iteration included, cancels out);
     * context: :func:`probe_decode` again at the long prompt, for ``batch_sizes``; what it takes longer per
       iteration than ``decode_probe`` (at the short prompt), less the longer prefill spread over the probe's
-      iterations, per extra context token of the batch; the median over ``batch_sizes``, >= 0.
+      iterations, per extra context token of the batch; the median over ``batch_sizes``.
+
+    Either difference may come out below 0 on a busy box (the long prompt's probe ran faster): its price is then
+    clamped at 0, and :attr:`TokenCosts.notes` says so (:func:`fit_token_costs`).
 
     Args:
         replica: a :class:`~asyncrl.rollout.replica.RolloutReplica`, with no other work (prefix caching off,
             as the CPU recipes run: one prompt repeated would otherwise prefill once).
-        short_ids: the decode probe's prompt; long_ids: a longer one (:func:`long_prompt`), within the
-            engine's ``max_model_len`` with ``probe_tokens`` more.
+        short_ids: the decode probe's prompt (non-empty); long_ids: a longer one (:func:`long_prompt`), within the
+            engine's ``max_model_len`` with ``probe_tokens`` more (checked: every request must generate its tokens).
         decode_probe: :func:`probe_decode` of this replica at ``short_ids`` with ``probe_tokens``; must hold
             ``batch_sizes``.
+        probe_tokens, prefill_batch, repeats: each >= 1; batch_sizes: at least one, each >= 1.
 
     Returns:
-        ``(TokenCosts, raw)``: ``raw`` keeps the measurements (``prefill_s``: ``{prompt length: seconds}``,
-        ``decode_long``: ``{B: seconds per iteration}``, ``long_prompt_tokens``) for a saved result.
+        ``(TokenCosts, raw)``: ``raw`` keeps the measurements for a saved result: ``prefill_s`` (``{prompt length:
+        seconds}``), ``prefill_batch``, ``decode_long`` (``{B: seconds per iteration}``), ``long_prompt_tokens``,
+        ``short_prompt_tokens`` and ``probe_tokens`` (:data:`RAW_KEYS`, what :func:`fit_token_costs` reads).
 
     Raises:
-        ValueError: ``long_ids`` not longer than ``short_ids``, or ``decode_probe`` lacking a batch size.
+        ValueError: before any request, an argument out of its range, ``long_ids`` not longer than ``short_ids``, or
+            ``decode_probe`` lacking a batch size or holding a time that is no measurement; after, a request that
+            generated fewer tokens than asked (the engine's context is too short for ``long_ids``).
     """
     from asyncrl.rollout.base import SamplingParams
 
+    where = "probe_token_costs"
     short, long_ = len(short_ids), len(long_ids)
+    if short < 1:
+        raise ValueError(f"{where}: the short prompt is empty (an engine refuses a request without a prompt)")
     if long_ <= short:
-        raise ValueError(f"probe_token_costs: the long prompt ({long_} tokens) must be longer than the short one ({short})")
-    missing = [b for b in batch_sizes if int(b) not in {int(k) for k in decode_probe}]
+        raise ValueError(f"{where}: the long prompt ({long_} tokens) must be longer than the short one ({short})")
+    sizes = _sizes(where, batch_sizes)
+    probe_tokens = _whole(where, "probe_tokens", probe_tokens, 1)
+    prefill_batch = _whole(where, "prefill_batch", prefill_batch, 1)
+    repeats = _whole(where, "repeats", repeats, 1)
+    probe = _timings(where, "decode_probe", decode_probe)
+    missing = [b for b in sizes if b not in probe]
     if missing:
-        raise ValueError(f"probe_token_costs: decode_probe has no batch size {missing} (it has {sorted(decode_probe)})")
+        raise ValueError(f"{where}: decode_probe has no batch size {missing} (it has {sorted(probe)})")
     sp = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True, logprobs=True)
     loop = asyncio.get_running_loop()
     prefill: dict[int, float] = {}
@@ -144,25 +242,70 @@ async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Se
         best = float("inf")
         for r in range(repeats):
             t0 = loop.time()
-            await asyncio.gather(*[replica.generate_async(f"prefill-{next(_ids)}-{r}-{i}", list(ids), sp)
-                                   for i in range(prefill_batch)])
+            outs = await asyncio.gather(*[replica.generate_async(f"prefill-{next(_ids)}-{r}-{i}", list(ids), sp)
+                                          for i in range(prefill_batch)])
             best = min(best, loop.time() - t0)
+            _check_generated(where, outs, len(ids), 1)
         prefill[len(ids)] = best
-    long_probe = await probe_decode(replica, long_ids, batch_sizes=batch_sizes, tokens=probe_tokens, repeats=repeats)
+    long_probe = await probe_decode(replica, long_ids, batch_sizes=sizes, tokens=probe_tokens, repeats=repeats)
     raw = {"prefill_s": prefill, "prefill_batch": prefill_batch, "decode_long": long_probe, "long_prompt_tokens": long_,
-           "short_prompt_tokens": short}
+           "short_prompt_tokens": short, "probe_tokens": probe_tokens}
     return fit_token_costs(raw, decode_probe, probe_tokens), raw
 
 
-def fit_token_costs(raw: dict, decode_probe: dict, probe_tokens: int) -> TokenCosts:
-    """:class:`TokenCosts` from :func:`probe_token_costs`' saved measurements (``raw``) and the decode probe at the
-    short prompt (see there for the arithmetic)."""
-    short, long_ = int(raw["short_prompt_tokens"]), int(raw["long_prompt_tokens"])
-    prefill = {int(k): float(v) for k, v in raw["prefill_s"].items()}
-    extra = long_ - short
-    per_prefill = max(0.0, (prefill[long_] - prefill[short]) / (int(raw["prefill_batch"]) * extra))
-    probe = {int(k): float(v) for k, v in decode_probe.items()}
-    ctx = [(float(t) - probe[int(b)] - int(b) * per_prefill * extra / probe_tokens) / (int(b) * extra)
-           for b, t in raw["decode_long"].items()]
-    return TokenCosts(per_prefill_token_s=per_prefill, per_ctx_token_s=max(0.0, statistics.median(ctx)),
-                      probe_prompt_tokens=short)
+def fit_token_costs(raw: Mapping, decode_probe: Mapping, probe_tokens: int) -> TokenCosts:
+    """:class:`TokenCosts` from :func:`probe_token_costs`' measurements (``raw``, saved with a result) and the decode
+    probe at the short prompt (see there for the arithmetic).
+
+    A difference below 0 (the long prompt's probe ran faster than the short one's: noise on a busy box, the price
+    below what the box can resolve) gives a price of 0, named in :attr:`TokenCosts.notes`; the context price is then
+    read with that prefill price of 0.
+
+    Raises:
+        ValueError: ``raw`` lacking one of :data:`RAW_KEYS`; a length or count not a whole number >= 1 (the long
+            prompt not longer than the short one); a time that is not a finite number > 0 (NaN, inf, <= 0); a prompt
+            length or batch size with no time; a decode probe taken at another ``probe_tokens`` than ``raw`` says.
+    """
+    where = "fit_token_costs"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: raw={raw!r} is not probe_token_costs' measurements (a mapping of {RAW_KEYS})")
+    missing = [k for k in RAW_KEYS if k not in raw]
+    if missing:
+        raise ValueError(f"{where}: raw lacks {missing} (probe_token_costs saves {list(RAW_KEYS)}): not the "
+                         "measurements of a token-cost probe, or cut short")
+    short = _whole(where, "short_prompt_tokens", raw["short_prompt_tokens"], 1)
+    long_ = _whole(where, "long_prompt_tokens", raw["long_prompt_tokens"], 1)
+    if long_ <= short:
+        raise ValueError(f"{where}: long_prompt_tokens={long_} must exceed short_prompt_tokens={short} (the prices "
+                         "are differences between the two prompts)")
+    batch = _whole(where, "prefill_batch", raw["prefill_batch"], 1)
+    probe_tokens = _whole(where, "probe_tokens", probe_tokens, 1)
+    if "probe_tokens" in raw and _whole(where, "raw probe_tokens", raw["probe_tokens"], 1) != probe_tokens:
+        raise ValueError(f"{where}: the probes were taken at {raw['probe_tokens']} tokens a request, not the "
+                         f"{probe_tokens} given: pass probe_tokens={raw['probe_tokens']}")
+    prefill = _timings(where, "prefill_s", raw["prefill_s"])
+    no_time = [n for n in (short, long_) if n not in prefill]
+    if no_time:
+        raise ValueError(f"{where}: prefill_s has no time at {no_time} prompt tokens (it has {sorted(prefill)})")
+    long_probe = _timings(where, "decode_long", raw["decode_long"])
+    if not long_probe:
+        raise ValueError(f"{where}: decode_long is empty: the context price needs the decode probe at the long prompt "
+                         "for at least one batch size")
+    probe = _timings(where, "decode_probe", decode_probe)
+    lacking = [b for b in long_probe if b not in probe]
+    if lacking:
+        raise ValueError(f"{where}: decode_long has batch size(s) {lacking} that the decode probe lacks (it has "
+                         f"{sorted(probe)}): the context price compares the two at the same size")
+    extra, notes = long_ - short, []
+    per_prefill = (prefill[long_] - prefill[short]) / (batch * extra)
+    if per_prefill < 0:
+        notes.append(f"prefill price clamped at 0: {batch} one-token requests took {prefill[long_]:.4g} s at "
+                     f"{long_} prompt tokens, less than {prefill[short]:.4g} s at {short} (noise: the box was busy)")
+        per_prefill = 0.0
+    ctx = statistics.median((t - probe[b] - b * per_prefill * extra / probe_tokens) / (b * extra)
+                            for b, t in long_probe.items())
+    if ctx < 0:
+        notes.append(f"context price clamped at 0: the decode probe at {long_} prompt tokens took less per "
+                     f"iteration than at {short}, net of its prefill (median over B = {sorted(long_probe)}; noise)")
+        ctx = 0.0
+    return TokenCosts(per_prefill_token_s=per_prefill, per_ctx_token_s=ctx, probe_prompt_tokens=short, notes=tuple(notes))
