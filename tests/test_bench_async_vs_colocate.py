@@ -504,3 +504,17 @@ def test_the_testers_short_context_is_checked_before_ray_and_its_skip_reaches_th
     assert any(n.startswith("prefill / context probes skipped: the engines' context of 150 tokens") and
                n.endswith("a resumed request's prefill and a long context's reads are priced at 0")
                for n in inputs["notes"]), inputs["notes"]
+
+
+def test_session_34s_keep_run_is_simulated_within_15_percent_abort_and_keep_alike(bench, tmp_path):
+    """Session 34's second run (tests/data/avc_cpu_longtail_s34b.json, 20:46, vLLM, 2 rounds; histories dropped):
+    colocated 8.39, d_s1_t2 11.94, d_s1_t2_keep 12.27 samples/s (median runs). Keep pauses the engine with its requests'
+    KV kept, abort resubmits them and pays their prefill again (priced since session 34): every mode within 15%."""
+    import argparse
+    import json
+
+    result = json.loads((REPO / "tests" / "data" / "avc_cpu_longtail_s34b.json").read_text())
+    args = argparse.Namespace(task="longtail", steps=16, time=0.0, backend="vllm", set=None, out=str(tmp_path), gpu=False)
+    out = bench.simulate_modes(result, args)
+    assert set(out) == {"colocated", "d_s1_t2", "d_s1_t2_keep"}
+    assert {m: abs(o["error"]) < 0.15 for m, o in out.items()} == dict.fromkeys(out, True), out
