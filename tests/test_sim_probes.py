@@ -41,13 +41,19 @@ def measure(cost: RolloutCostModel):
 
 def test_the_probes_recover_prefill_and_context_prices():
     """By hand, for B one-token requests: t = B x (prefill_s + pp x P) + one iteration at context B x P, so the
-    prefill probe reads pp + ctx (the one iteration's context grows with P too); the decode probe at the long
-    prompt takes B x pp x dP / T + ctx x B x dP longer per iteration, read as ctx x (1 - 1/T) once pp + ctx is
-    taken out."""
+    prefill probe reads pp + ctx (the one iteration's context grows with P too). The context price: at each prompt
+    the T - T/4 iterations the 48-token probe runs more than the 12-token one cost iter(B) + ctx x B x (P + mean k),
+    the prefill in both probes cancelling, so the long prompt's over the short one's is ctx x B x dP exactly. Before
+    (results saved without the few-token probes): the long probe net of the prefill read as pp + ctx, which gives
+    ctx x (1 - 1/T)."""
     decode, costs, raw = measure(TRUE)
-    assert costs.probe_prompt_tokens == SHORT and raw["long_prompt_tokens"] == LONG
+    assert costs.probe_prompt_tokens == SHORT and raw["long_prompt_tokens"] == LONG and raw["few_tokens"] == T // 4
     assert costs.per_prefill_token_s == pytest.approx(20e-6 + 1e-6, rel=1e-6)
-    assert costs.per_ctx_token_s == pytest.approx(1e-6 * (1 - 1 / T), rel=1e-3)
+    assert costs.per_ctx_token_s == pytest.approx(1e-6, rel=1e-6)
+    from asyncrl.sim.probes import FEW_KEYS, fit_token_costs
+
+    before = fit_token_costs({k: v for k, v in raw.items() if k not in FEW_KEYS}, decode, T)
+    assert before.per_ctx_token_s == pytest.approx(1e-6 * (1 - 1 / T), rel=1e-3)
     # the probe's share these prices account for, and the probe net of it: the engine's own iteration again
     from asyncrl.sim.calibrate import net_of_per_request
 
@@ -287,4 +293,18 @@ def test_a_probe_the_engine_cut_at_its_context_is_refused_not_read_too_cheap():
         run(lambda: probe_token_costs(rep, [1] * SHORT, [1] * LONG, decode, T))
     costs, raw = run(lambda: probe_token_costs(rep, [1] * SHORT, [1] * (340 - T), decode, T))  # what the context holds
     assert raw["probe_tokens"] == T and raw["long_prompt_tokens"] == 292
-    assert costs.per_ctx_token_s == pytest.approx(1e-6 * (1 - 1 / T), rel=1e-3)
+    assert costs.per_ctx_token_s == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_the_few_token_probes_are_checked():
+    """The context price from the few-token probes: a few_tokens not below probe_tokens, or a batch size they lack,
+    is refused by name."""
+    from asyncrl.sim.probes import fit_token_costs, probe_token_costs
+
+    decode, _, raw = measure(TRUE)
+    with pytest.raises(ValueError, match="few_tokens=48 must be below probe_tokens=48"):
+        fit_token_costs(dict(raw, few_tokens=48), decode, T)
+    with pytest.raises(ValueError, match=r"few-token probes lack batch size\(s\) \[128\]"):
+        fit_token_costs(dict(raw, decode_long_few={32: raw["decode_long_few"][32]}), decode, T)
+    with pytest.raises(ValueError, match="few_tokens=60 must be below probe_tokens=48"):
+        run(lambda: probe_token_costs(FakeReplicaOfCostModel(TRUE), [1] * SHORT, [1] * LONG, decode, T, few_tokens=60))

@@ -25,7 +25,7 @@ import math
 import numbers
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 
 _ids = itertools.count()  # request ids unique within the process (a replica may still hold an aborted one's)
@@ -182,20 +182,29 @@ def long_prompt(prompts: Sequence[Sequence[int]], length: int) -> list[int]:
 
 RAW_KEYS = ("prefill_s", "prefill_batch", "decode_long", "long_prompt_tokens", "short_prompt_tokens")
 """What :func:`fit_token_costs` needs of :func:`probe_token_costs`' ``raw`` (saved with a result since session 34;
-``probe_tokens`` too since session 35, checked where present)."""
+``probe_tokens`` too, checked where present; and :data:`FEW_KEYS`, the short probes the context price is read from
+where present)."""
+FEW_KEYS = ("few_tokens", "decode_short_few", "decode_long_few")
+"""The probes of :func:`probe_token_costs` at ``few_tokens`` a request, at both prompts (saved since session 34's last
+runs): with them the context price is the difference of two iteration times from which the prefill cancels."""
 
 
 async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Sequence[int],
                             decode_probe: dict, probe_tokens: int, batch_sizes: Sequence[int] = (32, 128),
-                            prefill_batch: int = 128, repeats: int = 2) -> tuple[TokenCosts, dict]:
+                            prefill_batch: int = 128, repeats: int = 2,
+                            few_tokens: Optional[int] = None) -> tuple[TokenCosts, dict]:
     """The replica's prefill price per prompt token and decode price per context token, beside its decode probe.
 
     * prefill: ``prefill_batch`` one-token requests at once at each prompt (best of ``repeats``):
       ``(t(long) - t(short)) / (prefill_batch x (len(long) - len(short)))`` (what a request costs
       whatever its length, its one decode iteration included, cancels out);
-    * context: :func:`probe_decode` again at the long prompt, for ``batch_sizes``; what it takes longer per
-      iteration than ``decode_probe`` (at the short prompt), less the longer prefill spread over the probe's
-      iterations, per extra context token of the batch; the median over ``batch_sizes``.
+    * context: :func:`probe_decode` again at the long prompt, and at both prompts with ``few_tokens`` a request
+      (default ``probe_tokens // 4``), for ``batch_sizes``. At each prompt the ``probe_tokens - few_tokens``
+      iterations the longer probe runs more cost ``t(probe_tokens) - t(few_tokens)``: the same prefill is in
+      both and cancels. The long prompt's iteration over the short one's, per extra context token of the batch,
+      is the price; the median over ``batch_sizes``. (Without the few-token probes, results saved before: the
+      long probe's time per iteration over ``decode_probe``'s less the longer prefill spread over its
+      iterations, a small difference of two large times: two calibrations of one hour read 0.33 and 0.13 us.)
 
     Either difference may come out below 0 on a busy box (the long prompt's probe ran faster): its price is then
     clamped at 0, and :attr:`TokenCosts.notes` says so (:func:`fit_token_costs`).
@@ -247,9 +256,16 @@ async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Se
             best = min(best, loop.time() - t0)
             _check_generated(where, outs, len(ids), 1)
         prefill[len(ids)] = best
+    few = max(1, probe_tokens // 4) if few_tokens is None else _whole(where, "few_tokens", few_tokens, 1)
+    if few >= probe_tokens:
+        raise ValueError(f"{where}: few_tokens={few} must be below probe_tokens={probe_tokens} (the context price is "
+                         "read from the iterations the longer probe runs more)")
     long_probe = await probe_decode(replica, long_ids, batch_sizes=sizes, tokens=probe_tokens, repeats=repeats)
+    short_few = await probe_decode(replica, short_ids, batch_sizes=sizes, tokens=few, repeats=repeats)
+    long_few = await probe_decode(replica, long_ids, batch_sizes=sizes, tokens=few, repeats=repeats)
     raw = {"prefill_s": prefill, "prefill_batch": prefill_batch, "decode_long": long_probe, "long_prompt_tokens": long_,
-           "short_prompt_tokens": short, "probe_tokens": probe_tokens}
+           "short_prompt_tokens": short, "probe_tokens": probe_tokens, "few_tokens": few, "decode_short_few": short_few,
+           "decode_long_few": long_few}
     return fit_token_costs(raw, decode_probe, probe_tokens), raw
 
 
@@ -302,8 +318,24 @@ def fit_token_costs(raw: Mapping, decode_probe: Mapping, probe_tokens: int) -> T
         notes.append(f"prefill price clamped at 0: {batch} one-token requests took {prefill[long_]:.4g} s at "
                      f"{long_} prompt tokens, less than {prefill[short]:.4g} s at {short} (noise: the box was busy)")
         per_prefill = 0.0
-    ctx = statistics.median((t - probe[b] - b * per_prefill * extra / probe_tokens) / (b * extra)
-                            for b, t in long_probe.items())
+    if all(k in raw for k in FEW_KEYS):  # iteration times from which the prefill cancels
+        few = _whole(where, "few_tokens", raw["few_tokens"], 1)
+        if few >= probe_tokens:
+            raise ValueError(f"{where}: few_tokens={few} must be below probe_tokens={probe_tokens}")
+        short_few = _timings(where, "decode_short_few", raw["decode_short_few"])
+        long_few = _timings(where, "decode_long_few", raw["decode_long_few"])
+        lacking = [b for b in long_probe if b not in short_few or b not in long_few]
+        if lacking:
+            raise ValueError(f"{where}: the few-token probes lack batch size(s) {lacking} of decode_long")
+
+        def iteration(full: dict, part: dict, b: int) -> float:  # s per iteration of the ones the full probe runs more
+            return (full[b] * probe_tokens - part[b] * few) / (probe_tokens - few)
+
+        ctx = statistics.median((iteration(long_probe, long_few, b) - iteration(probe, short_few, b)) / (b * extra)
+                                for b in long_probe)
+    else:  # results saved before: the long probe net of its longer prefill
+        ctx = statistics.median((t - probe[b] - b * per_prefill * extra / probe_tokens) / (b * extra)
+                                for b, t in long_probe.items())
     if ctx < 0:
         notes.append(f"context price clamped at 0: the decode probe at {long_} prompt tokens took less per "
                      f"iteration than at {short}, net of its prefill (median over B = {sorted(long_probe)}; noise)")
