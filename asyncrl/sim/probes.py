@@ -136,26 +136,33 @@ async def probe_decode(replica: Any, prompt_ids: Sequence[int], batch_sizes: Seq
         ValueError: an argument out of its range (before any request), or a request that generated fewer than
             ``tokens`` tokens (the engine stopped it at its context: the time per iteration would read too low).
     """
-    from asyncrl.rollout.base import SamplingParams
-
     if len(prompt_ids) < 1:
         raise ValueError("probe_decode: prompt_ids is empty (an engine refuses a request without a prompt)")
     sizes = _sizes("probe_decode", batch_sizes)
     tokens = _whole("probe_decode", "tokens", tokens, 1)
     repeats = _whole("probe_decode", "repeats", repeats, 1)
-    sp = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=True)
-    loop = asyncio.get_running_loop()  # its clock: the wall's (monotonic), or a simulation's virtual one
     out: dict[int, float] = {}
     for b in sizes:
-        best = float("inf")
-        for r in range(repeats):
-            t0 = loop.time()
-            outs = await asyncio.gather(*[replica.generate_async(f"probe-{next(_ids)}-{b}-{r}-{i}", list(prompt_ids), sp)
-                                          for i in range(b)])
-            best = min(best, loop.time() - t0)
-            _check_generated("probe_decode", outs, len(prompt_ids), tokens)
-        out[b] = best / tokens
+        out[b] = await _best_of("probe_decode", replica, prompt_ids, b, tokens, repeats) / tokens
     return out
+
+
+async def _best_of(where: str, replica: Any, prompt_ids: Sequence[int], batch: int, tokens: int, repeats: int) -> float:
+    """Seconds of ``batch`` requests of ``prompt_ids`` and exactly ``tokens`` tokens each started at once, the best of
+    ``repeats``, by the running loop's clock (the wall's, monotonic, or a simulation's virtual one); a request that
+    generated fewer tokens is a ValueError (:func:`_check_generated`)."""
+    from asyncrl.rollout.base import SamplingParams
+
+    sp = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True, logprobs=True)
+    loop = asyncio.get_running_loop()
+    best = float("inf")
+    for r in range(repeats):
+        t0 = loop.time()
+        outs = await asyncio.gather(*[replica.generate_async(f"probe-{next(_ids)}-{batch}-{r}-{i}", list(prompt_ids), sp)
+                                      for i in range(batch)])
+        best = min(best, loop.time() - t0)
+        _check_generated(where, outs, len(prompt_ids), tokens)
+    return best
 
 
 def _sizes(where: str, batch_sizes: Sequence[int]) -> list[int]:
@@ -228,8 +235,6 @@ async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Se
             ``decode_probe`` lacking a batch size or holding a time that is no measurement; after, a request that
             generated fewer tokens than asked (the engine's context is too short for ``long_ids``).
     """
-    from asyncrl.rollout.base import SamplingParams
-
     where = "probe_token_costs"
     short, long_ = len(short_ids), len(long_ids)
     if short < 1:
@@ -244,18 +249,7 @@ async def probe_token_costs(replica: Any, short_ids: Sequence[int], long_ids: Se
     missing = [b for b in sizes if b not in probe]
     if missing:
         raise ValueError(f"{where}: decode_probe has no batch size {missing} (it has {sorted(probe)})")
-    sp = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True, logprobs=True)
-    loop = asyncio.get_running_loop()
-    prefill: dict[int, float] = {}
-    for ids in (short_ids, long_ids):
-        best = float("inf")
-        for r in range(repeats):
-            t0 = loop.time()
-            outs = await asyncio.gather(*[replica.generate_async(f"prefill-{next(_ids)}-{r}-{i}", list(ids), sp)
-                                          for i in range(prefill_batch)])
-            best = min(best, loop.time() - t0)
-            _check_generated(where, outs, len(ids), 1)
-        prefill[len(ids)] = best
+    prefill = {len(ids): await _best_of(where, replica, ids, prefill_batch, 1, repeats) for ids in (short_ids, long_ids)}
     few = max(1, probe_tokens // 4) if few_tokens is None else _whole(where, "few_tokens", few_tokens, 1)
     if few >= probe_tokens:
         raise ValueError(f"{where}: few_tokens={few} must be below probe_tokens={probe_tokens} (the context price is "
