@@ -627,15 +627,6 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
 
 PROBE_TOKENS = 48
 """Tokens per request of the decode probes (``calibrate``)."""
-LONG_PROMPT_TOKENS = 320
-"""Prompt tokens of the calibration's long-context probes (``probe_token_costs``): the long-tail task's long responses
-run at 57-440 tokens of context. An engine whose ``max_model_len`` cannot hold this plus ``PROBE_TOKENS`` is probed at
-a shorter one, or not at all (``long_probe_plan``)."""
-LONG_PROMPT_MIN_EXTRA = 128
-"""The fewest tokens the long prompt must exceed the probe's own prompt by for the token prices to be measured
-(``long_probe_plan``): both are differences between the two prompts, and at 128 extra tokens the prefill probe's
-difference is still ~0.35 s (128 requests x 128 tokens x ~21 us, session 34's price on the 2-core box), where a few
-tokens more would be lost in the box's noise."""
 PROBE_BATCHES = (1, 8, 32, 128, 256)
 """Sequences per decode probe (``calibrate``). 256 since session 31: the engines seat 256, and a run with many groups in
 flight decodes ~240 at once (d_s1_t2 on hf, session 30: 232 per iteration) where a table ending at 128 extrapolated
@@ -663,31 +654,14 @@ def calibration_context(args: argparse.Namespace) -> int:
 
 
 def long_probe_plan(context: int, short: int) -> tuple[Optional[int], Optional[str]]:
-    """The long prompt of the calibration's token probes for engines of ``context`` tokens and a probe prompt of
-    ``short`` tokens: :data:`LONG_PROMPT_TOKENS`, else capped at what the context holds with :data:`PROBE_TOKENS`
-    more, else none (the probes skipped: the simulation prices a resumed request's prefill and a long context's reads
-    at 0, as it does results saved before session 34).
+    """:func:`asyncrl.sim.probes.long_probe_plan` at the calibration's :data:`PROBE_TOKENS`; its ValueError (the decode
+    probe cannot run) names ``--no-simulate`` as the other way out."""
+    from asyncrl.sim.probes import long_probe_plan as plan
 
-    Returns:
-        ``(long prompt tokens or None, note or None)``: a note says why when not :data:`LONG_PROMPT_TOKENS`.
-
-    Raises:
-        ValueError: ``short + PROBE_TOKENS > context``: the decode probe itself cannot run (no simulation at all).
-    """
-    if short + PROBE_TOKENS > context:
-        raise ValueError(f"the engines' context of {context} tokens (actor_rollout_ref.rollout.max_model_len) cannot hold "
-                         f"the calibration's decode probe: its {short}-token prompt and {PROBE_TOKENS} tokens; raise "
-                         f"max_model_len to at least {short + PROBE_TOKENS}, or add --no-simulate")
-    long_ = min(LONG_PROMPT_TOKENS, context - PROBE_TOKENS)
-    if long_ - short < LONG_PROMPT_MIN_EXTRA:
-        return None, (f"prefill / context probes skipped: the engines' context of {context} tokens holds a prompt of "
-                      f"{context - PROBE_TOKENS} with the probe's {PROBE_TOKENS} tokens, less than "
-                      f"{LONG_PROMPT_MIN_EXTRA} over the probe's {short}-token prompt (raise max_model_len to "
-                      f"{min(LONG_PROMPT_TOKENS, short + LONG_PROMPT_MIN_EXTRA) + PROBE_TOKENS} to have them)")
-    if long_ < LONG_PROMPT_TOKENS:
-        return long_, (f"prefill / context probes at a {long_}-token prompt, not {LONG_PROMPT_TOKENS}: the engines' "
-                       f"context of {context} tokens holds that with the probe's {PROBE_TOKENS} tokens")
-    return long_, None
+    try:
+        return plan(context, short, PROBE_TOKENS)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or add --no-simulate") from None
 
 
 def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
@@ -1235,6 +1209,7 @@ def check_calibration(args: argparse.Namespace) -> None:
         ConfigError: the context cannot hold the decode probe.
     """
     from asyncrl.config import ConfigError
+    from asyncrl.sim.probes import LONG_PROMPT_TOKENS
 
     context = calibration_context(args)
     if context >= LONG_PROMPT_TOKENS + PROBE_TOKENS:

@@ -308,3 +308,24 @@ def test_the_few_token_probes_are_checked():
         fit_token_costs(dict(raw, decode_long_few={32: raw["decode_long_few"][32]}), decode, T)
     with pytest.raises(ValueError, match="few_tokens=60 must be below probe_tokens=48"):
         run(lambda: probe_token_costs(FakeReplicaOfCostModel(TRUE), [1] * SHORT, [1] * LONG, decode, T, few_tokens=60))
+
+
+def test_long_probe_plan_fits_the_long_prompt_to_any_probe_length():
+    """The benchmark and notebook 06 both take the long prompt from here (the notebook had a fixed 320 tokens, which an
+    engine of a shorter context could not hold). At notebook 06's smoke probe of 16 tokens: 320 while the context holds
+    336; capped down to 128 over the probe's prompt; skipped below that; refused when the decode probe cannot run."""
+    from asyncrl.sim.probes import long_probe_plan
+
+    assert long_probe_plan(336, 57, 16) == (320, None)
+    long_, note = long_probe_plan(300, 57, 16)
+    assert long_ == 284 and "at a 284-token prompt, not 320" in note and "probe's 16 tokens" in note
+    assert long_probe_plan(201, 57, 16)[0] == 185  # 57 + 128: the least kept
+    long_, note = long_probe_plan(200, 57, 16)
+    assert long_ is None and "raise max_model_len to 201 to have them" in note
+    assert long_probe_plan(600, 57, 48, long_tokens=500) == (500, None)  # a longer long prompt where it fits
+    with pytest.raises(ValueError, match="context of 72 tokens .* its 57-token prompt and 16 tokens; raise "
+                                         "max_model_len to at least 73$"):
+        long_probe_plan(72, 57, 16)
+    for bad in (0, -1, 2.5, True, None):
+        with pytest.raises(ValueError, match="long_probe_plan: probe_tokens"):
+            long_probe_plan(336, 57, bad)

@@ -187,6 +187,50 @@ def long_prompt(prompts: Sequence[Sequence[int]], length: int) -> list[int]:
     return ids
 
 
+LONG_PROMPT_TOKENS = 320
+"""The long prompt of :func:`probe_token_costs` by default (tokens): the long-tail task's long responses run at 57-440
+tokens of context. An engine whose ``max_model_len`` cannot hold this plus the probe's tokens is probed at a shorter
+one, or not at all (:func:`long_probe_plan`)."""
+LONG_PROMPT_MIN_EXTRA = 128
+"""The fewest tokens the long prompt must exceed the probe's own prompt by for the token prices to be measured
+(:func:`long_probe_plan`): both are differences between the two prompts, and at 128 extra tokens the prefill probe's
+difference is still ~0.35 s (128 requests x 128 tokens x ~21 us, session 34's price on the 2-core box), where a few
+tokens more would be lost in the box's noise."""
+
+
+def long_probe_plan(context: int, short: int, probe_tokens: int,
+                    long_tokens: int = LONG_PROMPT_TOKENS) -> tuple[Optional[int], Optional[str]]:
+    """The long prompt :func:`probe_token_costs` can use on engines of ``context`` tokens (``max_model_len``) beside a
+    decode probe of ``probe_tokens`` tokens at a ``short``-token prompt: ``long_tokens``, else capped at what the
+    context holds with ``probe_tokens`` more, else none (the token probes skipped: a simulation then prices a resumed
+    request's prefill and a long context's reads at 0, as results saved before session 34 do).
+
+    Returns:
+        ``(long prompt tokens or None, note or None)``: a note says why when not ``long_tokens``.
+
+    Raises:
+        ValueError: an argument not a whole number >= 1, or ``short + probe_tokens > context``: the decode probe itself
+            cannot run.
+    """
+    where = "long_probe_plan"
+    context, short = _whole(where, "context", context, 1), _whole(where, "short", short, 1)
+    probe_tokens, long_tokens = _whole(where, "probe_tokens", probe_tokens, 1), _whole(where, "long_tokens", long_tokens, 1)
+    if short + probe_tokens > context:
+        raise ValueError(f"the engines' context of {context} tokens (actor_rollout_ref.rollout.max_model_len) cannot hold "
+                         f"the calibration's decode probe: its {short}-token prompt and {probe_tokens} tokens; raise "
+                         f"max_model_len to at least {short + probe_tokens}")
+    long_ = min(long_tokens, context - probe_tokens)
+    if long_ - short < LONG_PROMPT_MIN_EXTRA:
+        return None, (f"prefill / context probes skipped: the engines' context of {context} tokens holds a prompt of "
+                      f"{context - probe_tokens} with the probe's {probe_tokens} tokens, less than "
+                      f"{LONG_PROMPT_MIN_EXTRA} over the probe's {short}-token prompt (raise max_model_len to "
+                      f"{min(long_tokens, short + LONG_PROMPT_MIN_EXTRA) + probe_tokens} to have them)")
+    if long_ < long_tokens:
+        return long_, (f"prefill / context probes at a {long_}-token prompt, not {long_tokens}: the engines' "
+                       f"context of {context} tokens holds that with the probe's {probe_tokens} tokens")
+    return long_, None
+
+
 RAW_KEYS = ("prefill_s", "prefill_batch", "decode_long", "long_prompt_tokens", "short_prompt_tokens")
 """What :func:`fit_token_costs` needs of :func:`probe_token_costs`' ``raw`` (saved with a result since session 34;
 ``probe_tokens`` too, checked where present; and :data:`FEW_KEYS`, the short probes the context price is read from
