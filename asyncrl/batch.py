@@ -152,9 +152,12 @@ def _with_finalize_cell(nb: Any, snapshot_dir: Path, code_json: Path) -> Any:
 
 
 def extract_pngs(nb: Any, out_dir: Path) -> list[Path]:
-    """Write every ``image/png`` output of ``nb`` to ``out_dir/cell<NN>_<k>.png``; returns the paths."""
+    """Write every ``image/png`` output of ``nb`` to ``out_dir/cell<NN>_<k>.png``; returns the paths. ``NN`` is the
+    cell's index in the notebook as written (the first cell 00): papermill's injected parameters cell is not counted,
+    so a figure keeps its cell's number with or without ``-p`` parameters (it was one higher with them)."""
     paths = []
-    for i, cell in enumerate(nb.cells):
+    cells = [c for c in nb.cells if "injected-parameters" not in (c.get("metadata") or {}).get("tags", [])]
+    for i, cell in enumerate(cells):
         k = 0
         for output in cell.get("outputs", []):
             data = output.get("data") or {}

@@ -248,10 +248,14 @@ def validate(cfg: ExperimentConfig) -> None:
     if lw.distribution not in ("none", "constant", "uniform", "lognormal", "pareto"):
         raise ConfigError(f"data.length_workload.distribution={lw.distribution!r} is not one of "
                           "none, constant, uniform, lognormal, pareto")
-    if lw.distribution != "none" and (lw.min_tokens < 1 or lw.median <= 0 or lw.sigma < 0 or lw.alpha <= 0
-                                      or (lw.max_tokens and lw.max_tokens < lw.min_tokens)):
-        raise ConfigError("data.length_workload needs min_tokens >= 1, median > 0, sigma >= 0, alpha > 0 and "
-                          "max_tokens = 0 or >= min_tokens")
+    if lw.distribution != "none":  # each field named with its value (NaN and inf are refused before, as every float)
+        for field_, ok, need in (("min_tokens", lw.min_tokens >= 1, ">= 1"), ("median", lw.median > 0, "> 0"),
+                                 ("sigma", lw.sigma >= 0, ">= 0"), ("alpha", lw.alpha > 0, "> 0"),
+                                 ("max_tokens", not lw.max_tokens or lw.max_tokens >= lw.min_tokens,
+                                  f"0 (no cap) or >= min_tokens={lw.min_tokens}")):
+            if not ok:
+                raise ConfigError(f"data.length_workload.{field_}={getattr(lw, field_)!r} must be {need} (with "
+                                  f"distribution={lw.distribution!r})")
     _validate_trainer(cfg)
 
 

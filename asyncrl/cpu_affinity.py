@@ -132,6 +132,22 @@ def glue_cores(cfg: "object") -> str:
     return ",".join(map(str, cores))
 
 
+def frontend_cores(cfg: "object", backend_cls: type) -> str:
+    """Where a replica's front end goes once its engine has started (``actor_rollout_ref.rollout.frontend_with_glue``):
+    the glue's cores (:func:`glue_cores`) when the key is on, the replica is pinned (``rollout.cpu_affinity``), the
+    glue is pinned, and the backend runs its engine in processes of its own (``separate_engine_processes``: vLLM's
+    engine core and worker, which stay on the replica's cores); ``""`` (the front end stays) otherwise: the hf engine
+    decodes in the actor's own process.
+
+    Raises:
+        ValueError: a malformed core list (the config's checks report it first).
+    """
+    ro = cfg.actor_rollout_ref.rollout
+    if not (ro.frontend_with_glue and ro.cpu_affinity and getattr(backend_cls, "separate_engine_processes", False)):
+        return ""
+    return glue_cores(cfg)
+
+
 def glue_placement_line(cfg: "object") -> str:
     """What ``async_training.rollouter_cpu_affinity`` resolves to and why, for ``asyncrl train --dry-run`` (whose YAML
     keeps ``auto``, so it loads back as the same config): ``glue (rollouter, agent-loop workers, queue):

@@ -2,7 +2,7 @@
 
 ::
 
-    feed_loop      dataset rows --put--> pending_queue (bound = max_required_samples)
+    feed_loop      dataset rows --put--> pending_queue (bound = max_concurrent_samples: the most that can start)
                                             | waits while full
     processor_loop pending_queue --get--> [wait: not paused, active < max_concurrent_samples,
                                             staleness_samples < max_required_samples,
@@ -85,7 +85,9 @@ class FullyAsyncRollouter(RolloutStatusMixin, ReplicaHealthMixin, CheckpointedRo
         self.lb = load_balancer
         self.agent_loops = AgentLoopManager(config, load_balancer)
         self.param_version = 0
-        self.pending_queue: asyncio.Queue = asyncio.Queue(maxsize=self.budget.max_required_samples)
+        # read ahead no more than can start at once: a staleness budget of 1e9 (no bound) sized this queue at 32e9 rows,
+        # and the feed loop, cycling epochs to fill it, grew without limit (s35 newcomer #1)
+        self.pending_queue: asyncio.Queue = asyncio.Queue(maxsize=self.budget.read_ahead)
         self.active_tasks: set[asyncio.Task] = set()
         self.staleness_samples = 0
         self.paused = False

@@ -85,7 +85,7 @@ class RolloutStatusMixin:
             "paused": self.paused,
             "admission_closed": self.admission_closed,
             "pending_queue": self.pending_queue.qsize(),
-            "pending_queue_max": self.budget.max_required_samples,
+            "pending_queue_max": self.budget.read_ahead,
             "active_tasks": len(self.active_tasks),
             "max_concurrent_samples": self.budget.max_concurrent_samples,
             "max_required_samples": self.budget.max_required_samples,

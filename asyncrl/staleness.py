@@ -5,8 +5,10 @@ All counts are *samples* = prompt groups (one prompt with ``rollout.n`` response
 - ``required_samples = ppo_mini_batch_size * require_batches``: what one trainer fit step consumes.
 - ``max_required_samples = int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step)``:
   how many samples the rollouter may have outstanding (in flight + queued + started since the last
-  sync) before it pauses; also the MessageQueue / pending-queue bound.
-- ``max_concurrent_samples = min(num_replicas * concurrent_samples_per_replica, max_required_samples)``.
+  sync) before it pauses; also the MessageQueue bound.
+- ``max_concurrent_samples = min(num_replicas * concurrent_samples_per_replica, max_required_samples)``; also the
+  rollouter's read-ahead (``pending_queue``) bound, :attr:`SampleBudget.read_ahead`: no more rows are drawn ahead than
+  can start at once (a read-ahead of ``max_required_samples`` grew without limit with a staleness budget of 1e9).
 - ``staleness_bound``: the oldest parameter version a trained token may come from, as a lag in
   versions: ``ceil(s)`` sync windows of look-ahead, one more when a partial rollout spans a sync. The
   budget above caps how many samples are outstanding, not how long one of them generates: a long-tail
@@ -36,6 +38,12 @@ class SampleBudget:
     max_required_samples: int
     max_concurrent_samples: int
     staleness_bound: int
+
+    @property
+    def read_ahead(self) -> int:
+        """Prompt groups the rollouter draws from the dataloader ahead of starting them (its ``pending_queue``
+        bound): ``max_concurrent_samples``, at least 1. The data order does not depend on it."""
+        return max(1, self.max_concurrent_samples)
 
 
 def required_samples(ppo_mini_batch_size: int, require_batches: int) -> int:

@@ -13,7 +13,9 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   ``partial_rollout_mode=keep``), ``d_t2`` (two updates per sync; ``d_s1_t2`` staleness 1 too, ``d_s1_t2_c16`` / ``d_s1_t2_c32``: with at most
   16 / 32 groups in generation): the replica on
   core 0, the trainer and the glue (rollouter, queue: ``async_training.rollouter_cpu_affinity``; ``d_t2_float`` /
-  ``d_s1_t2_float``: the glue floating) on core 1 (CPU), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
+  ``d_s1_t2_float``: the glue floating; with vLLM, its front end there too, ``d_t2_front0`` / ``d_s1_t2_front0``:
+  beside the engine) on core 1 (CPU; on more cores the replica on the first half, the trainer on
+  the rest), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
   per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
   ``d_before`` (streamed tokens, one call per request: the rollout before session 10), ``d_c8`` / ``d_c16``
@@ -161,6 +163,13 @@ MODES = {
                    "async_training.trigger_parameter_sync_step": 2, "async_training.rollouter_cpu_affinity": "''"},
     "d_s1_t2_float": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
                       "async_training.trigger_parameter_sync_step": 2, "async_training.rollouter_cpu_affinity": "''"},
+    # d_t2 / d_s1_t2 with vLLM's front end (the replica actor's process: admission, decoding each step's outputs and
+    # log-probs) left on the engine's core, as before session 35 (rollout.frontend_with_glue)
+    "d_t2_front0": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True,
+                    "async_training.trigger_parameter_sync_step": 2, "actor_rollout_ref.rollout.frontend_with_glue": False},
+    "d_s1_t2_front0": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
+                       "async_training.trigger_parameter_sync_step": 2,
+                       "actor_rollout_ref.rollout.frontend_with_glue": False},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
     # output per token per request; now one per request, asyncrl.rollout.vllm_backend stream_outputs)
     "d_stream": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
@@ -194,9 +203,23 @@ MODES = {
 UNPINNED = {"d_unpinned"}
 """Async modes that run on the unpinned ("shared") replica with the recipe's own placement."""
 
+CPU_KEYS = ("trainer.torch_threads", "trainer.cpu_affinity", "trainer.omp_wait_policy", "trainer.omp_spin_count",
+            "async_training.rollouter_cpu_affinity", "actor_rollout_ref.rollout.cpu_affinity",
+            "actor_rollout_ref.rollout.frontend_with_glue")
+"""Config keys that place or thread the CPU run only: a mode that sets one is an A/B of the CPU placement."""
+
 ENGINE_ATTRS = {"d_stream": {"stream_outputs": True}, "d_before": {"stream_outputs": True}}
 """Attributes set on the shared replica's engine for one mode only (restored after it): engine internals
 that are no user choice, A/B'd side by side on the same replica."""
+
+
+def cpu_only(mode: str) -> bool:
+    """Whether ``mode`` differs from the mode it is an A/B of only on CPU (its placement, threads or OpenMP waits:
+    :data:`CPU_KEYS`; nothing pinned, ``UNPINNED``; the vLLM engine's outputs, ``ENGINE_ATTRS``; the hf engine in a
+    replica actor, which ``--gpu`` colocated modes always are): with ``--gpu`` it would run as that mode, its ratio to
+    it 1.00x by construction."""
+    return (mode in UNPINNED or mode in ENGINE_ATTRS or mode == "colocated_replica"
+            or any(k in CPU_KEYS for k in MODES[mode]))
 
 
 GPU_MICRO_BATCH_TOKENS = 8 * (2048 + 64)
@@ -262,8 +285,12 @@ def gpu_model(args: argparse.Namespace) -> str:
 
 
 def placement(mode: str, args: argparse.Namespace) -> list[str]:
-    """Resource overrides: colocated shares everything, async splits rollout / trainer."""
-    cores = len(os.sched_getaffinity(0))
+    """Resource overrides: colocated shares everything, async splits rollout / trainer. On CPU the async modes split
+    this process's cores in two halves (the rollout the first, one core on a 2-core box; the trainer the rest, with a
+    torch thread per core), so both sides of the comparison use every core (they had cores 0 and 1 whatever the
+    machine: on 8 cores, 2 against colocated's 8)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = len(allowed)
     if args.gpu:  # the GPU resource keys (verl fully-async split); colocated replicas share the trainer's GPUs
         if mode.startswith("colocated"):
             return ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={args.gpus}",
@@ -278,8 +305,10 @@ def placement(mode: str, args: argparse.Namespace) -> list[str]:
         return ["trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
     if mode.startswith("colocated") or cores < 2:
         return [f"trainer.torch_threads={cores}", "trainer.cpu_affinity=''", "actor_rollout_ref.rollout.cpu_affinity=''"]
-    # the glue (rollouter, queue) follows the trainer's core: async_training.rollouter_cpu_affinity's default "auto"
-    return ["trainer.torch_threads=1", "trainer.cpu_affinity=1", "actor_rollout_ref.rollout.cpu_affinity=0"]
+    # the glue (rollouter, queue) follows the trainer's cores: async_training.rollouter_cpu_affinity's default "auto"
+    rollout, trainer = allowed[:cores // 2], allowed[cores // 2:]
+    return [f"trainer.torch_threads={len(trainer)}", f"trainer.cpu_affinity={','.join(map(str, trainer))}",
+            f"actor_rollout_ref.rollout.cpu_affinity={','.join(map(str, rollout))}"]
 
 
 def mode_config(mode: str, args: argparse.Namespace):
@@ -287,6 +316,33 @@ def mode_config(mode: str, args: argparse.Namespace):
 
     over = placement(mode, args) + [f"{k}={v}" for k, v in MODES[mode].items()]  # a mode's own keys win
     return load_config(base=base_config(args), overrides=over)
+
+
+def set_conflicts(args: argparse.Namespace, modes: Sequence[str]) -> list[str]:
+    """The ``--set`` overrides a mode replaces with its own value (its placement or its ``MODES`` keys, applied after
+    ``--set``: they define the comparison), one line each; ``[]`` when none. Values are compared as the config holds
+    them (``2`` and ``2.0`` are one value); a key ``--set`` removes (``~key``) is not compared.
+
+    Raises:
+        ConfigError: from building the configs (an ``--set`` the config refuses).
+    """
+    from asyncrl.config_types import _get
+
+    base = base_config(args)
+    keys = []
+    for item in args.set or []:
+        key = item.partition("=")[0].strip().lstrip("+")
+        if key and not key.startswith("~") and key not in keys:
+            keys.append(key)
+    lines = []
+    for m in modes:
+        cfg = mode_config(m, args)
+        for key in keys:
+            mine, theirs = _get(cfg, key), _get(base, key)
+            if mine != theirs:
+                lines.append(f"--set {key}={theirs!r} is replaced by mode {m}'s own {key}={mine!r} (a mode's "
+                             "placement and keys define it): drop it from --set, or run a mode that has that value")
+    return lines
 
 
 def time_to_reward(history: list[dict], target: float, window: int = 5) -> Optional[float]:
@@ -307,6 +363,7 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
 
     cfg = mode_config(mode, args)
     saved = set_engine_attrs(replica, ENGINE_ATTRS.get(mode, {}))
+    moved = place_frontend(replica, cfg, args)
     exp = Experiment(cfg, replicas=[replica] if replica is not None else None)
     t0 = time.time()
     census = None
@@ -325,6 +382,8 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     finally:
         exp.stop()
         set_engine_attrs(replica, saved)
+        if moved:
+            place_frontend(replica, mode_config("d", args), args)  # where the replica was built to have it
     steady = history[pipeline_fill(history):]
     span = steady[-1]["time_s"] - steady[0]["time_s"] if len(steady) > 1 else 0.0
     req = sample_budget(cfg).required_samples
@@ -373,6 +432,26 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
 
         print(format_report(cpu), flush=True)
     return out
+
+
+def place_frontend(replica: Any, cfg: Any, args: argparse.Namespace) -> bool:
+    """Put ``replica``'s front end (its actor's process: vLLM's ``AsyncLLM``) where ``cfg`` places it: the glue's cores
+    (:func:`asyncrl.cpu_affinity.frontend_cores`) or, with ``actor_rollout_ref.rollout.frontend_with_glue=false``,
+    the replica's own. The replicas are shared by the modes of one placement, and the key acts once the engine has
+    started, so the A/B modes (``d_t2_front0`` ...) move it for their run; returns whether it moved from where
+    mode d's config (the replica's) has it."""
+    if replica is None or args.gpu:
+        return False
+    from asyncrl.cpu_affinity import frontend_cores, pin_actors
+    from asyncrl.rollout.backends import get_backend_cls
+
+    backend = get_backend_cls(replica.backend)
+    spec = frontend_cores(cfg, backend) or cfg.actor_rollout_ref.rollout.cpu_affinity
+    home = frontend_cores(mode_config("d", args), backend) or mode_config("d", args).actor_rollout_ref.rollout.cpu_affinity
+    if spec != home and cfg.actor_rollout_ref.rollout.cpu_affinity:
+        pin_actors([replica.actor], spec)
+        return True
+    return False
 
 
 def set_engine_attrs(replica: Any, attrs: dict) -> dict:
@@ -493,7 +572,8 @@ def rollout_only_concurrencies(modes: Sequence[str], args: argparse.Namespace) -
 
 
 def ideal_bound(replica: Any, args: argparse.Namespace, modes: Sequence[str] = ()) -> dict:
-    """Rollout-only and train-only throughput on the async resources (replica core 0, trainer core 1).
+    """Rollout-only and train-only throughput on the async resources (replica core 0, trainer core 1; on more cores
+    the halves :func:`placement` gives them).
 
     The rollout-only runs at mode d's concurrency (its groups and seconds calibrate the simulator) and again at
     every other concurrency (``max_concurrent_samples``) of the async ``modes`` on the same replica: a larger budget
@@ -1130,12 +1210,14 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
         if m not in MODES:
             import difflib
 
-            near = difflib.get_close_matches(m, MODES, n=1)
+            near = [k for k in MODES if k.lower() == m.lower()] or difflib.get_close_matches(m.lower(), MODES, n=1)
             p.error(f"unknown mode {m!r}" + (f"; did you mean {near[0]!r}?" if near else "")
                     + f" (modes: {', '.join(MODES)}; see --help)")
     for name in ("steps", "repeats", "ideal_groups"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.time >= 0:  # NaN too
+        p.error(f"--time must be 0 (only --steps) or a number of training seconds per mode, got {args.time}")
     if args.calibration and not args.simulate_only:
         p.error("--calibration F re-simulates a saved result without running it: add --simulate-only")
     if args.simulate_only and not (args.gpu or args.calibration):
@@ -1154,6 +1236,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
                    "no calibration: it was made with --no-simulate, or is not a --json file of this benchmark")
             p.error(f"--calibration {args.calibration}: {why}")
     if args.gpu:
+        cpu = [m for m in modes if cpu_only(m)]
+        if cpu:
+            p.error(f"--gpu: mode(s) {', '.join(cpu)} differ from another mode only in the CPU run's placement, threads "
+                    "or vLLM-CPU outputs; on GPUs they run as that mode: drop them")
         if args.gpus < 1:
             p.error(f"--gpus must be at least 1, got {args.gpus}")
         asynchronous = [m for m in modes if not m.startswith("colocated")]
@@ -1184,10 +1270,20 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
         try:
             for m in modes:
                 mode_config(m, checked)
+            conflicts = set_conflicts(checked, modes)
+            if conflicts:
+                raise ConfigError(conflicts[0] + (f" ({len(conflicts) - 1} more like it)" if len(conflicts) > 1 else ""))
+            if not args.simulate_only and not args.gpu:  # --gpu: the model is built after these checks (a stand-in here)
+                preflight_modes(checked, modes)
             if getattr(args, "simulate", False) and not args.gpu and not args.simulate_only:
                 check_calibration(checked)
-        except ConfigError as exc:
-            print(f"config error: {exc}", file=sys.stderr)
+        except Exception as exc:  # the user's (a config, a dataset, an unknown name) in one line, as asyncrl's CLI
+            from asyncrl.cli import _user_error
+
+            err = _user_error(exc)
+            if err is None:
+                raise
+            print(f"{err.kind} error: {err}", file=sys.stderr)
             sys.exit(2)
     if args.gpu and not args.simulate_only:  # last: the checks above hold on any machine (tests run them on CPU)
         import torch
@@ -1198,6 +1294,27 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
                     + (": add --simulate-only for the predicted GPU rows, or drop --gpu for the CPU run" if not have
                        else f": lower --gpus to {have} (async modes need 2)"))
     return modes
+
+
+def preflight_modes(args: argparse.Namespace, modes: Sequence[str]) -> None:
+    """The checks a run makes before any process starts (:meth:`asyncrl.experiment.Experiment.preflight`, as
+    ``asyncrl train --dry-run``: the data can fill a step within ``data.max_prompt_length``, prompt + response fit the
+    model, the model and reward load), for each mode's config, before Ray: a mode refused there failed after Ray and
+    its engines had started (~45 s). Configs that differ only in what these checks do not read are checked once.
+
+    Raises:
+        ConfigError (and the other errors ``preflight`` documents): the first mode refused.
+    """
+    from asyncrl.experiment import Experiment
+
+    seen = set()
+    for m in modes:
+        cfg = mode_config(m, args)
+        key = (repr(cfg.data), repr(cfg.actor_rollout_ref.model), repr(cfg.actor_rollout_ref.rollout),
+               repr(cfg.custom_reward_function))
+        if key not in seen:
+            seen.add(key)
+            Experiment(cfg).preflight()
 
 
 def check_calibration(args: argparse.Namespace) -> None:
@@ -1233,12 +1350,13 @@ def resimulate(args: argparse.Namespace) -> dict:
     args.task, args.backend = result.get("task", args.task), result.get("backend", args.backend)
     print(f"re-simulating {args.calibration} ({result.get('started', '?')}: {' '.join(result.get('argv', []))})", flush=True)
     result["simulated"] = simulate_modes(result, args)
-    print("\nmode       measured  saved sim (error)   now simulated (error)   its own bound")
+    w = max([10, *map(len, result["simulated"])])  # the widest mode name (d_s1_t2_keep: 12) keeps the columns
+    print(f"\n{'mode':{w}s} measured  saved sim (error)   now simulated (error)   its own bound")
     for m, r in result["simulated"].items():
         meas = result["modes"][m]["samples_per_s"]
         old = saved.get(m, {}).get("samples_per_s")
         was = f"{old:9.3f} ({100 * (old / meas - 1):+4.0f}%)" if old else "        -       "
-        print(f"{m:10s} {meas:8.3f}  {was}   {r['samples_per_s']:9.3f} ({100 * r['error']:+4.0f}%)         "
+        print(f"{m:{w}s} {meas:8.3f}  {was}   {r['samples_per_s']:9.3f} ({100 * r['error']:+4.0f}%)         "
               f"{r['bound']['samples_per_s']:.3f}" + (" ABOVE" if r.get("above_bound") else ""))
         print_split_beside(r, result["modes"][m])
     if args.json:

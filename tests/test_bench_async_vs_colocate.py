@@ -116,6 +116,32 @@ def test_cpu_async_modes_pin_a_core_each_and_d_unpinned_runs_as_the_recipe_place
     assert free.async_training.staleness_threshold == pinned.async_training.staleness_threshold == 0.5
 
 
+def test_on_more_cores_the_async_modes_split_them_all_as_colocated_uses_them_all(bench, tmp_path, monkeypatch):
+    """s35 newcomer #8: on a 4-core box colocated trained on 4 threads while the async modes had cores 0 and 1."""
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    args = _args(bench, tmp_path)
+    args.gpu, args.backend, args.task = False, "vllm", "arith"
+    d, co = bench.mode_config("d", args), bench.mode_config("colocated", args)
+    assert (d.actor_rollout_ref.rollout.cpu_affinity, d.trainer.cpu_affinity, d.trainer.torch_threads) == ("0,1", "2,3", 2)
+    assert (co.actor_rollout_ref.rollout.cpu_affinity, co.trainer.cpu_affinity, co.trainer.torch_threads) == ("", "", 4)
+    monkeypatch.setattr(bench.os, "sched_getaffinity", lambda pid: {4, 5, 6})  # a taskset of 3 cores: 1 + 2
+    d = bench.mode_config("d", args)
+    assert (d.actor_rollout_ref.rollout.cpu_affinity, d.trainer.cpu_affinity, d.trainer.torch_threads) == ("4", "5,6", 2)
+
+
+def test_set_conflicts_compare_values_as_the_config_holds_them(bench, tmp_path):
+    """A --set with the value a mode sets anyway is no conflict (2 and 2.0 alike); another value is one line per mode
+    that replaces it; keys no mode sets never are."""
+    args = _args(bench, tmp_path)
+    args.gpu, args.backend = False, "vllm"
+    args.set = ["async_training.staleness_threshold=0.5", "trainer.test_freq=0", "++trainer.seed=3"]
+    assert bench.set_conflicts(args, ["d", "d_t2"]) == []
+    args.set = ["async_training.trigger_parameter_sync_step=1"]
+    lines = bench.set_conflicts(args, ["d", "d_t2", "d_s1_t2"])
+    assert len(lines) == 2 and "mode d_t2's own async_training.trigger_parameter_sync_step=2" in lines[0]
+    assert "mode d_s1_t2's own" in lines[1]
+
+
 def test_results_record_the_host_they_were_measured_on(bench):
     """Session 13: the same H200 batches ran 11-20% slower in the update than in session 10 with no change in its
     path; a result now says which CPU, torch and GPUs it ran on."""
@@ -293,9 +319,21 @@ SIM_CPU_ARITH = ["--task", "arith", "--modes", "d", "--steps", "2", "--no-ideal"
     (["--simulate-only", "--calibration", "/nonexistent.json"], "cannot read a saved result (FileNotFoundError"),
     (["--simulate-only", "--calibration", "tests/data/avc_gpu_x2_h200_2048.json"], "a --gpu result"),
     # session 35 (s34u #1): a context too short for the calibration's decode probe crashed after every timed mode
-    (SIM_CPU_ARITH + ["--set", "actor_rollout_ref.rollout.max_model_len=60", "data.max_prompt_length=32"],
+    (SIM_CPU_ARITH + ["--set", "actor_rollout_ref.rollout.max_model_len=60", "data.max_prompt_length=36"],
      "config error: the engines' context of 60 tokens (actor_rollout_ref.rollout.max_model_len) cannot hold the "
      "calibration's decode probe"),
+    # session 35's newcomer: a --set a mode replaces was dropped without a word; prompts that cannot fit failed after
+    # Ray and both engines had started (~45 s); a mode in capitals got no suggestion; --time -5 named a config key
+    (SIM + ["--modes", "d,colocated", "--set", "async_training.staleness_threshold=2"],
+     "config error: --set async_training.staleness_threshold=2.0 is replaced by mode d's own "
+     "async_training.staleness_threshold=0.5"),
+    (["--modes", "d", "--no-simulate", "--no-ideal", "--steps", "2", "--set", "actor_rollout_ref.rollout.response_length=8",
+      "data.max_prompt_length=40", "actor_rollout_ref.rollout.max_model_len=48"],
+     "config error: only 0 of 20000 prompts fit data.max_prompt_length=40 tokens"),
+    (SIM + ["--modes", "D"], "unknown mode 'D'; did you mean 'd'?"),
+    (SIM + ["--modes", "d_unpinned,colocated_1t,d_stream,d"], "--gpu: mode(s) d_unpinned, colocated_1t, d_stream differ "
+     "from another mode only in the CPU run's placement"),
+    (SIM + ["--time", "-5"], "--time must be 0 (only --steps) or a number of training seconds per mode, got -5.0"),
     (["--modes", ","], "names no mode"),
     (["--modes", "d,d"], "names a mode twice"),
     (["--ideal-groups", "0"], "--ideal-groups must be at least 1"),

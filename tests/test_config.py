@@ -430,3 +430,25 @@ def test_an_experiment_name_too_long_for_one_file_name_is_refused_at_config_time
         f"trainer.experiment_name='{'n' * 37}...' is too long: 237 bytes, and its run directories "
         "<name>__7__<YYYYmmdd-HHMMSS> would be named with 257 bytes, 2 over the file system's limit of 255 bytes per "
         f"file name (under trainer.default_local_dir={str(tmp_path)!r}): use a name of at most 235 bytes")
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("median", -3.0, "data.length_workload.median=-3.0 must be > 0 (with distribution='lognormal')"),
+    ("median", float("nan"), "data.length_workload.median=nan (float) is not valid: expected a finite number"),
+    ("sigma", -0.5, "data.length_workload.sigma=-0.5 must be >= 0"),
+    ("alpha", 0.0, "data.length_workload.alpha=0.0 must be > 0"),
+    ("min_tokens", 0, "data.length_workload.min_tokens=0 must be >= 1"),
+    ("max_tokens", 4, "data.length_workload.max_tokens=4 must be 0 (no cap) or >= min_tokens=8"),
+])
+def test_a_length_workload_field_out_of_range_is_named_with_its_value(field, value, says):
+    """s35 newcomer #15: ``median=-3`` got one message listing every field's range, naming neither the key nor the
+    value."""
+    from asyncrl.config import ConfigError, validate
+
+    cfg = ExperimentConfig()
+    lw = cfg.data.length_workload
+    lw.distribution, lw.median, lw.min_tokens = "lognormal", 64.0, 8
+    setattr(lw, field, value)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert says in str(err.value)

@@ -263,3 +263,83 @@ def test_dry_run_says_where_the_auto_glue_goes_and_its_yaml_still_says_auto(over
     (tmp_path / "dry.yaml").write_text(out)
     again = load_config(tmp_path / "dry.yaml").async_training.rollouter_cpu_affinity
     assert again == load_config(overrides=overrides).async_training.rollouter_cpu_affinity
+
+
+class _SeparateProcesses:  # stands for vLLM's VLLMEngine in frontend_cores: its engine runs in processes of its own
+    separate_engine_processes = True
+
+
+class _InProcess:  # stands for the hf engine: it decodes in the actor's own process
+    pass
+
+
+def test_frontend_cores_follow_the_glue_only_for_an_engine_in_processes_of_its_own():
+    """Session 35: vLLM's front end (the replica actor's process: admission, each step's outputs and log-probs)
+    took ~0.26 of the rollout core beside the decode; with both sides pinned it goes where the glue goes."""
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.cpu_affinity import frontend_cores
+    from asyncrl.rollout.vllm_backend import VLLMEngine
+
+    assert VLLMEngine.separate_engine_processes is True
+    cfg = ExperimentConfig()
+    assert cfg.actor_rollout_ref.rollout.frontend_with_glue is True
+    assert frontend_cores(cfg, _SeparateProcesses) == ""  # nothing pinned
+    cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = "0", "1"
+    assert frontend_cores(cfg, _SeparateProcesses) == "1"
+    assert frontend_cores(cfg, _InProcess) == ""  # the hf engine decodes in the front end's process: it stays
+    cfg.async_training.rollouter_cpu_affinity = "''".strip("'")  # the glue floats: the front end stays
+    assert frontend_cores(cfg, _SeparateProcesses) == ""
+    cfg.async_training.rollouter_cpu_affinity = "1"
+    cfg.actor_rollout_ref.rollout.frontend_with_glue = False
+    assert frontend_cores(cfg, _SeparateProcesses) == ""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_the_replica_moves_its_front_end_after_its_engine_processes_started_on_the_rollout_core(tmp_path):
+    """The replica actor body with a test engine (``tests/fake_separate_engine.py``) whose start spawns a child
+    process, as vLLM's engine core does: the child keeps the rollout core, every thread of the actor's process moves
+    to the front end's core. In a child process: the body pins the process that builds it."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    code = (
+        "import asyncio, os, sys; sys.path.insert(0, 'tests'); "
+        "from asyncrl.rollout.backends import register_backend; "
+        "register_backend('fake_separate', 'fake_separate_engine', 'FakeSeparateProcessEngine', requires='asyncrl'); "
+        "from asyncrl.rollout.replica import _ReplicaActor; "
+        f"a = _ReplicaActor('fake_separate', {{}}, 0, cpu_affinity='{cores[0]}', frontend_cpu_affinity='{cores[1]}'); "
+        "asyncio.run(a.start()); "
+        "child = a.engine.child.pid; "
+        "print(sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir('/proc/self/task')}), "
+        "sorted(os.sched_getaffinity(child))); a.engine.child.kill()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("] [")[0] + "]" == f"[({cores[1]},)]"  # every thread of the front end
+    assert out.stdout.strip().endswith(f"[{cores[0]}]")  # the engine's process stayed
+
+
+def test_a_config_replica_passes_its_front_end_cores_to_its_actor(monkeypatch):
+    """RolloutReplica(cfg) resolves frontend_cores in the driver and hands the result to the actor body."""
+    import ray
+
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.rollout.replica import RolloutReplica
+
+    seen = {}
+
+    class _Remote:  # captures what ray.remote(_ReplicaActor).options(...).remote(...) is given
+        def options(self, **kw):
+            return self
+
+        def remote(self, *args):
+            seen["args"] = args
+            return type("A", (), {"start": type("S", (), {"remote": staticmethod(lambda: None)})()})()
+
+    monkeypatch.setattr(ray, "remote", lambda cls: _Remote())
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.name = "vllm"
+    cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = "0", "1"
+    RolloutReplica(cfg)
+    assert seen["args"][3:] == ("0", "1")
+    cfg.actor_rollout_ref.rollout.frontend_with_glue = False
+    RolloutReplica(cfg)
+    assert seen["args"][3:] == ("0", "")

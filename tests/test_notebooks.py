@@ -204,3 +204,26 @@ def test_papermill_parses_every_parameter_line():
 
     for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
         assert list(pm.inspect_notebook(str(path))) == declared_parameters(path), path.name
+
+
+def test_batch_figures_are_named_by_the_cell_as_written_not_shifted_by_the_injected_parameters(tmp_path):
+    """s35 newcomer #17: with papermill's injected parameters cell the lengths plot of cell 4 was saved as
+    ``cell05_0.png``; the number is now the cell's in the notebook as written, parameters or not."""
+    import base64
+
+    import nbformat
+
+    from asyncrl.batch import extract_pngs
+
+    png = base64.b64encode(b"\x89PNG fake").decode()
+    out = lambda: [nbformat.v4.new_output("display_data", data={"image/png": png})]  # noqa: E731
+    cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+             nbformat.v4.new_code_cell("plot()", outputs=out()),
+             nbformat.v4.new_code_cell("plot(); plot()", outputs=out() + out())]
+    injected = nbformat.v4.new_code_cell("x = 2", metadata={"tags": ["injected-parameters"]})
+    plain = nbformat.v4.new_notebook(cells=cells)
+    with_params = nbformat.v4.new_notebook(cells=[cells[0], injected, *cells[1:]])
+    names = [p.name for p in extract_pngs(plain, tmp_path / "a")]
+    assert names == ["cell01_0.png", "cell02_0.png", "cell02_1.png"]
+    assert [p.name for p in extract_pngs(with_params, tmp_path / "b")] == names
+    assert (tmp_path / "b" / "cell01_0.png").read_bytes() == b"\x89PNG fake"

@@ -228,7 +228,7 @@ def test_cli_simulates_a_recipe_and_refuses_an_unknown_preset(capsys, caplog):
     (["--preset", "h20-qwen2.5-7b", "--rollout-gpus", "6", "--train-gpus", "8"], "multiple of h20-qwen2.5-7b's 4 GPUs"),
     (["--rollout-gpus", "0"], "rollout_gpus (--rollout-gpus) must be at least 1; got 0"),
     (["--token-scale", "0"], "at least 1; got 0"),
-    (["--seed-7b", "task=longtail"], "--seed-7b runs the seed's fixed 7B experiment"),
+    (["--seed-7b", "task=longtail"], "--seed-7b runs verl's fixed 7B experiment"),
     # session 19, a fresh tester: nan ran forever (29k-56k watchdog lines in 90 s), 0 cores was taken as 1,
     # --seed-7b dropped the cost-model options without a word
     (["trainer.total_training_steps=3", "--contention", "nan"], "--contention must be a finite number >= 0"),
@@ -249,9 +249,18 @@ def test_cli_sim_refuses_bad_arguments_in_one_line(capsys, argv, says):
     assert err.startswith("config error: ") and says in err and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("ratio, says", [(2.11, "below the seed's range, within its 15% (the issue's target)"),
-                                          (2.5, "within the seed's range"), (1.5, "below the seed's range, outside its 15% (the issue's target)"),
-                                          (3.2, "above the seed's range, outside its 15% (the issue's target)")])
+def test_cli_sim_refuses_a_token_scale_below_1_before_explaining_it(capsys):
+    """s35 newcomer #14: ``--token-scale 0`` printed a note on how a scale of 0 prices each token, then refused it."""
+    from asyncrl.cli import main
+
+    assert main(["sim", "--token-scale", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert "note:" not in out and err.strip() == "config error: --token-scale is real tokens per simulated token, at least 1; got 0"
+
+
+@pytest.mark.parametrize("ratio, says", [(2.11, "below verl's range, within its 15%"),
+                                          (2.5, "within verl's range"), (1.5, "below verl's range, outside its 15%"),
+                                          (3.2, "above verl's range, outside its 15%")])
 def test_cli_seed_7b_names_its_columns_and_says_where_the_ratio_falls(capsys, monkeypatch, ratio, says):
     """Session 30's fresh user: ``--seed-7b`` printed a bare table and 2.11x beside 2.35-2.67x, with no word on the
     columns or on whether that is within the target (a fake reproduction: the real one is tests/test_sim_seed.py)."""
@@ -270,9 +279,9 @@ def test_cli_seed_7b_names_its_columns_and_says_where_the_ratio_falls(capsys, mo
     monkeypatch.setattr(scenarios, "reproduce_seed", FakeSeedReproduction)
     assert main(["sim", "--seed-7b"]) == 0
     out = capsys.readouterr().out
-    assert "colocated 128 = verl's colocated run on 128 GPUs" in out and "verl_* = the seed's measured" in out
-    assert out.strip().splitlines()[-1] == (f"simulated speed-up {ratio:.2f}x (colocated step_s / async step_s; seed: "
-                                            f"2.35-2.67x): {says}")
+    assert "colocated 128 = verl's colocated run on 128 GPUs" in out and "verl_* = verl's measured" in out
+    assert out.strip().splitlines()[-1] == (f"simulated speed-up {ratio:.2f}x (colocated step_s / async step_s; verl "
+                                            f"measured 2.35-2.67x): {says}")
 
 
 def test_cli_sim_says_the_run_in_one_line_and_notes_a_colocated_run_on_one_core(capsys):
@@ -286,7 +295,7 @@ def test_cli_sim_says_the_run_in_one_line_and_notes_a_colocated_run_on_one_core(
                                "one core") and "add --cores 2" in lines[0]
     cols = dict(zip(lines[-2].split(), lines[-1].split()))
     assert lines[1] == (f"colocated: {float(cols['samples_per_s']):.3f} samples/s, 2 steps in "
-                        f"{float(cols['wall_s']):.1f} simulated s ({float(cols['step_s']):.2f} s a step); trainer idle "
+                        f"{float(cols['wall_s']):.1f} simulated s ({float(cols['step_s']):.2f} s a step after the first); trainer idle "
                         f"{float(cols['trainer_idle_ratio']):.2f}, rollouter idle {float(cols['rollouter_idle_ratio']):.2f}; "
                         "lag mean 0.00, max 0; 1 unit(s) of 1 core(s) in all")
     assert main(["sim", "--recipe", "longtail_colocated_cpu", "--cores", "2", "steps=2"]) == 0

@@ -52,10 +52,12 @@ def _outcome(task: asyncio.Future) -> Any:
 class _ReplicaActor:
     """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
 
-    def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int, cpu_affinity: str = ""):
+    def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int, cpu_affinity: str = "",
+                 frontend_cpu_affinity: str = ""):
         from asyncrl.cpu_affinity import pin_rollout_engine
 
         pin_rollout_engine(cpu_affinity)  # before the engine (and its processes) start
+        self.frontend_cpu_affinity = frontend_cpu_affinity  # where this process goes once they have (frontend_cores)
         self.backend = backend
         self.replica_rank = replica_rank
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
@@ -98,8 +100,18 @@ class _ReplicaActor:
     async def start(self) -> None:
         """Start the engine once; concurrent / repeated calls await the same start."""
         if self._start_task is None:
-            self._start_task = asyncio.ensure_future(self.engine.start())
+            self._start_task = asyncio.ensure_future(self._start_engine())
         await asyncio.shield(self._start_task)
+
+    async def _start_engine(self) -> None:
+        await self.engine.start()
+        spec = getattr(self, "frontend_cpu_affinity", "")  # LocalReplica (hybrid_rollout) builds no __init__ of ours
+        if spec:  # the engine's processes keep the affinity they started with
+            from asyncrl.cpu_affinity import pin_threads
+
+            pin_threads(spec)
+            logger.info("replica %d: the engine's front end moved to cores %s (rollout.frontend_with_glue)",
+                        self.replica_rank, spec)
 
     async def ready(self) -> bool:
         await self.start()
@@ -272,7 +284,7 @@ class RolloutReplica:
                  actor_options: Optional[dict[str, Any]] = None, start: bool = True):
         import ray
 
-        cpu_affinity = ""
+        cpu_affinity = frontend = ""
         if isinstance(config_or_backend, str):
             backend, kwargs = config_or_backend, dict(engine_kwargs or {})
         else:
@@ -280,7 +292,11 @@ class RolloutReplica:
             on_gpu = bool((actor_options or {}).get("num_gpus"))
             kwargs = {**engine_kwargs_from_config(config_or_backend, replica_rank, on_gpu=on_gpu), **(engine_kwargs or {})}
             cpu_affinity = config_or_backend.actor_rollout_ref.rollout.cpu_affinity
-        get_backend_cls(backend)  # fail fast in the caller's process
+        backend_cls = get_backend_cls(backend)  # fail fast in the caller's process
+        if not isinstance(config_or_backend, str):
+            from asyncrl.cpu_affinity import frontend_cores
+
+            frontend = frontend_cores(config_or_backend, backend_cls)
         if "model_path" in kwargs and os.path.exists(kwargs["model_path"]):
             kwargs["model_path"] = os.path.abspath(kwargs["model_path"])  # the actor's cwd differs
         # A replica that dies is restarted by Ray (rollout.max_restarts); calls in flight fail (no task
@@ -291,7 +307,8 @@ class RolloutReplica:
         self.backend = backend
         self.replica_rank = replica_rank
         self.server_id = server_id or f"replica_{replica_rank}"
-        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, kwargs, replica_rank, cpu_affinity)
+        self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, kwargs, replica_rank, cpu_affinity,
+                                                                      frontend)
         self._start_ref = self.actor.start.remote() if start else None
 
     @classmethod

@@ -80,6 +80,11 @@ class VLLMEngine(InferenceEngine):
             (:mod:`asyncrl.rollout.engine_stats`; ``not actor_rollout_ref.rollout.disable_log_stats``).
     """
 
+    separate_engine_processes = True
+    """The engine core and its worker run in processes of their own (vLLM's multiprocessing executor), started with
+    the actor's CPU affinity; the actor's process is the front end (``AsyncLLM``), which
+    :func:`asyncrl.cpu_affinity.frontend_cores` may move off the engine's cores."""
+
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 512, max_num_seqs: int = 256,
                  scheduling_policy: str = "fcfs", kv_cache_gb: float = 1.0, gpu_memory_utilization: float = 0.5,
                  enforce_eager: bool = True, seed: int = 0, logprobs_mode: str = "processed_logprobs", warmup: bool = True,

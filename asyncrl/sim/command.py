@@ -1,4 +1,4 @@
-"""``asyncrl sim``: simulate a config (or the seed's 7B experiment) from the command line.
+"""``asyncrl sim``: simulate a config (or verl's published 7B experiment) from the command line.
 
     asyncrl sim task=longtail                                   # the recipe on the CPU cost model
     asyncrl sim --recipe longtail_colocated_cpu --preset cpu-embedded-vllm --cores 2
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the cost model's contention term for both sides (asyncrl.sim.cost_models, Contention): "
                         "decode and training stretched by 1 + C while they overlap, e.g. as async_vs_colocate.py "
                         "calibrated it on this machine; colocated runs ignore it")
-    p.add_argument("--seed-7b", action="store_true", help="reproduce the seed's 7B experiment instead")
+    p.add_argument("--seed-7b", action="store_true", help="reproduce verl's published fully-async 7B experiment instead (Qwen2.5-7B, DAPO, H20s: colocated on 128 GPUs vs 64 rollout + 64 trainer; verl docs, 'Recipe: Fully Async Policy Trainer')")
     p.add_argument("--log-level", default="WARNING")
 
 
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
                                                        ("train_gpus", args.train_gpus), ("contention", args.contention))
             if v is not None] + ([f"--token-scale {args.token_scale}"] if args.token_scale != 1 else [])
         if given:
-            return user_error("--seed-7b runs the seed's fixed 7B experiment (its own presets, GPUs and token scale) "
+            return user_error("--seed-7b runs verl's fixed 7B experiment (its own presets, GPUs and token scale) "
                               f"and takes no config, recipe, overrides or cost-model options (got {', '.join(given)}); "
                               "drop them, or drop --seed-7b")
         from asyncrl.sim.scenarios import SEED_RATIO, reproduce_seed
@@ -88,13 +88,13 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print("(Qwen2.5-7B on H20s, DAPO, 512 prompts x 16 responses a step, up to 28K-token responses: colocated 128 "
               "= verl's colocated run on 128 GPUs; async 64:64 = fully async, 64 rollout + 64 trainer GPUs. Simulated "
               "seconds per 512 prompts (one colocated step; four async steps, one sync); async generation_s is NaN: it overlaps the update, what "
-              "the trainer waits is trainer_wait_s; verl_* = the seed's measured step and update_actor)")
+              "the trainer waits is trainer_wait_s; verl_* = verl's measured step and update_actor)")
         print(rep.breakdown().round(1).to_string(index=False))
         lo, hi = SEED_RATIO
-        where = ("within the seed's range" if lo <= rep.ratio <= hi else
-                 f"{'below' if rep.ratio < lo else 'above'} the seed's range, "
-                 + ("within" if 0.85 * lo <= rep.ratio <= 1.15 * hi else "outside") + " its 15% (the issue's target)")
-        print(f"simulated speed-up {rep.ratio:.2f}x (colocated step_s / async step_s; seed: {lo}-{hi}x): {where}")
+        where = ("within verl's range" if lo <= rep.ratio <= hi else
+                 f"{'below' if rep.ratio < lo else 'above'} verl's range, "
+                 + ("within" if 0.85 * lo <= rep.ratio <= 1.15 * hi else "outside") + " its 15%")
+        print(f"simulated speed-up {rep.ratio:.2f}x (colocated step_s / async step_s; verl measured {lo}-{hi}x): {where}")
         return 0
     args.preset = args.preset or "cpu-embedded-vllm"
     if args.preset not in PRESETS:  # the registries' message, the suggestion also for another case (H20)
@@ -133,9 +133,21 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         r_gpus, t_gpus, keyed = gpu_split(cfg, cost, args.rollout_gpus, args.train_gpus)
     except ConfigError as exc:
         return user_error(str(exc))
+    if args.preset != "cpu-embedded-vllm" and r_gpus is None and t_gpus is None and not cfg.actor_rollout_ref.hybrid_engine:
+        r_def = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
+        t_def = cost.train.n_ranks * cost.train.gpus_per_rank
+        print(f"note: no rollout:trainer split given: {args.preset}'s default, {r_def} rollout GPUs (rollout.num_replicas="
+              f"{cfg.actor_rollout_ref.rollout.num_replicas} x {cost.rollout.gpus} a replica) : {t_def} trainer GPUs (the "
+              "preset's trainer); give --rollout-gpus / --train-gpus")
+    if args.preset != "cpu-embedded-vllm" and cfg.data.length_workload.distribution == "none":
+        print(f"note: {args.preset} prices a large model's tokens, and this config's responses are its task's own "
+              f"({cfg.data.task}, up to {cfg.actor_rollout_ref.rollout.response_length} tokens); a GPU-scale workload "
+              "is data.length_workload (e.g. distribution=lognormal median=450), as --seed-7b sets it")
     if args.preset == "cpu-embedded-vllm" and cfg.actor_rollout_ref.hybrid_engine and cores == 1:
         print("note: a colocated run on cpu-embedded-vllm with --cores 1 (the default) is priced on one core, half the "
               "2-core box the async modes split a core per side; add --cores 2 for the colocated baseline")
+    if args.token_scale < 1:  # before the note below, which would explain a price the run then refuses
+        return user_error(f"--token-scale is real tokens per simulated token, at least 1; got {args.token_scale}")
     if args.preset == "cpu-embedded-vllm" and args.token_scale != 1:
         print(f"note: --token-scale {args.token_scale} prices each simulated token as {args.token_scale} real ones on "
               "the embedded model's CPU cost model: it is meant for the GPU presets' long responses "
@@ -148,7 +160,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     row = res.summary()  # its partial_rollout columns read "-" where they do not apply (colocated, off)
     units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
     print(f"{row['run']}: {row['samples_per_s']:.3f} samples/s, {row['steps']} steps in {row['wall_s']:.1f} simulated s "
-          f"({row['step_s']:.2f} s a step); trainer idle {row['trainer_idle_ratio']:.2f}, rollouter idle "
+          f"({row['step_s']:.2f} s a step after the first); trainer idle {row['trainer_idle_ratio']:.2f}, rollouter idle "
           f"{row['rollouter_idle_ratio']:.2f}; lag mean {row['lag_mean']:.2f}, max {row['lag_max']}; "
           f"{row['gpus']} {f'unit(s) of {cores} core(s)' if args.preset == 'cpu-embedded-vllm' else 'GPU(s)'} in all")
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "
