@@ -33,3 +33,24 @@ def test_staleness_bound():
     assert staleness_bound(0.0, True) == 0 and staleness_bound(0.0, False) == 0
     assert staleness_bound(0.5, False) == 1 and staleness_bound(0.5, True) == 2
     assert staleness_bound(2.0, False) == 2
+
+
+def test_the_read_ahead_is_what_can_start_at_once_whatever_the_staleness_budget(capsys):
+    """s35 newcomer #1: the rollouter's read-ahead queue was sized by max_required_samples, 32 x (1e9 + 1) rows at
+    ``staleness_threshold=1e9``, and its feed loop, cycling epochs to fill it, grew by ~80 MB/s until killed. The
+    bound is max_concurrent_samples now; the same simulated run ends, as at a staleness of 100."""
+    from asyncrl.cli import main
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.staleness import sample_budget
+
+    cfg = ExperimentConfig()
+    cfg.async_training.staleness_threshold = 1e9
+    b = sample_budget(cfg)
+    assert b.max_required_samples > 10**10 and b.read_ahead == b.max_concurrent_samples == 256
+    cfg.actor_rollout_ref.rollout.concurrent_samples_per_replica = 8
+    assert sample_budget(cfg).read_ahead == 8
+    rows = []
+    for s in ("1e9", "100"):
+        assert main(["sim", "task=longtail", "trainer.total_training_steps=2", f"async_training.staleness_threshold={s}"]) == 0
+        rows.append(capsys.readouterr().out.split("samples/s")[0].split()[-1])
+    assert rows[0] == rows[1]  # the budget binds at neither: the same run
