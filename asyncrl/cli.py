@@ -184,10 +184,11 @@ def _dry_run(exp, recipe_name: str) -> int:
     data, enough prompts within ``data.max_prompt_length`` for one trainer step, the lengths against the model's
     positions; and the resume checkpoint), then the resolved config as YAML on stdout (a config file ``asyncrl train``
     takes back), the run's directory and name (:func:`_run_line`), where the glue actors go (``rollouter_cpu_affinity``
-    ``auto`` resolved, :func:`asyncrl.cpu_affinity.glue_placement_line`) and which held-out rows a run evaluates;
+    ``auto`` resolved, :func:`asyncrl.cpu_affinity.glue_placement_line`), where vLLM's front end goes
+    (:func:`asyncrl.cpu_affinity.frontend_placement_line`) and which held-out rows a run evaluates;
     nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
-    from asyncrl.cpu_affinity import glue_placement_line
+    from asyncrl.cpu_affinity import frontend_placement_line, glue_placement_line
     from asyncrl.data.dataset import held_out_source, no_train_files
 
     from asyncrl.run_paths import resolve_run_paths
@@ -201,6 +202,7 @@ def _dry_run(exp, recipe_name: str) -> int:
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
     print(_run_line(exp, recipe_name, dry_run=True), file=sys.stderr)
     print(glue_placement_line(cfg), file=sys.stderr)  # the YAML above keeps 'auto' (it loads back as given)
+    print(frontend_placement_line(cfg), file=sys.stderr)
     print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
     if no_train_files(cfg.data):
         print(f"note: {no_train_files(cfg.data)}", file=sys.stderr)

@@ -343,3 +343,22 @@ def test_a_config_replica_passes_its_front_end_cores_to_its_actor(monkeypatch):
     cfg.actor_rollout_ref.rollout.frontend_with_glue = False
     RolloutReplica(cfg)
     assert seen["args"][3:] == ("0", "")
+
+
+def test_dry_run_says_where_the_front_end_goes_and_why_it_stays(capsys):
+    """Session 35's second newcomer: nothing showed where ``frontend_with_glue`` would put the front end before a run."""
+    from asyncrl.cli import main
+
+    pinned = ["task=longtail", "actor_rollout_ref.rollout.cpu_affinity=0", "trainer.cpu_affinity=1"]
+    for extra, line in (
+            ([], "replica front end (vllm): actor_rollout_ref.rollout.frontend_with_glue=True -> cores '1' once the "
+                 "engine has started (the glue's)"),
+            (["actor_rollout_ref.rollout.frontend_with_glue=false"],
+             "replica front end (vllm): actor_rollout_ref.rollout.frontend_with_glue=False -> stays with the engine (as set)"),
+            (["async_training.rollouter_cpu_affinity=''"], "-> stays with the engine (the glue floats"),
+            (["actor_rollout_ref.rollout.name=hf"], "-> stays with the engine (the hf engine decodes in the replica's "
+                                                    "own process)")):
+        assert main(["train", "--dry-run", *pinned, *extra]) == 0
+        assert line in capsys.readouterr().err
+    assert main(["train", "--dry-run", "task=longtail"]) == 0
+    assert "-> stays with the engine (actor_rollout_ref.rollout.cpu_affinity is not set)" in capsys.readouterr().err
