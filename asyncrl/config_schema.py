@@ -262,7 +262,7 @@ class AsyncTrainingConfig:
     invariant 3 holds either way). Off by default: on the 2-core long-tail benchmark (``d_s1`` 28-36 of ~550
     groups dropped stale, 1.2-1.4 tokens generated per token trained) it saved no tokens and no time in four A/B
     rounds (-20% to +2%; the freed budget slots start new groups, more requests share the engine and more
-    groups outlive the bound: ``benchmarks/RESULTS.md``, session 20); at the seed's 7B scale nothing outlives the
+    groups outlive the bound: ``benchmarks/RESULTS.md``, session 20); at verl's published 7B scale nothing outlives the
     bound. For workloads whose stale groups would generate long after their last resumption."""
     sync_bucket_size_mb: float = 64.0
     """ParameterSynchronizer bucket size in MiB (> 0)."""

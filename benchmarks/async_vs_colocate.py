@@ -64,6 +64,7 @@ import collections
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -1216,7 +1217,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
     for name in ("steps", "repeats", "ideal_groups"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if not args.time >= 0:  # NaN too
+    if not (args.time >= 0 and math.isfinite(args.time)):  # NaN and inf too
         p.error(f"--time must be 0 (only --steps) or a number of training seconds per mode, got {args.time}")
     if args.calibration and not args.simulate_only:
         p.error("--calibration F re-simulates a saved result without running it: add --simulate-only")

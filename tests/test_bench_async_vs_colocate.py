@@ -334,6 +334,7 @@ SIM_CPU_ARITH = ["--task", "arith", "--modes", "d", "--steps", "2", "--no-ideal"
     (SIM + ["--modes", "d_unpinned,colocated_1t,d_stream,d"], "--gpu: mode(s) d_unpinned, colocated_1t, d_stream differ "
      "from another mode only in the CPU run's placement"),
     (SIM + ["--time", "-5"], "--time must be 0 (only --steps) or a number of training seconds per mode, got -5.0"),
+    (SIM + ["--time", "inf"], "--time must be 0 (only --steps) or a number of training seconds per mode, got inf"),
     (["--modes", ","], "names no mode"),
     (["--modes", "d,d"], "names a mode twice"),
     (["--ideal-groups", "0"], "--ideal-groups must be at least 1"),

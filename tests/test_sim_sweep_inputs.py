@@ -282,8 +282,10 @@ def test_cli_notes_a_gpu_preset_on_its_default_split_and_the_tasks_own_lengths(c
     assert main(["sim", "--preset", "h20-qwen2.5-7b", "steps=1"]) == 0
     out = capsys.readouterr().out
     assert ("note: no rollout:trainer split given: h20-qwen2.5-7b's default, 4 rollout GPUs (rollout.num_replicas=1 x 4 "
-            "a replica) : 64 trainer GPUs (the preset's trainer); give --rollout-gpus / --train-gpus") in out
+            "a replica) against 64 trainer GPUs (the preset's trainer); give --rollout-gpus / --train-gpus") in out
     assert "note: h20-qwen2.5-7b prices a large model's tokens, and this config's responses are its task's own (arith" in out
+    assert main(["sim", "--preset", "h20-qwen2.5-7b", "--token-scale", "-1"]) == 2  # refused before any note
+    assert "note:" not in capsys.readouterr().out
     assert main(["sim", "--preset", "h20-qwen2.5-7b", "steps=1", "--rollout-gpus", "8", "--train-gpus", "8",
                  "data.length_workload.distribution=lognormal", "data.length_workload.median=40"]) == 0
     assert "note:" not in capsys.readouterr().out

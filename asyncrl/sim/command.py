@@ -133,11 +133,13 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         r_gpus, t_gpus, keyed = gpu_split(cfg, cost, args.rollout_gpus, args.train_gpus)
     except ConfigError as exc:
         return user_error(str(exc))
+    if args.token_scale < 1:  # before the notes below, which would explain a price the run then refuses
+        return user_error(f"--token-scale is real tokens per simulated token, at least 1; got {args.token_scale}")
     if args.preset != "cpu-embedded-vllm" and r_gpus is None and t_gpus is None and not cfg.actor_rollout_ref.hybrid_engine:
         r_def = cfg.actor_rollout_ref.rollout.num_replicas * cost.rollout.gpus
         t_def = cost.train.n_ranks * cost.train.gpus_per_rank
         print(f"note: no rollout:trainer split given: {args.preset}'s default, {r_def} rollout GPUs (rollout.num_replicas="
-              f"{cfg.actor_rollout_ref.rollout.num_replicas} x {cost.rollout.gpus} a replica) : {t_def} trainer GPUs (the "
+              f"{cfg.actor_rollout_ref.rollout.num_replicas} x {cost.rollout.gpus} a replica) against {t_def} trainer GPUs (the "
               "preset's trainer); give --rollout-gpus / --train-gpus")
     if args.preset != "cpu-embedded-vllm" and cfg.data.length_workload.distribution == "none":
         print(f"note: {args.preset} prices a large model's tokens, and this config's responses are its task's own "
@@ -146,8 +148,6 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     if args.preset == "cpu-embedded-vllm" and cfg.actor_rollout_ref.hybrid_engine and cores == 1:
         print("note: a colocated run on cpu-embedded-vllm with --cores 1 (the default) is priced on one core, half the "
               "2-core box the async modes split a core per side; add --cores 2 for the colocated baseline")
-    if args.token_scale < 1:  # before the note below, which would explain a price the run then refuses
-        return user_error(f"--token-scale is real tokens per simulated token, at least 1; got {args.token_scale}")
     if args.preset == "cpu-embedded-vllm" and args.token_scale != 1:
         print(f"note: --token-scale {args.token_scale} prices each simulated token as {args.token_scale} real ones on "
               "the embedded model's CPU cost model: it is meant for the GPU presets' long responses "
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     row = res.summary()  # its partial_rollout columns read "-" where they do not apply (colocated, off)
     units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
     print(f"{row['run']}: {row['samples_per_s']:.3f} samples/s, {row['steps']} steps in {row['wall_s']:.1f} simulated s "
-          f"({row['step_s']:.2f} s a step after the first); trainer idle {row['trainer_idle_ratio']:.2f}, rollouter idle "
+          f"({row['step_s']:.2f} s a step{' after the first' if row['steps'] > 1 else ''}); trainer idle {row['trainer_idle_ratio']:.2f}, rollouter idle "
           f"{row['rollouter_idle_ratio']:.2f}; lag mean {row['lag_mean']:.2f}, max {row['lag_max']}; "
           f"{row['gpus']} {f'unit(s) of {cores} core(s)' if args.preset == 'cpu-embedded-vllm' else 'GPU(s)'} in all")
     print(f"(run: s = async_training.staleness_threshold, t = trigger_parameter_sync_step, p = partial_rollout; "

@@ -1,4 +1,5 @@
-"""Named simulation scenarios: the seed's 7B experiment (colocated 128 GPUs vs fully async 64:64).
+"""Named simulation scenarios: verl's published fully-async 7B experiment (colocated 128 GPUs vs fully async 64:64; verl
+docs, "Recipe: Fully Async Policy Trainer"; the "seed" of this project, hence the names ``reproduce_seed``, ``SEED_RATIO``).
 
 verl's fully-async recipe reports, for Qwen2.5-Math-7B + DAPO on H20 with responses up to 28K
 tokens (verl docs "Asynchronous Training on 7B Model"; seed ``000`` section 1.1): colocated on 128
@@ -25,7 +26,7 @@ from asyncrl.sim.presets import h20_qwen25_7b
 from asyncrl.sim.runner import SimResult, simulate
 
 SEED_RATIO = (2.35, 2.67)
-"""The seed's fully-async (64:64) over colocated (128) speed-up, total time."""
+"""verl's measured fully-async (64:64) over colocated (128) speed-up, total time."""
 VERL_COLOCATED_STEP = {"step": 356.30, "gen": 177.85, "old_log_prob": 53.92, "update_actor": 113.81}
 VERL_ASYNC_STEP = {"step": 150.63, "gen": 33.14, "update_actor": 113.16}
 """verl's per-step timings (seconds) of the two runs (verl docs, 128-card table)."""
@@ -77,7 +78,7 @@ def verl_dapo_7b(colocated: bool, *, steps: int = 8, token_scale: int = 64, medi
 
 @dataclasses.dataclass
 class SeedReproduction:
-    """Colocated vs async on the seed's 7B experiment, per 512 prompts (one verl step)."""
+    """Colocated vs async on verl's 7B experiment, per 512 prompts (one verl step)."""
 
     colocated: SimResult
     fully_async: SimResult
@@ -112,7 +113,7 @@ class SeedReproduction:
 
 def reproduce_seed(cost: Optional[ClusterCostModel] = None, *, colocated_steps: int = 2, async_steps: int = 12,
                    token_scale: int = 64, **length_law: Any) -> SeedReproduction:
-    """Simulate the seed's comparison: colocated on 128 GPUs vs fully async on 64 rollout + 64 trainer GPUs.
+    """Simulate verl's comparison: colocated on 128 GPUs vs fully async on 64 rollout + 64 trainer GPUs.
 
     Takes ~15-35 s on one core of the 2-core CPU box at full scale (16K responses per colocated step through the real
     rollouter; 15 s and 21 s measured with the box otherwise idle). Returns a :class:`SeedReproduction` (``ratio`` to
