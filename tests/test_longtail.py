@@ -79,5 +79,5 @@ def test_length_workload_and_hybrid_engine_config_keys():
         load_config(overrides=["actor_rollout_ref.hybrid_engine=True"])  # default staleness 0.5
     with pytest.raises(ConfigError, match="data.length_workload.distribution"):
         load_config(overrides=["data.length_workload.distribution=zipf"])
-    with pytest.raises(ConfigError, match="alpha > 0"):
+    with pytest.raises(ConfigError, match=r"data.length_workload.alpha=0.0 must be > 0 \(with distribution=.pareto.\)"):
         load_config(overrides=["data.length_workload.distribution=pareto", "data.length_workload.alpha=0"])
