@@ -202,13 +202,9 @@ class RolloutConfig:
     vLLM-CPU, one OpenMP thread per core (``VLLM_CPU_OMP_THREADS_BIND``); ``""`` pins nothing. Keeps
     the engine off the trainer's cores on a small CPU box (:mod:`asyncrl.cpu_affinity`)."""
     frontend_with_glue: bool = True
-    """vLLM: once the engine's processes have started on ``cpu_affinity``'s cores, the replica actor's own process
-    (vLLM's front end, ``AsyncLLM``: request admission, decoding every step's outputs and log-probs from the engine
-    core; the actor's Ray calls) moves to the glue's cores (``async_training.rollouter_cpu_affinity``, resolved by
-    :func:`asyncrl.cpu_affinity.frontend_cores`); the engine core and worker processes stay. Acts only when the
-    replica and the glue are both pinned (the CPU split); ``false`` keeps the front end beside the engine. On the
-    2-core box the front end took ~0.26 of the rollout core, and moving it sped the long-tail async runs up
-    (benchmarks/RESULTS.md, session 35)."""
+    """vLLM: once the engine's processes have started, the replica actor's process (vLLM's front end: admission,
+    decoding each step's outputs and log-probs) moves to the glue's cores (:func:`asyncrl.cpu_affinity.frontend_cores`;
+    only when replica and glue are both pinned). Helps generation-bound runs, costs trainer-bound ones (RESULTS.md s35)."""
     max_restarts: int = 3
     """Times Ray restarts a replica actor that died; a restarted replica rejoins the pool with the
     current weights (0 = a dead replica stays out)."""
