@@ -232,7 +232,8 @@ class Experiment(LiveState):
         every process knows: :func:`asyncrl.reward.reward_problem`), the data must be able to fill one trainer step
         within ``data.max_prompt_length`` (:func:`asyncrl.watchdog.check_can_fill_batch`), and prompt + response must
         fit the model's positions (:func:`asyncrl.config_ranges.check_model_positions`: vLLM failed at its start,
-        with Ray up). A resume on other training data than its checkpoint's logs the data-order WARNING here
+        with Ray up). Groups in flight far past the engines' seats log a WARNING
+        (:func:`asyncrl.staleness.in_flight_warning`). A resume on other training data than its checkpoint's logs the data-order WARNING here
         (:func:`asyncrl.checkpoint.trainer_state.resume_data_order`). Returns ``(train rows, test rows)``; raises as
         :meth:`start` documents."""
         from asyncrl.config_ranges import check_local_resources, check_model_positions
@@ -240,10 +241,14 @@ class Experiment(LiveState):
         from asyncrl.models import load_tokenizer
         from asyncrl.reward import source_check
         from asyncrl.reward.custom import scorer
+        from asyncrl.staleness import in_flight_warning
         from asyncrl.watchdog import check_can_fill_batch
 
         cfg = self.config
         check_local_resources(cfg)  # model directories, CPU cores, loggers: each failed after Ray had started
+        crowd = in_flight_warning(cfg)
+        if crowd:  # accepted: the run goes on as it says
+            logger.warning("%s", crowd)
         scorer(cfg)  # a custom_reward_function that cannot load would fail every sample in the actors
         check = source_check(cfg, every_process=True)  # the actors that score see no register_reward made here
         train, val = (run_rows(cfg.data, split, cfg.trainer.seed, check_source=check) for split in ("train", "test"))

@@ -5,10 +5,15 @@ All counts are *samples* = prompt groups (one prompt with ``rollout.n`` response
 - ``required_samples = ppo_mini_batch_size * require_batches``: what one trainer fit step consumes.
 - ``max_required_samples = int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step)``:
   how many samples the rollouter may have outstanding (in flight + queued + started since the last
-  sync) before it pauses; also the MessageQueue bound.
+  sync) before it pauses; also the MessageQueue bound. Capped by ``run_samples = trainer.total_training_steps *
+  required_samples``, what the whole run trains (more outstanding could never be trained; a dropped or failed group
+  gives its slot back): without the cap ``staleness_threshold=1e9`` with ``concurrent_samples_per_replica=1e9``
+  admitted every row, epoch after epoch, until memory ran out (``asyncrl sim``: 24 GB in 6 minutes, killed).
 - ``max_concurrent_samples = min(num_replicas * concurrent_samples_per_replica, max_required_samples)``; also the
   rollouter's read-ahead (``pending_queue``) bound, :attr:`SampleBudget.read_ahead`: no more rows are drawn ahead than
   can start at once (a read-ahead of ``max_required_samples`` grew without limit with a staleness budget of 1e9).
+  Where it puts far more sequences in flight than the engines decode at once, :func:`in_flight_warning` says so
+  before a run (``Experiment.preflight``, ``asyncrl train --dry-run``) and in ``asyncrl sim``.
 - ``staleness_bound``: the oldest parameter version a trained token may come from, as a lag in
   versions: ``ceil(s)`` sync windows of look-ahead, one more when a partial rollout spans a sync. The
   budget above caps how many samples are outstanding, not how long one of them generates: a long-tail
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -54,6 +60,11 @@ def max_required_samples(required: int, staleness_threshold: float, trigger_para
     return int(required * (staleness_threshold + 1) * trigger_parameter_sync_step)
 
 
+def run_samples(total_training_steps: int, required: int) -> int:
+    """Samples (prompt groups) the whole run trains: the cap of ``max_required_samples``."""
+    return total_training_steps * required
+
+
 def max_concurrent_samples(num_replicas: int, concurrent_samples_per_replica: int, max_required: int) -> int:
     return min(num_replicas * concurrent_samples_per_replica, max_required)
 
@@ -68,13 +79,43 @@ def staleness_bound(staleness_threshold: float, partial_rollout: bool) -> int:
 def sample_budget(cfg: ExperimentConfig) -> SampleBudget:
     at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
     req = required_samples(cfg.actor_rollout_ref.actor.ppo_mini_batch_size, at.require_batches)
-    max_req = max_required_samples(req, at.staleness_threshold, at.trigger_parameter_sync_step)
+    max_req = min(max_required_samples(req, at.staleness_threshold, at.trigger_parameter_sync_step),
+                  run_samples(cfg.trainer.total_training_steps, req))
     return SampleBudget(
         required_samples=req,
         max_required_samples=max_req,
         max_concurrent_samples=max_concurrent_samples(ro.num_replicas, ro.concurrent_samples_per_replica, max_req),
         staleness_bound=staleness_bound(at.staleness_threshold, at.partial_rollout),
     )
+
+
+IN_FLIGHT_PER_SEAT = 64
+"""Sequences in flight per engine seat (``num_replicas x max_num_seqs``) above which :func:`in_flight_warning` speaks:
+the defaults put 8 there (256 groups of 8 per replica against 256 seats); past 64 a request waits dozens of engine
+batches for a seat while its group holds memory, and no cap the user meant to set is binding."""
+
+
+def in_flight_warning(cfg: ExperimentConfig) -> Optional[str]:
+    """A WARNING's text when ``max_concurrent_samples x rollout.n`` sequences exceed :data:`IN_FLIGHT_PER_SEAT` times
+    the engines' seats (``num_replicas x max_num_seqs``), else ``None``. Both caps of ``max_concurrent_samples``
+    (``concurrent_samples_per_replica`` and the staleness budget ``max_required_samples``) are then far above what
+    the engines decode at once: the rollouter admits that many groups, and each holds its prompt, requests and
+    tokens until it trains (``concurrent_samples_per_replica=1e9`` with ``staleness_threshold=1e9``: the whole
+    run's groups at once). verl fixes the cap at 16 groups per replica. Not an error: the extra groups only wait,
+    and a run can mean it."""
+    ro, at = cfg.actor_rollout_ref.rollout, cfg.async_training
+    budget = sample_budget(cfg)
+    seqs, seats = budget.max_concurrent_samples * ro.n, ro.num_replicas * ro.max_num_seqs
+    if seqs <= IN_FLIGHT_PER_SEAT * seats:
+        return None
+    return (f"up to {seqs} sequences may be in flight (max_concurrent_samples={budget.max_concurrent_samples} groups x "
+            f"rollout.n={ro.n}), {seqs // seats}x the engines' {seats} seats (num_replicas x max_num_seqs): the rest "
+            "wait in the engines' queues while their groups hold memory. max_concurrent_samples is the smaller of "
+            f"num_replicas x actor_rollout_ref.rollout.concurrent_samples_per_replica = "
+            f"{ro.num_replicas * ro.concurrent_samples_per_replica} and max_required_samples = "
+            f"{budget.max_required_samples} (async_training.staleness_threshold={at.staleness_threshold:g}, at most "
+            f"the run's {run_samples(cfg.trainer.total_training_steps, budget.required_samples)} groups); lower "
+            "concurrent_samples_per_replica (verl admits 16 groups per replica) or staleness_threshold")
 
 
 def token_lags(trainer_version: int, response_versions, response_mask):

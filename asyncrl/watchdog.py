@@ -141,7 +141,8 @@ def diagnose(f: dict, budget: SampleBudget, waited_s: float, previous: Optional[
     if f.get("staleness_samples", 0) >= budget.max_required_samples:
         return d("staleness_budget", f"staleness budget exhausted: staleness_samples {f['staleness_samples']} >= "
                                      f"max_required_samples {budget.max_required_samples} (async_training."
-                                     f"staleness_threshold / trigger_parameter_sync_step); no new sample starts until a sync")
+                                     f"staleness_threshold / trigger_parameter_sync_step, at most the run's total_training_steps x "
+                                     f"required_samples); no new sample starts until a sync")
     if previous is not None:
         taken = f.get("taken", 0) - previous.get("taken", 0)
         enq = f.get("enqueued", 0) - previous.get("enqueued", 0)

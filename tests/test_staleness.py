@@ -46,7 +46,7 @@ def test_the_read_ahead_is_what_can_start_at_once_whatever_the_staleness_budget(
     cfg = ExperimentConfig()
     cfg.async_training.staleness_threshold = 1e9
     b = sample_budget(cfg)
-    assert b.max_required_samples > 10**10 and b.read_ahead == b.max_concurrent_samples == 256
+    assert b.max_required_samples == 150 * 32 and b.read_ahead == b.max_concurrent_samples == 256  # the run's cap
     cfg.actor_rollout_ref.rollout.concurrent_samples_per_replica = 8
     assert sample_budget(cfg).read_ahead == 8
     rows = []
@@ -54,3 +54,60 @@ def test_the_read_ahead_is_what_can_start_at_once_whatever_the_staleness_budget(
         assert main(["sim", "task=longtail", "trainer.total_training_steps=2", f"async_training.staleness_threshold={s}"]) == 0
         rows.append(capsys.readouterr().out.split("samples/s")[0].split()[-1])
     assert rows[0] == rows[1]  # the budget binds at neither: the same run
+
+
+def test_the_run_trains_no_more_than_its_steps_so_no_more_is_outstanding(capsys):
+    """s36: ``concurrent_samples_per_replica=1e9`` with ``staleness_threshold=1e9`` left nothing to bound the groups in
+    flight: the rollouter admitted every row, epoch after epoch (``asyncrl sim`` of 3 steps: 24 GB in 6 minutes,
+    killed by the kernel). ``max_required_samples`` is capped by what the run trains, total_training_steps x
+    required_samples (96 here), so the same simulation ends, in seconds, without a warning (768 sequences in flight,
+    3x the engine's 256 seats)."""
+    from asyncrl.cli import main
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.staleness import in_flight_warning, sample_budget
+
+    cfg = ExperimentConfig()
+    cfg.async_training.staleness_threshold, cfg.actor_rollout_ref.rollout.concurrent_samples_per_replica = 1e9, 10**9
+    cfg.trainer.total_training_steps = 3
+    b = sample_budget(cfg)
+    assert (b.required_samples, b.max_required_samples, b.max_concurrent_samples, b.read_ahead) == (32, 96, 96, 96)
+    assert in_flight_warning(cfg) is None
+    cfg.trainer.total_training_steps = 4  # a cap below the verl formula's value only: 1 step's own staleness budget
+    cfg.async_training.staleness_threshold = 1.0
+    assert sample_budget(cfg).max_required_samples == 64
+    assert main(["sim", "actor_rollout_ref.rollout.concurrent_samples_per_replica=1000000000",
+                 "async_training.staleness_threshold=1e9", "trainer.total_training_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 steps in" in out and "in flight" not in out
+
+
+def test_groups_far_past_the_engines_seats_are_warned_of_before_a_run_and_in_the_sim(capsys, caplog):
+    """The default 150-step run with both limits at 1e9 admits all 4800 groups (38400 sequences, 150x the 256 seats):
+    allowed (the extra requests only wait), but said, with the keys that set it, before the run (``Experiment.preflight``,
+    which ``asyncrl train --dry-run`` runs) and in ``asyncrl sim``. The defaults (8x) and a small engine at verl's 16
+    groups per replica say nothing."""
+    import logging
+
+    from asyncrl.cli import main
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.staleness import IN_FLIGHT_PER_SEAT, in_flight_warning
+
+    cfg = ExperimentConfig()
+    assert in_flight_warning(cfg) is None  # 256 groups x 8 = 2048 sequences on 256 seats
+    cfg.actor_rollout_ref.rollout.max_num_seqs = 2  # one seat per 4 sequences of a group x 16 groups: 64x, the limit
+    cfg.actor_rollout_ref.rollout.concurrent_samples_per_replica = 16
+    assert 16 * 8 == IN_FLIGHT_PER_SEAT * 2 and in_flight_warning(cfg) is None
+    cfg.actor_rollout_ref.rollout.concurrent_samples_per_replica = 17
+    assert "up to 136 sequences may be in flight" in in_flight_warning(cfg)
+    both = ["actor_rollout_ref.rollout.concurrent_samples_per_replica=1000000000", "async_training.staleness_threshold=1e9"]
+    with caplog.at_level(logging.WARNING, logger="asyncrl.experiment"):
+        assert main(["train", "--dry-run", *both, "trainer.total_training_steps=150"]) == 0
+    said = " ".join(r.getMessage() for r in caplog.records if r.name == "asyncrl.experiment")
+    for part in ("up to 38400 sequences may be in flight (max_concurrent_samples=4800 groups x rollout.n=8), 150x the "
+                 "engines' 256 seats", "concurrent_samples_per_replica = 1000000000", "max_required_samples = 4800",
+                 "staleness_threshold=1e+09", "the run's 4800 groups", "verl admits 16 groups per replica"):
+        assert part in said, (part, said)
+    capsys.readouterr()
+    assert main(["sim", "actor_rollout_ref.rollout.max_num_seqs=2", "actor_rollout_ref.rollout.concurrent_samples_per_replica=17",
+                 "trainer.total_training_steps=2"]) == 0
+    assert "note: up to 136 sequences may be in flight" in capsys.readouterr().out

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace, load: "callable") -> int:
     from asyncrl.data.dataset import run_rows
     from asyncrl.reward import source_check
     from asyncrl.sim import simulate
+    from asyncrl.staleness import in_flight_warning
 
     if args.contention is not None and not (math.isfinite(args.contention) and args.contention >= 0):
         return user_error(f"--contention must be a finite number >= 0 (a fractional slowdown), got {args.contention}")
@@ -152,6 +153,9 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print(f"note: --token-scale {args.token_scale} prices each simulated token as {args.token_scale} real ones on "
               "the embedded model's CPU cost model: it is meant for the GPU presets' long responses "
               "(data.length_workload), not for this task's")
+    crowd = in_flight_warning(cfg)
+    if crowd:  # the simulated rollouter admits them too: its memory grows as a real run's would
+        print(f"note: {crowd}")
     check = source_check(cfg, register_hint=False)  # a command line cannot asyncrl.reward.register_reward: not offered
     if check is not None:  # simulate() checks the rows again, as a Python caller's (who can) are checked
         for split in ("train", "test"):
