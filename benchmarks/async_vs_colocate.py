@@ -18,7 +18,7 @@ For each mode the same task, batch, n and lr run for ``--steps`` trainer steps (
   the rest), or the replica on GPU 0 and the trainer on GPU 1 (``--gpu``);
 * the A/B modes of d: ``d_stream`` (vLLM streams every token), ``d_percall`` / ``d_coalesce`` (one Ray call
   per engine request / a group's requests in one streamed call, ``agent.coalesce_group_requests``),
-  ``d_before`` (streamed tokens, one call per request: the rollout before session 10), ``d_c8`` / ``d_c16``
+  ``d_before`` (streamed tokens, one call per request: the rollout before the coalesced calls), ``d_c8`` / ``d_c16``
   (at most 8 / 16 prompt groups in generation), ``d_c16_t2`` (and the trainer on both cores), ``d_c24``,
   ``d_dyn`` (verl's ``use_dynamic_bsz``), ``d_unpinned`` (nothing pinned, as ``make demo`` places it);
 * the A/B modes of colocated: ``colocated_replica`` (hf: the engine in a replica actor, not the trainer's
@@ -1086,7 +1086,7 @@ def main() -> None:
     p.add_argument("--group-correlation", action=argparse.BooleanOptionalAction, default=True,
                    help="simulate a group's responses with the length correlation measured on the rollout-only's "
                         "groups (asyncrl.sim.workload.group_correlation); --no-group-correlation: each response "
-                        "drawn on its own (before session 25)")
+                        "drawn on its own (the simulator before it correlated a group)")
     p.add_argument("--census", action="store_true",
                    help="sample every process's CPU time, cores and threads during each mode (cpu_census.py)")
     p.add_argument("--set", nargs="*", help="extra config overrides for every mode (key=value)")

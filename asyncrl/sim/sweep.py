@@ -214,11 +214,19 @@ def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterab
             row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
             continue
-        row.update({k: v for k, v in res.summary().items() if k not in row})
+        summary = res.summary()
+        row.update({k: v for k, v in summary.items() if k not in row and k not in _echoed(keys, summary)})
         if keep_results:
             row["result"] = res
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _echoed(keys: list[str], summary: dict[str, Any]) -> set[str]:
+    """The summary columns that repeat a swept key under its short name (``staleness_threshold`` beside
+    ``async_training.staleness_threshold``): left out of the table. One with an ``*_asked`` twin (``max_num_seqs``,
+    what the run could seat, beside ``max_num_seqs_asked``) can differ from the key, and stays."""
+    return {k.rsplit(".", 1)[-1] for k in keys} - {c[: -len("_asked")] for c in summary if c.endswith("_asked")}
 
 
 AXIS_LABELS = {"samples_per_s": "prompt groups trained / s", "step_s": "seconds per trainer step",
