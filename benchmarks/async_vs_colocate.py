@@ -1096,8 +1096,14 @@ def main() -> None:
     p.add_argument("--out", default=str(REPO / "runs" / "bench_async_vs_colocate"),
                    help="directory of the runs' checkpoints, logs and metrics (one folder per mode)")
     p.add_argument("--json", default=None, help="write the whole result (modes, calibration, simulation) to this file")
+    p.add_argument("--dry-run", action="store_true",
+                   help="make the checks a run makes first, print each mode's keys and placement and what else the "
+                        "run measures, and start nothing (no Ray, no engine, no --gpu model)")
     args = p.parse_args()
     modes = check_args(p, args)
+    if args.dry_run:
+        dry_run(args, modes)
+        return
     if args.simulate_only and args.calibration:  # CPU: the modes of a saved result, re-simulated, no Ray
         resimulate(args)
         return
@@ -1295,6 +1301,36 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
                     + (": add --simulate-only for the predicted GPU rows, or drop --gpu for the CPU run" if not have
                        else f": lower --gpus to {have} (async modes need 2)"))
     return modes
+
+
+def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
+    """``--dry-run`` (after :func:`check_args`, so every refusal a run makes first is made): per mode, the keys it
+    sets over the task's recipe (the placement's, then its own; ``--set`` applies to all) and, on CPU, where its glue
+    and vLLM's front end go (as ``asyncrl train --dry-run`` says it); then the run's other measurements. Starts no
+    Ray, engine or ``--gpu`` model (the embedded model's path stands in for it)."""
+    from asyncrl.cpu_affinity import frontend_placement_line, glue_placement_line
+
+    stand_in = argparse.Namespace(**{**vars(args), "simulate_only": True})  # mode_config builds no --gpu model
+    if args.simulate_only:
+        print(f"--dry-run: --simulate-only predicts {', '.join(modes)} (no run); nothing started")
+        return
+    per_mode = f"{args.steps} steps" + (f" or {args.time:g} s" if args.time else "")
+    print(f"--dry-run: task {args.task}, backend {args.backend}, {'GPUs ' + str(args.gpus) if args.gpu else 'CPU'}, "
+          f"{len(modes)} mode(s) x {args.repeats} round(s), {per_mode} each"
+          + (f"; --set {' '.join(args.set)} for every mode" if args.set else ""))
+    for m in modes:
+        cfg = mode_config(m, stand_in)
+        print(f"{m}: " + (" ".join(placement(m, stand_in) + [f"{k}={v}" for k, v in MODES[m].items()]) or "(the recipe)"))
+        if not args.gpu and not m.startswith("colocated"):
+            print(f"    {glue_placement_line(cfg)}\n    {frontend_placement_line(cfg)}")
+    then = [f"the ideal bound (rollout-only on {args.ideal_groups} groups, train-only) after each round"] if args.ideal else []
+    if args.simulate and not args.gpu:
+        then.append("the simulator's calibration (decode probes, train-only) and a prediction of every mode")
+    if args.reference:
+        then.append(f"the reference loop {args.reference} for {args.reference_seconds:g} s")
+    print("then: " + ("; ".join(then) if then else "nothing else") + f"; results under {args.out}"
+          + (f", JSON {args.json}" if args.json else ""))
+    print("nothing started (--dry-run)")
 
 
 def preflight_modes(args: argparse.Namespace, modes: Sequence[str]) -> None:

@@ -572,3 +572,29 @@ def test_session_35s_run_with_the_front_end_on_the_glue_core_is_simulated_within
     out = bench.simulate_modes(result, args)
     assert set(out) == {"colocated", "d_t2", "d_s1_t2", "d_t2_front0", "d_s1_t2_front0"}
     assert {m: abs(o["error"]) < 0.15 for m, o in out.items()} == dict.fromkeys(out, True), out
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the async modes' placement needs 2 cores")
+def test_dry_run_prints_each_modes_keys_and_placement_and_starts_nothing(tmp_path):
+    """Sessions 35's newcomer asked for a ``--dry-run``: the checks a run makes first (a bad mode is still refused,
+    exit 2), then each mode's keys, where its glue and vLLM's front end go, and what else the run measures; no Ray
+    (nothing under --out, no ray session made) and exit 0."""
+    import subprocess
+
+    base = [sys.executable, str(REPO / "benchmarks" / "async_vs_colocate.py"), "--out", str(tmp_path / "out")]
+    proc = subprocess.run(base + ["--modes", "colocated,d_s1_t2_front0", "--dry-run", "--set", "trainer.seed=3",
+                                  "--no-simulate"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "2 mode(s) x 1 round(s), 30 steps each; --set trainer.seed=3 for every mode" in out
+    assert "colocated: trainer.torch_threads=2 trainer.cpu_affinity='' actor_rollout_ref.rollout.cpu_affinity='' " \
+           "actor_rollout_ref.hybrid_engine=True" in out
+    front0 = out.split("d_s1_t2_front0: ")[1]
+    assert front0.startswith("trainer.torch_threads=1 trainer.cpu_affinity=1 actor_rollout_ref.rollout.cpu_affinity=0")
+    assert "frontend_with_glue=False -> stays with the engine (as set)" in front0
+    assert "async_training.rollouter_cpu_affinity='auto' -> cores '1'" in front0
+    assert "then: the ideal bound (rollout-only on 96 groups, train-only) after each round; results under" in out
+    assert "simulator" not in out and out.rstrip().endswith("nothing started (--dry-run)")
+    assert not (tmp_path / "out").exists() and "Started a local Ray instance" not in proc.stderr
+    bad = subprocess.run(base + ["--modes", "d_x", "--dry-run"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert bad.returncode == 2 and "unknown mode 'd_x'" in bad.stderr
