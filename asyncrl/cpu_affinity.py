@@ -308,12 +308,16 @@ def pin_actors(handles: list, spec: str) -> None:
 
 
 def pin_rollout_engine(spec: str) -> None:
-    """Pin this (replica actor) process and have vLLM-CPU bind one OpenMP thread per listed core.
+    """Pin every thread of this (replica actor) process, Ray's own included (:func:`pin_threads`), set torch's
+    threads to the cores' number, and have vLLM-CPU bind one OpenMP thread per listed core.
 
     Must run before the engine starts (vLLM reads ``VLLM_CPU_OMP_THREADS_BIND`` when it spawns its
-    worker process).
+    worker process; its processes inherit the affinity).
     """
     if not spec:
         return
-    cores = pin_process(spec)
+    import torch
+
+    cores = pin_threads(spec)
+    torch.set_num_threads(len(cores))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)

@@ -177,6 +177,32 @@ def test_pin_actors_moves_every_thread_of_a_ray_actor(ray_session):
     ray.kill(actor)
 
 
+def test_a_replica_actor_pins_rays_own_threads_with_its_engine(ray_session):
+    """Session 36: ``pin_rollout_engine`` (a replica actor's ``__init__``) pinned the calling thread only, so Ray's
+    threads started before it (the actor's main thread among them) floated onto the trainer's core; the trainer's
+    ``__init__`` did the same with ``trainer.cpu_affinity`` (``tests/test_e2e_tasks.py`` checks the trainer's)."""
+    import ray
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to tell pinned from floating")
+
+    class Replica:
+        def __init__(self):
+            from asyncrl.cpu_affinity import pin_rollout_engine
+
+            pin_rollout_engine("1")
+
+        def cores(self) -> tuple:
+            import torch
+
+            return (sorted({tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir("/proc/self/task")}),
+                    torch.get_num_threads(), os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+
+    actor = ray.remote(Replica).options(num_cpus=0).remote()
+    assert ray.get(actor.cores.remote()) == ([(1,)], 1, "1")
+    ray.kill(actor)
+
+
 def test_auto_glue_follows_the_trainers_cores_when_engine_and_trainer_are_pinned():
     """``rollouter_cpu_affinity="auto"`` (the default): session 32 measured the floating glue taking 13% of the rollout
     core (d_s1_t2 -28%); a user who pins the engine and the trainer now gets the glue on the trainer's side."""

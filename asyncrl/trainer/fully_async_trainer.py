@@ -40,7 +40,7 @@ import torch
 from asyncrl.accounting import Ledger
 from asyncrl.compute_thread import on_compute_thread, run_compute
 from asyncrl.config import ExperimentConfig
-from asyncrl.cpu_affinity import pin_process
+from asyncrl.cpu_affinity import pin_threads
 from asyncrl.failures import RolloutStopped, raise_if_rollout_stopped
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.logs import configure_logging
@@ -89,7 +89,7 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                  local_rollout: Optional[dict] = None):
         configure_logging(log_level)  # as every worker of init_ray's job already is; also under a Ray started elsewhere
         torch.set_num_threads(config.trainer.torch_threads)
-        pin_process(config.trainer.cpu_affinity, torch_threads=False)  # CPU runs: off the engine's cores
+        pin_threads(config.trainer.cpu_affinity)  # CPU runs: off the engine's cores, Ray's own threads too
         self.cfg = config
         self.budget = sample_budget(config)
         self.mq, self.rollouter, self.replicas = message_queue, rollouter, replicas
