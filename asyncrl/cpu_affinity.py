@@ -6,9 +6,9 @@ spinning between kernels) and the trainer's torch threads land on the same cores
 other down. ``actor_rollout_ref.rollout.cpu_affinity`` and ``trainer.cpu_affinity`` (Linux core
 lists such as ``"0"`` or ``"0-1"``) pin each side:
 
-* the rollout replica's actor process, and vLLM's worker threads through
-  ``VLLM_CPU_OMP_THREADS_BIND`` (one OpenMP thread per listed core), set before the engine starts;
-* the trainer's actor process, with ``torch`` intra-op threads = number of listed cores.
+* the rollout replica's actor process (every thread, Ray's own included: :func:`pin_threads`), and vLLM's worker
+  threads through ``VLLM_CPU_OMP_THREADS_BIND`` (one OpenMP thread per listed core), set before the engine starts;
+* the trainer's actor process, every thread (its main thread floated onto the engine's core before session 36).
 
 ``async_training.rollouter_cpu_affinity`` places the glue between them: the rollouter actor (agent loops,
 reward scoring, the puts to the queue), the agent-loop worker actors and the MessageQueue actor. Left
