@@ -179,8 +179,10 @@ def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterab
         keep_results: add a ``result`` column holding each :class:`SimResult`.
 
     Returns:
-        ``pandas.DataFrame``, one row per combination: the grid values, then
-        :meth:`SimResult.summary` (``rollout_gpus``, ``train_gpus``, ``gpus``: in all, ``samples_per_s``,
+        ``pandas.DataFrame``, one row per combination: the grid values under their full keys, then
+        :meth:`SimResult.summary`, whose short-named columns repeat a swept key as the run applied it (kept: every
+        table has them, so sweeps over different keys concatenate, and they read ``-`` where the key does not
+        apply, e.g. ``partial_rollout`` of a colocated point) (``rollout_gpus``, ``train_gpus``, ``gpus``: in all, ``samples_per_s``,
         ``step_s``: simulated seconds, ``trainer_idle_ratio``, ``rollouter_idle_ratio``, ``lag_mean``, ``lag_max``,
         ``dropped_stale``: prompt groups the staleness bound dropped, ``max_num_seqs``: seats per replica as
         simulated, ...). Combinations the config rejects get an ``error`` and no numbers.
@@ -214,19 +216,11 @@ def sweep(base: ExperimentConfig, cost: ClusterCostModel, grid: dict[str, Iterab
             row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
             continue
-        summary = res.summary()
-        row.update({k: v for k, v in summary.items() if k not in row and k not in _echoed(keys, summary)})
+        row.update({k: v for k, v in res.summary().items() if k not in row})
         if keep_results:
             row["result"] = res
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _echoed(keys: list[str], summary: dict[str, Any]) -> set[str]:
-    """The summary columns that repeat a swept key under its short name (``staleness_threshold`` beside
-    ``async_training.staleness_threshold``): left out of the table. One with an ``*_asked`` twin (``max_num_seqs``,
-    what the run could seat, beside ``max_num_seqs_asked``) can differ from the key, and stays."""
-    return {k.rsplit(".", 1)[-1] for k in keys} - {c[: -len("_asked")] for c in summary if c.endswith("_asked")}
 
 
 AXIS_LABELS = {"samples_per_s": "prompt groups trained / s", "step_s": "seconds per trainer step",
