@@ -5,9 +5,11 @@ All counts are *samples* = prompt groups (one prompt with ``rollout.n`` response
 - ``required_samples = ppo_mini_batch_size * require_batches``: what one trainer fit step consumes.
 - ``max_required_samples = int(required_samples * (staleness_threshold + 1) * trigger_parameter_sync_step)``:
   how many samples the rollouter may have outstanding (in flight + queued + started since the last
-  sync) before it pauses; also the MessageQueue bound. Capped by ``run_samples = trainer.total_training_steps *
-  required_samples``, what the whole run trains (more outstanding could never be trained; a dropped or failed group
-  gives its slot back): without the cap ``staleness_threshold=1e9`` with ``concurrent_samples_per_replica=1e9``
+  sync) before it pauses; also the MessageQueue bound. Capped by ``run_samples = ceil(total_training_steps /
+  trigger_parameter_sync_step) * trigger_parameter_sync_step * required_samples``, what the whole run trains in
+  whole sync windows (more outstanding could never be trained; a dropped or failed group gives its slot back; a
+  colocated round generates a whole window at once, so the queue must hold one even past the run's last step: a
+  cap of the steps alone deadlocked ``trigger_parameter_sync_step`` > ``total_training_steps``): without the cap ``staleness_threshold=1e9`` with ``concurrent_samples_per_replica=1e9``
   admitted every row, epoch after epoch, until memory ran out (``asyncrl sim``: 24 GB in 6 minutes, killed).
 - ``max_concurrent_samples = min(num_replicas * concurrent_samples_per_replica, max_required_samples)``; also the
   rollouter's read-ahead (``pending_queue``) bound, :attr:`SampleBudget.read_ahead`: no more rows are drawn ahead than
@@ -60,9 +62,10 @@ def max_required_samples(required: int, staleness_threshold: float, trigger_para
     return int(required * (staleness_threshold + 1) * trigger_parameter_sync_step)
 
 
-def run_samples(total_training_steps: int, required: int) -> int:
-    """Samples (prompt groups) the whole run trains: the cap of ``max_required_samples``."""
-    return total_training_steps * required
+def run_samples(total_training_steps: int, required: int, trigger_parameter_sync_step: int = 1) -> int:
+    """Samples (prompt groups) the whole run trains, in whole sync windows: the cap of ``max_required_samples``."""
+    windows = -(-total_training_steps // trigger_parameter_sync_step)
+    return windows * trigger_parameter_sync_step * required
 
 
 def max_concurrent_samples(num_replicas: int, concurrent_samples_per_replica: int, max_required: int) -> int:
@@ -80,7 +83,7 @@ def sample_budget(cfg: ExperimentConfig) -> SampleBudget:
     at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
     req = required_samples(cfg.actor_rollout_ref.actor.ppo_mini_batch_size, at.require_batches)
     max_req = min(max_required_samples(req, at.staleness_threshold, at.trigger_parameter_sync_step),
-                  run_samples(cfg.trainer.total_training_steps, req))
+                  run_samples(cfg.trainer.total_training_steps, req, at.trigger_parameter_sync_step))
     return SampleBudget(
         required_samples=req,
         max_required_samples=max_req,
@@ -102,8 +105,11 @@ def in_flight_warning(cfg: ExperimentConfig) -> Optional[str]:
     the engines decode at once: the rollouter admits that many groups, and each holds its prompt, requests and
     tokens until it trains (``concurrent_samples_per_replica=1e9`` with ``staleness_threshold=1e9``: the whole
     run's groups at once). verl fixes the cap at 16 groups per replica. Not an error: the extra groups only wait,
-    and a run can mean it."""
+    and a run can mean it. ``None`` for a colocated run (``hybrid_engine``): it generates a whole sync window's groups
+    at once by design (verl's colocate), whatever the concurrency keys say."""
     ro, at = cfg.actor_rollout_ref.rollout, cfg.async_training
+    if cfg.actor_rollout_ref.hybrid_engine:
+        return None
     budget = sample_budget(cfg)
     seqs, seats = budget.max_concurrent_samples * ro.n, ro.num_replicas * ro.max_num_seqs
     if seqs <= IN_FLIGHT_PER_SEAT * seats:
@@ -114,7 +120,8 @@ def in_flight_warning(cfg: ExperimentConfig) -> Optional[str]:
             f"num_replicas x actor_rollout_ref.rollout.concurrent_samples_per_replica = "
             f"{ro.num_replicas * ro.concurrent_samples_per_replica} and max_required_samples = "
             f"{budget.max_required_samples} (async_training.staleness_threshold={at.staleness_threshold:g}, at most "
-            f"the run's {run_samples(cfg.trainer.total_training_steps, budget.required_samples)} groups); lower "
+            f"the run's {run_samples(cfg.trainer.total_training_steps, budget.required_samples, at.trigger_parameter_sync_step)}"
+            " groups); lower "
             "concurrent_samples_per_replica (verl admits 16 groups per replica) or staleness_threshold")
 
 

@@ -81,6 +81,26 @@ def test_the_run_trains_no_more_than_its_steps_so_no_more_is_outstanding(capsys)
     assert "3 steps in" in out and "in flight" not in out
 
 
+@pytest.mark.parametrize("trigger, steps", [(4, 2), (2, 1)])
+def test_the_cap_holds_whole_sync_windows_so_a_colocated_round_longer_than_the_run_still_fits(trigger, steps, capsys):
+    """s36's newcomer: capped at total_training_steps x required_samples, the queue (sized by max_required_samples)
+    held 64 groups where a colocated round of trigger_parameter_sync_step=4 generates 128 at once, and the round
+    waited for a put the full queue never took: the simulation ran to 16.7 million simulated seconds. The cap counts
+    whole sync windows (ceil(steps / trigger) x trigger x required); the run ends."""
+    from asyncrl.cli import main
+    from asyncrl.recipes import longtail_grpo_cpu
+    from asyncrl.staleness import run_samples, sample_budget
+
+    cfg = longtail_grpo_cpu(colocated=True)
+    cfg.async_training.trigger_parameter_sync_step, cfg.trainer.total_training_steps = trigger, steps
+    req = sample_budget(cfg).required_samples
+    assert run_samples(steps, req, trigger) == trigger * req == sample_budget(cfg).max_required_samples
+    assert run_samples(5, req, 2) == 6 * req and run_samples(4, req, 2) == 4 * req
+    assert main(["sim", "--recipe", "longtail_colocated_cpu", "--cores", "2",
+                 f"async_training.trigger_parameter_sync_step={trigger}", f"trainer.total_training_steps={steps}"]) == 0
+    assert f"{steps} steps in" in capsys.readouterr().out
+
+
 def test_groups_far_past_the_engines_seats_are_warned_of_before_a_run_and_in_the_sim(capsys, caplog):
     """The default 150-step run with both limits at 1e9 admits all 4800 groups (38400 sequences, 150x the 256 seats):
     allowed (the extra requests only wait), but said, with the keys that set it, before the run (``Experiment.preflight``,
@@ -111,3 +131,12 @@ def test_groups_far_past_the_engines_seats_are_warned_of_before_a_run_and_in_the
     assert main(["sim", "actor_rollout_ref.rollout.max_num_seqs=2", "actor_rollout_ref.rollout.concurrent_samples_per_replica=17",
                  "trainer.total_training_steps=2"]) == 0
     assert "note: up to 136 sequences may be in flight" in capsys.readouterr().out
+    # the sim says it of the run it simulated: 4 replicas' 8 seats (--rollout-gpus 4 on the embedded CPU preset)
+    assert main(["sim", "actor_rollout_ref.rollout.max_num_seqs=2", "actor_rollout_ref.rollout.concurrent_samples_per_replica=17",
+                 "trainer.total_training_steps=2", "--rollout-gpus", "4"]) == 0
+    assert "in flight" not in capsys.readouterr().out
+    from asyncrl.recipes import longtail_grpo_cpu
+
+    colocated = longtail_grpo_cpu(colocated=True)  # generates a whole window at once by design: the keys above do not apply
+    colocated.actor_rollout_ref.rollout.max_num_seqs = colocated.actor_rollout_ref.rollout.concurrent_samples_per_replica = 1
+    assert in_flight_warning(colocated) is None

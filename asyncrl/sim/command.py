@@ -153,14 +153,14 @@ def run(args: argparse.Namespace, load: "callable") -> int:
         print(f"note: --token-scale {args.token_scale} prices each simulated token as {args.token_scale} real ones on "
               "the embedded model's CPU cost model: it is meant for the GPU presets' long responses "
               "(data.length_workload), not for this task's")
-    crowd = in_flight_warning(cfg)
-    if crowd:  # the simulated rollouter admits them too: its memory grows as a real run's would
-        print(f"note: {crowd}")
     check = source_check(cfg, register_hint=False)  # a command line cannot asyncrl.reward.register_reward: not offered
     if check is not None:  # simulate() checks the rows again, as a Python caller's (who can) are checked
         for split in ("train", "test"):
             run_rows(cfg.data, split, cfg.trainer.seed, limit=1, check_source=check)
     res = simulate(cfg, cost, rollout_gpus=r_gpus, train_gpus=t_gpus, token_scale=args.token_scale)
+    crowd = in_flight_warning(res.config)  # as simulated: the replicas of --rollout-gpus, the preset's seats
+    if crowd:
+        print(f"note: {crowd}")
     row = res.summary()  # its partial_rollout columns read "-" where they do not apply (colocated, off)
     units = (f"units of {cores} core(s) (--cores)" if args.preset == "cpu-embedded-vllm" else "GPUs")
     print(f"{row['run']}: {row['samples_per_s']:.3f} samples/s, {row['steps']} steps in {row['wall_s']:.1f} simulated s "
