@@ -1311,11 +1311,22 @@ def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
     from asyncrl.cpu_affinity import frontend_placement_line, glue_placement_line
 
     stand_in = argparse.Namespace(**{**vars(args), "simulate_only": True})  # mode_config builds no --gpu model
-    if args.simulate_only:
-        print(f"--dry-run: --simulate-only predicts {', '.join(modes)} (no run); nothing started")
+    if args.simulate_only and args.calibration:  # resimulate(): the saved run's modes, task and steps, not --modes
+        saved = json.loads(Path(args.calibration).read_text())
+        print(f"--dry-run: --simulate-only --calibration re-simulates {args.calibration}'s measured modes "
+              f"({', '.join(saved.get('modes', {})) or 'none'}; task {saved.get('task', '?')}; --modes and --steps do "
+              "not apply) from its calibration; nothing started")
+        return
+    if args.simulate_only:  # gpu_sim.simulate_only
+        colocated = ["colocated"] + [m for m in modes if m.startswith("colocated") and m != "colocated"]
+        print(f"--dry-run: --gpu --simulate-only predicts {', '.join(colocated)} on {' and '.join(map(str, sorted({1, args.gpus})))} "
+              f"GPU(s) and {', '.join(m for m in modes if m not in colocated) or 'no async mode'} on {args.gpus}, with the "
+              "H200 cost model, and each async mode's ratio to colocated; no GPU, no Ray; nothing started")
         return
     per_mode = f"{args.steps} steps" + (f" or {args.time:g} s" if args.time else "")
-    print(f"--dry-run: task {args.task}, backend {args.backend}, {'GPUs ' + str(args.gpus) if args.gpu else 'CPU'}, "
+    task = (f"arith prompts with lognormal response lengths (median {args.gpu_median_tokens}, at most "
+            f"{args.gpu_max_tokens} tokens) on a random Qwen2.5-0.5B-shaped model written under --out") if args.gpu else args.task
+    print(f"--dry-run: task {task}, backend {args.backend}, {'GPUs ' + str(args.gpus) if args.gpu else 'CPU'}, "
           f"{len(modes)} mode(s) x {args.repeats} round(s), {per_mode} each"
           + (f"; --set {' '.join(args.set)} for every mode" if args.set else ""))
     for m in modes:
@@ -1323,9 +1334,13 @@ def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
         print(f"{m}: " + (" ".join(placement(m, stand_in) + [f"{k}={v}" for k, v in MODES[m].items()]) or "(the recipe)"))
         if not args.gpu and not m.startswith("colocated"):
             print(f"    {glue_placement_line(cfg)}\n    {frontend_placement_line(cfg)}")
-    then = [f"the ideal bound (rollout-only on {args.ideal_groups} groups, train-only) after each round"] if args.ideal else []
-    if args.simulate and not args.gpu:
-        then.append("the simulator's calibration (decode probes, train-only) and a prediction of every mode")
+    then = [f"the ideal bound (rollout-only on {args.ideal_groups} groups, train-only) after each round"] \
+        if args.ideal and not args.gpu else []  # main() turns it off on GPUs
+    if args.simulate:
+        then.append("a prediction of every mode from the H200 cost model" if args.gpu else
+                    "the simulator's calibration (decode probes, train-only) and a prediction of every mode")
+    if args.census:
+        then.append("a census of every process's CPU time, cores and threads per mode")
     if args.reference:
         then.append(f"the reference loop {args.reference} for {args.reference_seconds:g} s")
     print("then: " + ("; ".join(then) if then else "nothing else") + f"; results under {args.out}"

@@ -598,3 +598,30 @@ def test_dry_run_prints_each_modes_keys_and_placement_and_starts_nothing(tmp_pat
     assert not (tmp_path / "out").exists() and "Started a local Ray instance" not in proc.stderr
     bad = subprocess.run(base + ["--modes", "d_x", "--dry-run"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert bad.returncode == 2 and "unknown mode 'd_x'" in bad.stderr
+
+
+def test_dry_run_says_what_the_simulate_only_and_gpu_runs_do(bench, tmp_path, capsys):
+    """s36's newcomer: ``--simulate-only --calibration F --dry-run`` named --modes where the run re-simulates F's
+    modes; ``--gpu --simulate-only`` left out the colocated predictions; a ``--gpu`` run promised the ideal bound
+    (main() turns it off there), named the CPU task, and left out the H200 prediction."""
+    import subprocess
+
+    saved = REPO / "tests" / "data" / "avc_cpu_longtail_s35.json"
+    base = [sys.executable, str(REPO / "benchmarks" / "async_vs_colocate.py"), "--dry-run"]
+    out = subprocess.run(base + ["--simulate-only", "--calibration", str(saved), "--modes", "a"], capture_output=True,
+                         text=True, timeout=300, cwd=REPO).stdout
+    assert "measured modes (colocated, d_t2, d_s1_t2, d_t2_front0, d_s1_t2_front0; task longtail; --modes and --steps " \
+           "do not apply)" in out, out
+    out = subprocess.run(base + ["--gpu", "--simulate-only", "--modes", "d,colocated_dyn", "--gpus", "4"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO).stdout
+    assert "predicts colocated, colocated_dyn on 1 and 4 GPU(s) and d on 4, with the H200 cost model" in out, out
+    args = argparse.Namespace(task="longtail", steps=6, time=0.0, backend="hf", set=None, out=str(tmp_path), gpu=True,
+                              gpus=2, gpu_median_tokens=256, gpu_max_tokens=2048, simulate_only=False, calibration=None,
+                              repeats=1, ideal=True, ideal_groups=96, simulate=True, census=False, reference=None,
+                              json=None)
+    bench.dry_run(args, ["colocated", "d"])
+    out = capsys.readouterr().out
+    assert "task arith prompts with lognormal response lengths (median 256, at most 2048 tokens)" in out, out
+    assert "ideal bound" not in out and "then: a prediction of every mode from the H200 cost model" in out, out
+    assert "d: actor_rollout_ref.actor.strategy=fsdp2 trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1" in out, out
+    assert not list(tmp_path.iterdir())  # no model written
