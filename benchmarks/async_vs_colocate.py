@@ -383,8 +383,8 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     finally:
         exp.stop()
         set_engine_attrs(replica, saved)
-        if moved:
-            place_frontend(replica, mode_config("d", args), args)  # where the replica was built to have it
+        if moved:  # back where the replica was built to have it (mode d's place), for the modes and bound after
+            place_frontend(replica, mode_config("d", args), args, home=True)
     steady = history[pipeline_fill(history):]
     span = steady[-1]["time_s"] - steady[0]["time_s"] if len(steady) > 1 else 0.0
     req = sample_budget(cfg).required_samples
@@ -435,12 +435,14 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     return out
 
 
-def place_frontend(replica: Any, cfg: Any, args: argparse.Namespace) -> bool:
+def place_frontend(replica: Any, cfg: Any, args: argparse.Namespace, home: bool = False) -> bool:
     """Put ``replica``'s front end (its actor's process: vLLM's ``AsyncLLM``) where ``cfg`` places it: the glue's cores
     (:func:`asyncrl.cpu_affinity.frontend_cores`) or, with ``actor_rollout_ref.rollout.frontend_with_glue=false``,
     the replica's own. The replicas are shared by the modes of one placement, and the key acts once the engine has
     started, so the A/B modes (``d_t2_front0`` ...) move it for their run; returns whether it moved from where
-    mode d's config (the replica's) has it."""
+    mode d's config (the replica's) has it. ``home=True`` (after such a mode) moves it there unconditionally: the
+    restore used to compare mode d's place with itself and moved nothing, so every mode after a ``*_front0`` mode
+    in a round, and the round's ideal bound, ran with the front end beside the engine (session 35's runs)."""
     if replica is None or args.gpu:
         return False
     from asyncrl.cpu_affinity import frontend_cores, pin_actors
@@ -448,8 +450,9 @@ def place_frontend(replica: Any, cfg: Any, args: argparse.Namespace) -> bool:
 
     backend = get_backend_cls(replica.backend)
     spec = frontend_cores(cfg, backend) or cfg.actor_rollout_ref.rollout.cpu_affinity
-    home = frontend_cores(mode_config("d", args), backend) or mode_config("d", args).actor_rollout_ref.rollout.cpu_affinity
-    if spec != home and cfg.actor_rollout_ref.rollout.cpu_affinity:
+    d = mode_config("d", args)
+    there = frontend_cores(d, backend) or d.actor_rollout_ref.rollout.cpu_affinity
+    if cfg.actor_rollout_ref.rollout.cpu_affinity and (home or spec != there):
         pin_actors([replica.actor], spec)
         return True
     return False

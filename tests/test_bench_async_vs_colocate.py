@@ -625,3 +625,23 @@ def test_dry_run_says_what_the_simulate_only_and_gpu_runs_do(bench, tmp_path, ca
     assert "ideal bound" not in out and "then: a prediction of every mode from the H200 cost model" in out, out
     assert "d: actor_rollout_ref.actor.strategy=fsdp2 trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1" in out, out
     assert not list(tmp_path.iterdir())  # no model written
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the async modes' placement needs 2 cores")
+def test_a_front0_mode_puts_the_shared_replicas_front_end_back_for_the_modes_after_it(bench, tmp_path, monkeypatch):
+    """Session 36: after a ``*_front0`` mode the restore compared mode d's place with itself and moved nothing, so
+    the modes after it in a round, and the round's ideal bound, ran with vLLM's front end beside the engine
+    (session 35's round 2: d_s1_t2 at the front0 mode's batch and decode time; its bound from a rollout-only that
+    slow). The move there and back is two pins: the replica's core, then the glue's."""
+    import asyncrl.cpu_affinity as ca
+
+    pins = []
+    monkeypatch.setattr(ca, "pin_actors", lambda handles, spec: pins.append(spec))
+    replica = argparse.Namespace(backend="vllm", actor=object())
+    args = argparse.Namespace(task="longtail", steps=4, time=0.0, backend="vllm", set=None, out=str(tmp_path), gpu=False)
+    cores = sorted(__import__("os").sched_getaffinity(0))
+    engine, glue = ",".join(map(str, cores[:len(cores) // 2])), ",".join(map(str, cores[len(cores) // 2:]))
+    assert bench.place_frontend(replica, bench.mode_config("d_s1_t2", args), args) is False and pins == []
+    assert bench.place_frontend(replica, bench.mode_config("d_s1_t2_front0", args), args) is True
+    assert bench.place_frontend(replica, bench.mode_config("d", args), args, home=True) is True
+    assert pins == [engine, glue]
