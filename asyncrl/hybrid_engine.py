@@ -67,17 +67,26 @@ async def generate_batch(rollouter: Any, k: int, max_attempts_factor: int = 4) -
 
 async def generate_round(trainer: Any) -> dict[str, float]:
     """Called by :meth:`FullyAsyncTrainer.fit` before each step: at the start of a sync window, have
-    the rollouter generate the window's ``trigger_parameter_sync_step x required_samples`` groups.
+    the rollouter generate the window's ``trigger_parameter_sync_step x required_samples`` groups. Inside a window
+    the queue holds the rest of it; where it holds less than this step's ``required_samples`` (a run resumed from a
+    checkpoint inside a window: the groups queued at the save are not restored), the rest of the window is
+    generated (what is missing of it), so the step does not wait for a batch no round would make.
 
     The wait counts as trainer idle time (the trainer has nothing to do while the batch is generated).
 
     Returns:
-        ``timing/gen_s`` for the first step of a window, else ``{}``.
+        ``timing/gen_s`` for a step that generated, else ``{}``.
     """
     trigger = trainer.cfg.async_training.trigger_parameter_sync_step
-    if trainer.global_steps % trigger:
-        return {}
+    required = trainer.budget.required_samples
+    into = trainer.global_steps % trigger
+    groups = trigger * required
+    if into:
+        queued = await trainer.mq.size_async()
+        if queued >= required:
+            return {}
+        groups = (trigger - into) * required - queued
     t0 = time.time()
-    out = dict(await trainer.rollouter.generate_batch.remote(trigger * trainer.budget.required_samples))
+    out = dict(await trainer.rollouter.generate_batch.remote(groups))
     trainer.idle_s += time.time() - t0
     return out

@@ -121,7 +121,7 @@ def in_flight_warning(cfg: ExperimentConfig) -> Optional[str]:
             f"{ro.num_replicas * ro.concurrent_samples_per_replica} and max_required_samples = "
             f"{budget.max_required_samples} (async_training.staleness_threshold={at.staleness_threshold:g}, at most "
             f"the run's {run_samples(cfg.trainer.total_training_steps, budget.required_samples, at.trigger_parameter_sync_step)}"
-            " groups); lower "
+            " groups in whole sync windows); lower "
             "concurrent_samples_per_replica (verl admits 16 groups per replica) or staleness_threshold")
 
 

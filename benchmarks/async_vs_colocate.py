@@ -1339,9 +1339,11 @@ def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
             print(f"    {glue_placement_line(cfg)}\n    {frontend_placement_line(cfg)}")
     then = [f"the ideal bound (rollout-only on {args.ideal_groups} groups, train-only) after each round"] \
         if args.ideal and not args.gpu else []  # main() turns it off on GPUs
-    if args.simulate:
-        then.append("a prediction of every mode from the H200 cost model" if args.gpu else
-                    "the simulator's calibration (decode probes, train-only) and a prediction of every mode")
+    if args.simulate and args.gpu:  # gpu_sim.simulate_measured: its cost model is the hf engine's
+        then.append("a prediction of every mode from the H200 cost model" if args.backend == "hf" else
+                    "no prediction (the H200 cost model is of the hf engine; --backend hf for one)")
+    elif args.simulate:
+        then.append("the simulator's calibration (decode probes, train-only) and a prediction of every mode")
     if args.census:
         then.append("a census of every process's CPU time, cores and threads per mode")
     if args.reference:

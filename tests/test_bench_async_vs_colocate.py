@@ -625,6 +625,9 @@ def test_dry_run_says_what_the_simulate_only_and_gpu_runs_do(bench, tmp_path, ca
     assert "ideal bound" not in out and "then: a prediction of every mode from the H200 cost model" in out, out
     assert "d: actor_rollout_ref.actor.strategy=fsdp2 trainer.n_gpus_per_node=1 rollout.n_gpus_per_node=1" in out, out
     assert not list(tmp_path.iterdir())  # no model written
+    args.backend = "vllm"  # async modes on the vLLM backend: measured, not simulated (gpu_sim.simulate_measured)
+    bench.dry_run(args, ["d"])
+    assert "then: no prediction (the H200 cost model is of the hf engine; --backend hf for one)" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the async modes' placement needs 2 cores")

@@ -107,6 +107,36 @@ def test_hybrid_engine_hf_trains_in_the_trainer_process(ray_session, tmp_path):
     assert (tmp_path / exp.name / "metrics.csv").read_text() == rows and len(rows.splitlines()) == 4
 
 
+@pytest.mark.e2e
+def test_a_colocated_run_resumed_inside_a_sync_window_generates_the_rest_of_it(ray_session, tmp_path):
+    """s36's tester: with trigger_parameter_sync_step=2 a colocated run checkpointed after step 1 resumed into a step
+    whose batch no round would make (a round generated only at a window's start, and the groups queued at the save
+    are not restored): it waited until trainer.total_time_s stopped it. The rest of the window is generated now."""
+    from asyncrl.experiment import Experiment
+    from asyncrl.recipes import smoke_cpu
+    from asyncrl.staleness import sample_budget
+
+    cfg = smoke_cpu("a")
+    cfg.actor_rollout_ref.hybrid_engine = True
+    cfg.actor_rollout_ref.rollout.name = "hf"
+    cfg.async_training.trigger_parameter_sync_step = 2
+    cfg.trainer.total_training_steps, cfg.trainer.save_freq, cfg.trainer.test_freq = 1, 1, 0
+    cfg.trainer.default_local_dir, cfg.trainer.progress_bar = str(tmp_path), False
+    first = Experiment(cfg)
+    assert first.run().steps == 1
+    cfg.trainer.total_training_steps, cfg.trainer.total_time_s = 3, 120.0  # the bound a hang would hit
+    resumed = Experiment(cfg)
+    assert resumed.resume_from is not None and resumed.resume_from.name == "global_step_1"
+    try:
+        resumed.start()
+        summary = resumed.wait(progress=False)
+    finally:
+        resumed.stop()
+    assert summary.steps == 3 and "total_training_steps=3 reached" in summary.stop_reason, summary.stop_reason
+    acc = summary.accounting
+    assert acc["balanced"] and acc["trained"] == 3 * sample_budget(cfg).required_samples, acc  # the whole run's
+
+
 def test_skipping_zero_advantage_rows_gives_the_same_update(model_dir):
     """GRPO groups whose responses all scored alike carry no gradient: the engine leaves them out of the
     forward / backward, and the optimizer step is the same as with them (the step's normalisers count them)."""

@@ -125,7 +125,7 @@ def test_groups_far_past_the_engines_seats_are_warned_of_before_a_run_and_in_the
     said = " ".join(r.getMessage() for r in caplog.records if r.name == "asyncrl.experiment")
     for part in ("up to 38400 sequences may be in flight (max_concurrent_samples=4800 groups x rollout.n=8), 150x the "
                  "engines' 256 seats", "concurrent_samples_per_replica = 1000000000", "max_required_samples = 4800",
-                 "staleness_threshold=1e+09", "the run's 4800 groups", "verl admits 16 groups per replica"):
+                 "staleness_threshold=1e+09", "the run's 4800 groups in whole sync windows", "verl admits 16 groups per replica"):
         assert part in said, (part, said)
     capsys.readouterr()
     assert main(["sim", "actor_rollout_ref.rollout.max_num_seqs=2", "actor_rollout_ref.rollout.concurrent_samples_per_replica=17",
