@@ -189,6 +189,7 @@ def _dry_run(exp, recipe_name: str) -> int:
     nothing starts (no Ray, no engine)."""
     from asyncrl.config import to_yaml
     from asyncrl.cpu_affinity import frontend_placement_line, glue_placement_line
+    from asyncrl.rollout.backends import get_backend_cls
     from asyncrl.data.dataset import held_out_source, no_train_files
 
     from asyncrl.run_paths import resolve_run_paths
@@ -202,7 +203,7 @@ def _dry_run(exp, recipe_name: str) -> int:
     print(f"config ok ({len(train)} training prompts{resume}); --dry-run: nothing started", file=sys.stderr)
     print(_run_line(exp, recipe_name, dry_run=True), file=sys.stderr)
     print(glue_placement_line(cfg), file=sys.stderr)  # the YAML above keeps 'auto' (it loads back as given)
-    print(frontend_placement_line(cfg), file=sys.stderr)
+    print(frontend_placement_line(cfg, get_backend_cls(cfg.actor_rollout_ref.rollout.name)), file=sys.stderr)
     print(f"held-out rows: {held_out_source(cfg.data, len(val))}", file=sys.stderr)
     if no_train_files(cfg.data):
         print(f"note: {no_train_files(cfg.data)}", file=sys.stderr)

@@ -148,26 +148,22 @@ def frontend_cores(cfg: "object", backend_cls: type) -> str:
     return glue_cores(cfg)
 
 
-def frontend_placement_line(cfg: "object") -> str:
+def frontend_placement_line(cfg: "object", backend_cls: type) -> str:
     """Where the replicas' front end goes (``actor_rollout_ref.rollout.frontend_with_glue``), for ``asyncrl train
     --dry-run``: ``replica front end (vLLM's AsyncLLM): actor_rollout_ref.rollout.frontend_with_glue=True -> cores
     '1' once the engine has started (the glue's)``, or ``-> stays with the engine (...)`` with the reason.
-
-    Raises:
-        ValueError / ImportError: an unknown backend, or one whose package is missing (the config's checks and
-            :meth:`asyncrl.experiment.Experiment.preflight` report those first).
-    """
+    ``backend_cls``: the rollout backend's class (``asyncrl.rollout.backends.get_backend_cls(rollout.name)``, which
+    raises for an unknown backend or a missing package; resolved by the caller, as for :func:`frontend_cores`)."""
     from asyncrl.placement import in_process_rollout
-    from asyncrl.rollout.backends import get_backend_cls
 
     ro = cfg.actor_rollout_ref.rollout
     key = f"actor_rollout_ref.rollout.frontend_with_glue={ro.frontend_with_glue}"
-    cores = frontend_cores(cfg, get_backend_cls(ro.name))
+    cores = frontend_cores(cfg, backend_cls)
     if cores:
         return f"replica front end ({ro.name}): {key} -> cores {cores!r} once the engine has started (the glue's)"
     if in_process_rollout(cfg):
         why = "the rollout runs inside the trainer process"
-    elif not getattr(get_backend_cls(ro.name), "separate_engine_processes", False):
+    elif not getattr(backend_cls, "separate_engine_processes", False):
         why = f"the {ro.name} engine decodes in the replica's own process"
     elif not ro.frontend_with_glue:
         why = "as set"

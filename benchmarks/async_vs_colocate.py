@@ -1312,6 +1312,7 @@ def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
     and vLLM's front end go (as ``asyncrl train --dry-run`` says it); then the run's other measurements. Starts no
     Ray, engine or ``--gpu`` model (the embedded model's path stands in for it)."""
     from asyncrl.cpu_affinity import frontend_placement_line, glue_placement_line
+    from asyncrl.rollout.backends import get_backend_cls
 
     stand_in = argparse.Namespace(**{**vars(args), "simulate_only": True})  # mode_config builds no --gpu model
     if args.simulate_only and args.calibration:  # resimulate(): the saved run's modes, task and steps, not --modes
@@ -1336,7 +1337,8 @@ def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
         cfg = mode_config(m, stand_in)
         print(f"{m}: " + (" ".join(placement(m, stand_in) + [f"{k}={v}" for k, v in MODES[m].items()]) or "(the recipe)"))
         if not args.gpu and not m.startswith("colocated"):
-            print(f"    {glue_placement_line(cfg)}\n    {frontend_placement_line(cfg)}")
+            backend_cls = get_backend_cls(cfg.actor_rollout_ref.rollout.name)
+            print(f"    {glue_placement_line(cfg)}\n    {frontend_placement_line(cfg, backend_cls)}")
     then = [f"the ideal bound (rollout-only on {args.ideal_groups} groups, train-only) after each round"] \
         if args.ideal and not args.gpu else []  # main() turns it off on GPUs
     if args.simulate and args.gpu:  # gpu_sim.simulate_measured: its cost model is the hf engine's
