@@ -1270,31 +1270,35 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
                 "grpo_best.py, e.g. ../shared/baselines/rlproto)")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         p.error(f"--json {args.json}: its directory does not exist")
-    if not (args.simulate_only and args.calibration):
-        from asyncrl.config import ConfigError
+    from asyncrl.config import ConfigError
 
-        # --simulate-only prices the hf engine's cost model whatever --backend says (gpu_sim.predict); and the
-        # check builds no --gpu model (simulate_only: the embedded model's path stands in)
-        checked = argparse.Namespace(**{**vars(args), "simulate_only": True,
-                                        "backend": "hf" if args.simulate_only else args.backend})
-        try:
-            for m in modes:
-                mode_config(m, checked)
-            conflicts = set_conflicts(checked, modes)
-            if conflicts:
-                raise ConfigError(conflicts[0] + (f" ({len(conflicts) - 1} more like it)" if len(conflicts) > 1 else ""))
-            if not args.simulate_only and not args.gpu:  # --gpu: the model is built after these checks (a stand-in here)
-                preflight_modes(checked, modes)
-            if getattr(args, "simulate", False) and not args.gpu and not args.simulate_only:
-                check_calibration(checked)
-        except Exception as exc:  # the user's (a config, a dataset, an unknown name) in one line, as asyncrl's CLI
-            from asyncrl.cli import _user_error
+    # every mode's config as the run builds it, --set included. --simulate-only prices the hf engine's cost model whatever --backend says (gpu_sim.predict); and the
+    # check builds no --gpu model (simulate_only: the embedded model's path stands in). --calibration:
+    # resimulate() builds the saved run's modes on its task and backend, with this --set
+    checked = argparse.Namespace(**{**vars(args), "simulate_only": True,
+                                    "backend": "hf" if args.simulate_only else args.backend})
+    to_check = modes
+    if args.simulate_only and args.calibration:
+        checked.task, checked.backend = saved.get("task", args.task), saved.get("backend", args.backend)
+        to_check = [m for m in saved["modes"] if m in MODES]
+    try:
+        for m in to_check:
+            mode_config(m, checked)
+        conflicts = set_conflicts(checked, to_check)
+        if conflicts:
+            raise ConfigError(conflicts[0] + (f" ({len(conflicts) - 1} more like it)" if len(conflicts) > 1 else ""))
+        if not args.simulate_only and not args.gpu:  # --gpu: the model is built after these checks (a stand-in here)
+            preflight_modes(checked, modes)
+        if getattr(args, "simulate", False) and not args.gpu and not args.simulate_only:
+            check_calibration(checked)
+    except Exception as exc:  # the user's (a config, a dataset, an unknown name) in one line, as asyncrl's CLI
+        from asyncrl.cli import _user_error
 
-            err = _user_error(exc)
-            if err is None:
-                raise
-            print(f"{err.kind} error: {err}", file=sys.stderr)
-            sys.exit(2)
+        err = _user_error(exc)
+        if err is None:
+            raise
+        print(f"{err.kind} error: {err}", file=sys.stderr)
+        sys.exit(2)
     if args.gpu and not args.simulate_only:  # last: the checks above hold on any machine (tests run them on CPU)
         import torch
 

@@ -339,6 +339,9 @@ SIM_CPU_ARITH = ["--task", "arith", "--modes", "d", "--steps", "2", "--no-ideal"
     (["--modes", "d,d"], "names a mode twice"),
     (["--ideal-groups", "0"], "--ideal-groups must be at least 1"),
     (["--reference", "/nonexistent"], "not the rlproto reference loop's directory"),
+    # s36's re-check: --calibration re-simulates with --set, which was not checked (the typo reached the re-simulation)
+    (["--simulate-only", "--calibration", str(REPO / "tests" / "data" / "avc_cpu_longtail_s35.json"), "--set",
+      "async_training.staleness_treshold=0.1"], "did you mean 'async_training.staleness_threshold'?"),
     (SIM + ["--json", "/nonexistent/x.json"], "its directory does not exist"),
     # session 30's fresh user: --gpu --backend hf on a machine without a GPU started Ray and wrote the model's shards,
     # then asked to lower config keys the benchmark sets itself
