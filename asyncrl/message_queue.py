@@ -2,13 +2,16 @@
 
 ::
 
-    FullyAsyncRollouter --put_sample([ref])--> MessageQueue --get_samples(n)--> FullyAsyncTrainer
+    FullyAsyncRollouter --put_sample([bytes|ref])--> MessageQueue --get_samples(n)--> FullyAsyncTrainer
           (waits while full)                   deque + Condition      (waits while empty; woken by
                                                                         put or by shutdown())
 
-Samples travel as Ray object refs wrapped in a list, so the actor stores only the ref: the payload
-is put once by the producer and fetched once by the consumer, never copied through this actor.
-Semantics from the verl fully-async design (``MessageQueue`` actor with a condition variable).
+A sample is pickled once by the producer (``ray.cloudpickle``, as verl's rollouter does) and travels
+inline in the ``put_sample`` call when it is small (:data:`INLINE_MAX_BYTES`: a prompt group of short
+responses, a few KB), so the actor holds the bytes and no object-store put, ownership or fetch is paid per
+group; a larger one is put in Ray's object store once and the actor stores only its ref (the payload is
+never copied through this actor). The consumer unpickles. Semantics from the verl fully-async design
+(``MessageQueue`` actor with a condition variable).
 """
 
 from __future__ import annotations
@@ -20,6 +23,30 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import ray
+
+INLINE_MAX_BYTES = 64 * 1024
+"""A pickled sample up to this size travels inside the ``put_sample`` call (below Ray's 100 KiB
+``max_direct_call_object_size``, past which Ray would put the argument in the object store itself and the actor
+would fetch a copy); a larger one is ``ray.put`` once and travels as its ref."""
+
+
+@dataclass
+class PickledSample:
+    """A sample pickled by the producer (``ray.cloudpickle.dumps``), unpickled by the consumer
+    (:meth:`MessageQueue.get_samples_async`); the queue actor only holds it."""
+
+    data: bytes
+
+    @classmethod
+    def of(cls, sample: Any) -> "PickledSample":
+        return cls(ray.cloudpickle.dumps(sample))
+
+    def load(self) -> Any:
+        return ray.cloudpickle.loads(self.data)
+
+
+def _unwrap(value: Any) -> Any:
+    return value.load() if isinstance(value, PickledSample) else value
 
 
 class QueueShutdown(RuntimeError):
@@ -57,7 +84,8 @@ class _MessageQueueActor:
         self.shutdown_reason = ""
 
     async def put_sample(self, wrapped_ref: list, timeout: Optional[float] = None) -> bool:
-        """Append one sample ref; waits while full. Returns False on timeout; raises on shutdown."""
+        """Append one sample (its pickled bytes, or a ref); waits while full. Returns False on timeout; raises
+        on shutdown."""
         async with self.cond:
             self.waiting_putters += 1
             try:
@@ -79,7 +107,7 @@ class _MessageQueueActor:
             return True
 
     async def get_samples(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
-        """Pop ``n`` sample refs in FIFO order, waiting until ``n`` are there.
+        """Pop ``n`` samples (as put: bytes or refs) in FIFO order, waiting until ``n`` are there.
 
         Returns ``None`` after :meth:`shutdown` (also when a getter was already waiting) or on
         timeout; never a partial batch.
@@ -136,8 +164,9 @@ class MessageQueue:
         maxsize: capacity in samples (prompt groups); the rollouter's ``max_required_samples``.
         actor_options: extra ``ray.remote`` options (``name``, ``namespace``, ...).
 
-    Producers call :meth:`put_payload_async` with the sample (or :meth:`put_sample_async` with an object ref,
-    ``ray.put(sample)``); consumers call :meth:`get_samples_async`, which returns the payloads.
+    Producers call :meth:`put_payload_async` with the sample (pickled once; inline up to :data:`INLINE_MAX_BYTES`,
+    else through the object store), or :meth:`put_sample_async` with an object ref (``ray.put(sample)``);
+    consumers call :meth:`get_samples_async`, which returns the samples.
     """
 
     in_process = False
@@ -162,15 +191,21 @@ class MessageQueue:
 
     # producer side
     async def put_payload_async(self, sample: Any, timeout: Optional[float] = None) -> bool:
-        """Enqueue one sample: put in Ray's object store once here and fetched once by the consumer, or, on an
-        :attr:`in_process` queue, handed over as the object (an already-resolved future: no ``ray.put``, no
-        copy). Waits while full; returns False on timeout; raises :class:`QueueShutdown` after shutdown."""
+        """Enqueue one sample: pickled here, inside the call when it is at most :data:`INLINE_MAX_BYTES` (the queue
+        actor holds the bytes), else put in Ray's object store once and fetched once by the consumer; on an
+        :attr:`in_process` queue, handed over as the object (an already-resolved future: no pickling, no copy).
+        Waits while full; returns False on timeout; raises :class:`QueueShutdown` after shutdown.
+
+        Raises:
+            QueueShutdown: the queue was shut down (the sample is counted as dropped there).
+            pickle.PicklingError / TypeError: the sample cannot be pickled (nothing was enqueued)."""
         if self.in_process:
             ref: Any = asyncio.get_running_loop().create_future()
             ref.set_result(sample)
-        else:
-            ref = ray.put(sample)
-        return await self.put_sample_async(ref, timeout)
+            return await self.put_sample_async(ref, timeout)
+        payload = PickledSample.of(sample)
+        return await self.actor.put_sample.remote([payload if len(payload.data) <= INLINE_MAX_BYTES
+                                                   else ray.put(payload)], timeout)
 
     async def put_sample_async(self, sample_ref: ray.ObjectRef, timeout: Optional[float] = None) -> bool:
         """Enqueue a sample ref; waits while full. Raises :class:`QueueShutdown` after shutdown."""
@@ -181,15 +216,23 @@ class MessageQueue:
 
     # consumer side
     async def get_samples_async(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
-        """Dequeue ``n`` samples (the payloads, fetched from the object store), or ``None`` on shutdown/timeout."""
+        """Dequeue ``n`` samples (unpickled; those put as refs fetched from the object store), or ``None`` on
+        shutdown/timeout."""
         wrapped = await self.actor.get_samples.remote(n, timeout)
         if wrapped is None:
             return None
-        return await asyncio.gather(*[w[0] for w in wrapped])
+        items = [w[0] for w in wrapped]
+        refs = [i for i, x in enumerate(items) if isinstance(x, (ray.ObjectRef, asyncio.Future))]
+        for i, value in zip(refs, await asyncio.gather(*[items[i] for i in refs])):
+            items[i] = value
+        return [_unwrap(x) for x in items]
 
     def get_samples(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
         wrapped = ray.get(self.actor.get_samples.remote(n, timeout))
-        return None if wrapped is None else ray.get([w[0] for w in wrapped])
+        if wrapped is None:
+            return None
+        items = [w[0] for w in wrapped]
+        return [_unwrap(ray.get(x) if isinstance(x, ray.ObjectRef) else x) for x in items]
 
     async def size_async(self) -> int:
         return await self.actor.size.remote()

@@ -88,16 +88,48 @@ def test_async_api(ray_up):
     q.shutdown()
 
 
-def test_put_payload_goes_through_the_object_store_of_an_actor_queue(ray_up):
-    q = MessageQueue(maxsize=2)
+def test_put_payload_sends_a_small_sample_inline_and_a_large_one_through_the_object_store(ray_up):
+    """A group of short responses is pickled into the put call (the actor holds the bytes: no ray.put per group);
+    one over INLINE_MAX_BYTES is put once and the actor holds its ref. Either way the consumer gets the sample."""
+    import numpy as np
+
+    from asyncrl.message_queue import INLINE_MAX_BYTES, PickledSample
+
+    q = MessageQueue(maxsize=4)
+    small = {"group": [1, 2, 3]}
+    large = {"ids": np.arange(INLINE_MAX_BYTES // 8 + 1000, dtype=np.int64)}  # just over the limit, pickled
 
     async def main():
-        await q.put_payload_async({"group": [1, 2, 3]})
-        return (await q.actor.get_samples.remote(1))[0][0]
+        await q.put_payload_async(small)
+        await q.put_payload_async(large)
+        held = [w[0] for w in await q.actor.get_samples.remote(2)]
+        await q.put_payload_async(small)
+        await q.put_payload_async(large)
+        return held, await q.get_samples_async(2)
 
-    inner = asyncio.run(main())
-    value = ray.get(inner)
-    assert isinstance(inner, ray.ObjectRef) and value == {"group": [1, 2, 3]}
+    held, got = asyncio.run(main())
+    assert isinstance(held[0], PickledSample) and held[0].load() == small
+    assert isinstance(held[1], ray.ObjectRef) and (ray.get(held[1]).load()["ids"] == large["ids"]).all()
+    assert got[0] == small and (got[1]["ids"] == large["ids"]).all()
+    assert q.get_samples(1, timeout=0.2) is None  # both consumed
+    q.shutdown()
+
+
+def test_sync_get_samples_unpickles_inline_samples_and_fetches_refs(ray_up):
+    q = MessageQueue(maxsize=3)
+    asyncio.run(q.put_payload_async({"uid": "a"}))
+    q.put_sample(ray.put({"uid": "b"}))
+    assert q.get_samples(2) == [{"uid": "a"}, {"uid": "b"}]
+    q.shutdown()
+
+
+def test_an_unpicklable_sample_raises_at_the_producer_and_enqueues_nothing(ray_up):
+    import threading
+
+    q = MessageQueue(maxsize=2)
+    with pytest.raises(TypeError):
+        asyncio.run(q.put_payload_async({"lock": threading.Lock()}))
+    assert q.stats().puts == 0
     q.shutdown()
 
 

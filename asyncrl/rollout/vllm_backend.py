@@ -29,6 +29,7 @@ from asyncrl.api import InferenceEngine
 from asyncrl.rollout.base import (PromptTooLong, SamplingParams, TokenOutput, check_scheduling_policy, eos_token_ids,
                                   request_priority)
 from asyncrl.rollout.engine_stats import IterationWindow, vllm_stat_logger
+from asyncrl.rollout.vllm_outputs import sampled_logprobs, top_logprobs
 from asyncrl.rollout.stop import StopStrings
 from asyncrl.sync.bucket import metas_to_wire
 
@@ -182,7 +183,7 @@ class VLLMEngine(InferenceEngine):
         return VSamplingParams(
             max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, top_k=max(0, sp.top_k),
             min_p=sp.min_p, seed=sp.seed,
-            logprobs=max(0, sp.top_logprobs) if sp.logprobs else None, detokenize=False,
+            logprobs=max(0, sp.top_logprobs) if sp.logprobs else None, detokenize=False, flat_logprobs=True,
             presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
             repetition_penalty=sp.repetition_penalty,
             stop_token_ids=list(dict.fromkeys([*([] if sp.ignore_eos else self.eos_token_ids), *sp.stop_token_ids])),
@@ -249,10 +250,9 @@ class VLLMEngine(InferenceEngine):
                 ids.extend(comp.token_ids)
                 versions.extend([version] * len(comp.token_ids))
                 if sampling_params.logprobs and comp.logprobs:
-                    lps.extend(step[tok].logprob for tok, step in zip(comp.token_ids, comp.logprobs))
-                    if k_top > 0:  # the dict holds the sampled id and the top-k (rank 1..k)
-                        top.extend(sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank <= k_top),
-                                          key=lambda x: -x[1]) for step in comp.logprobs)
+                    lps.extend(sampled_logprobs(comp.token_ids, comp.logprobs))
+                    if k_top > 0:
+                        top.extend(top_logprobs(comp.logprobs, k_top))
                 finish = comp.finish_reason or finish
                 # vLLM 0.32 does not report per-request preemptions; read it if a later one does.
                 preempted = max(preempted, getattr(out, "num_preemptions", 0) or 0)
