@@ -34,7 +34,9 @@ samples/s (prompt groups trained per second of training), x colocated, fraction 
 trainer / rollouter idle ratios, median step time, version lag, and the time until the rolling mean
 reward reaches ``--target-reward``, the per-step split (fetch wait / update / sync parts) and the
 rollouter's funnel (engine requests in flight, active groups, ``staleness_samples``). ``--census``
-adds every process's CPU seconds, cores and thread affinities (``cpu_census.py``). The simulator is
+adds every process's CPU seconds, cores and thread affinities (``cpu_census.py``), the share of the trainer's
+cores the rest took (the glue, vLLM's front end, Ray), and, with the ideal bound, the bound priced with it
+(train-only x (1 - that share): how much of the gap to the ideal bound is that CPU). The simulator is
 calibrated on micro-measurements (decode probes, train-only, each alone and with the other side busy:
 the contention term) and predicts every mode. ``--json`` keeps everything.
 
@@ -420,6 +422,10 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
     }
     if cpu:
         out["census"] = cpu
+        if cfg.trainer.cpu_affinity and not cfg.actor_rollout_ref.hybrid_engine:  # what else ran on the trainer's cores
+            from cpu_census import cores_of, others_on_cores
+
+            out["glue_on_trainer_cores"] = others_on_cores(cpu, cores_of(cfg.trainer.cpu_affinity), TRAINER_LABEL)
     print(f"  {mode:9s} {out['steps']:3d} steps  {out['samples_per_s']:.3f} samples/s  step {out['step_s_median']:.2f} s"
           f"  trainer idle {out['trainer_idle_ratio']:.2f}  rollouter idle {out['rollouter_idle_ratio']:.2f}", flush=True)
     print("    funnel (mean of 1 Hz samples): " + "  ".join(f"{k} {v:.1f}" for k, v in out["funnel"].items()), flush=True)
@@ -432,6 +438,36 @@ def run_mode(mode: str, replica: Any, args: argparse.Namespace) -> dict:
         from cpu_census import format_report
 
         print(format_report(cpu), flush=True)
+        g = out.get("glue_on_trainer_cores")
+        if g:
+            print(f"  on the trainer's cores ({cfg.trainer.cpu_affinity}) the rest took {g['share']:.2f} of their time: "
+                  + ", ".join(f"{k} {v:.1f} s" for k, v in g["by_process"].items()), flush=True)
+    return out
+
+
+TRAINER_LABEL = "ray::FullyAsyncTrainer"
+
+
+def priced_bounds(result: dict) -> dict:
+    """``--census`` with the ideal bound: per pinned async mode, the bound priced with what else ran on the trainer's
+    cores (the glue, vLLM's front end, Ray's daemons): train-only samples/s x (1 - their share of those cores, as the
+    census measured it in the mode's run), against the same rollout-only. The ideal bound prices the training with
+    the trainer's cores to itself, which no run that places the glue there has; this one says how much of the gap
+    to it is that CPU (``of_priced`` near 1: the overlap itself leaves little) and how much is waiting. Returns
+    ``{mode: {"share", "train_samples_per_s", "bound_samples_per_s", "of_priced"}}``; ``{}`` without them."""
+    ideal = result.get("ideal") or {}
+    if not ideal.get("train_s_per_sample"):
+        return {}
+    rollout = 1.0 / ideal.get("best_rollout_s_per_sample", ideal["rollout_s_per_sample"])
+    out = {}
+    for m, r in result.get("modes", {}).items():
+        g = r.get("glue_on_trainer_cores")
+        if not g or not r.get("samples_per_s"):
+            continue
+        train = (1.0 - min(g["share"], 1.0)) / ideal["train_s_per_sample"]
+        bound = min(rollout, train)
+        out[m] = {"share": g["share"], "train_samples_per_s": train, "bound_samples_per_s": bound,
+                  "of_priced": r["samples_per_s"] / bound if bound > 0 else None}
     return out
 
 
@@ -1174,6 +1210,8 @@ def main() -> None:
         result["reference"] = run_reference(args.reference, args.reference_seconds)
     if args.simulate and ("calibration" in result or args.gpu):
         result["simulated"] = simulate_modes(result, args)
+    if priced_bounds(result):
+        result["priced"] = priced_bounds(result)
     save(result, args)
     report(result)
 
@@ -1351,7 +1389,8 @@ def dry_run(args: argparse.Namespace, modes: Sequence[str]) -> None:
     elif args.simulate:
         then.append("the simulator's calibration (decode probes, train-only) and a prediction of every mode")
     if args.census:
-        then.append("a census of every process's CPU time, cores and threads per mode")
+        then.append("a census of every process's CPU time, cores and threads per mode, and what else ran on the "
+                    "trainer's cores" + (" (the ideal bound priced with it)" if args.ideal else ""))
     if args.reference:
         then.append(f"the reference loop {args.reference} for {args.reference_seconds:g} s")
     print("then: " + ("; ".join(then) if then else "nothing else") + f"; results under {args.out}"
@@ -1497,6 +1536,11 @@ def report(result: dict) -> None:
         at = f" at {i['best_concurrency']} groups at once" if "best_concurrency" in i else ""
         print(f"ideal bound {ideal:.3f} samples/s = 1 / max(rollout-only{at} {i.get('best_rollout_s_per_sample', i['rollout_s_per_sample']):.3f},"
               f" train-only {i['train_s_per_sample']:.3f} s/sample)")
+    for m, q in (result.get("priced") or {}).items():
+        of = f" = {q['of_priced']:.2f} of it" if q["of_priced"] else ""
+        print(f"priced with the rest on the trainer's cores (--census): {m}: they took {q['share']:.2f} of those cores -> "
+              f"train-only x {1 - min(q['share'], 1.0):.2f} = {q['train_samples_per_s']:.3f}; bound "
+              f"{q['bound_samples_per_s']:.3f} samples/s; measured {modes[m]['samples_per_s']:.3f}{of}")
     sim = result.get("simulated") or {}
     if sim:
         print("\nsimulated (" + result.get("simulated_from", "asyncrl.sim calibrated on decode probes + train-only, "

@@ -186,3 +186,34 @@ def format_report(rep: dict) -> str:
         lines.append(f"  {r['label'][:28]:28s} {r['pid']:7d} {r['affinity']:>6s} {r['threads']:4d} {r['cpu_s']:7.1f}"
                      f" {r['share']:6.2f}  {ran:12s} {aff:24s} {top}")
     return "\n".join(lines)
+
+
+def cores_of(spec: str) -> set[int]:
+    """``"0-1,4"`` -> ``{0, 1, 4}`` (a ``Cpus_allowed_list``); ``"?"`` or ``""`` -> ``set()``."""
+    out: set[int] = set()
+    for part in (spec or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit():
+            out.update(range(int(lo), int(hi if hi.isdigit() else lo) + 1))
+    return out
+
+
+def others_on_cores(rep: dict, cores: set[int], owner: str) -> dict:
+    """What the processes other than ``owner`` (a label: ``ray::FullyAsyncTrainer``) spent on ``cores`` in a
+    :meth:`CpuCensus.report`: a thread allowed only there counts whole, a thread allowed on more cores by the share
+    of its cores that are ``cores`` (it may run anywhere it is allowed). Returns ``{"cpu_s", "share"}`` (``share``: of
+    those cores' time over the report's wall time; 0.44 = 44% of one core's time for a one-core ``cores``) and
+    ``"by_process"`` (label -> CPU s there), largest first. No ``cores``: zeros."""
+    if not cores:
+        return {"cpu_s": 0.0, "share": 0.0, "by_process": {}}
+    by: collections.Counter = collections.Counter()
+    for r in rep["processes"]:
+        if r["label"] == owner:
+            continue
+        for spec, cpu_s in r["cpu_s_by_thread_affinity"].items():
+            allowed = cores_of(spec)
+            if allowed:
+                by[r["label"]] += cpu_s * len(allowed & cores) / len(allowed)
+    total = sum(by.values())
+    return {"cpu_s": round(total, 2), "share": round(total / (max(1e-9, rep["wall_s"]) * len(cores)), 3),
+            "by_process": {k: round(v, 2) for k, v in by.most_common() if v >= 0.05}}

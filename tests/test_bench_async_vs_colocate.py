@@ -671,3 +671,46 @@ def test_session_36s_run_with_the_front_end_put_back_is_simulated_within_15_perc
     out = bench.simulate_modes(result, args)
     assert set(out) == {"colocated", "d_t2", "d_s1_t2", "d_s1_t2_front0"}
     assert {m: abs(o["error"]) < 0.15 for m, o in out.items()} == dict.fromkeys(out, True), out
+
+
+def census_report():
+    """A --census report of a pinned async mode (trainer on core 1): hand-made, numbers checked by hand below."""
+    return {"wall_s": 20.0, "total_cpu_s": 36.0, "processes": [
+        {"label": "VLLM::Worker", "cpu_s_by_thread_affinity": {"0": 14.0}},
+        {"label": "ray::FullyAsyncTrainer", "cpu_s_by_thread_affinity": {"1": 10.0}},
+        {"label": "ray::_ReplicaActor", "cpu_s_by_thread_affinity": {"1": 5.0}},       # the front end, with the glue
+        {"label": "ray::FullyAsyncRollouter", "cpu_s_by_thread_affinity": {"1": 3.0}},
+        {"label": "raylet", "cpu_s_by_thread_affinity": {"0-1": 2.0}},                  # floating: half counts
+        {"label": "gcs_server", "cpu_s_by_thread_affinity": {"?": 2.0}},                # affinity unread: not counted
+    ]}
+
+
+def test_the_rest_on_the_trainers_cores_counts_pinned_threads_whole_and_floating_ones_by_their_share(bench):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from cpu_census import cores_of, others_on_cores
+
+    assert cores_of("0-2,5") == {0, 1, 2, 5} and cores_of("?") == set() and cores_of("") == set()
+    g = others_on_cores(census_report(), {1}, bench.TRAINER_LABEL)
+    assert g["cpu_s"] == 9.0  # 5 + 3 + 2/2: the trainer's own 10 s and core 0's 14 s are not counted
+    assert g["share"] == 0.45  # 9 s of core 1's 20 s
+    assert list(g["by_process"]) == ["ray::_ReplicaActor", "ray::FullyAsyncRollouter", "raylet"]
+    assert others_on_cores(census_report(), set(), bench.TRAINER_LABEL) == {"cpu_s": 0.0, "share": 0.0, "by_process": {}}
+
+
+def test_the_bound_priced_with_the_rest_on_the_trainers_cores(bench, capsys):
+    """Train-only 25 samples/s with 45% of its core taken -> 13.75; rollout-only 20: the priced bound is 13.75, and a
+    mode measured at 12.375 is at 0.9 of it (while at 12.375 / 20 = 0.62 of the ideal bound). Colocated (no pinned
+    trainer core: no share measured) gets none; without the ideal bound there is nothing to price."""
+    ideal = {"rollout_s_per_sample": 1 / 18, "best_rollout_s_per_sample": 1 / 20, "train_s_per_sample": 1 / 25,
+             "ideal_samples_per_s": 20.0}
+    modes = {"colocated": {"samples_per_s": 9.0},
+             "d_s1_t2": {"samples_per_s": 12.375, "glue_on_trainer_cores": {"share": 0.45, "cpu_s": 9.0, "by_process": {}}}}
+    priced = bench.priced_bounds({"modes": modes, "ideal": ideal})
+    assert list(priced) == ["d_s1_t2"]
+    q = priced["d_s1_t2"]
+    assert q["train_samples_per_s"] == pytest.approx(13.75) and q["bound_samples_per_s"] == pytest.approx(13.75)
+    assert q["of_priced"] == pytest.approx(0.9)
+    # the rest taking little: the rollout-only side binds again
+    modes["d_s1_t2"]["glue_on_trainer_cores"]["share"] = 0.1
+    assert bench.priced_bounds({"modes": modes, "ideal": ideal})["d_s1_t2"]["bound_samples_per_s"] == pytest.approx(20.0)
+    assert bench.priced_bounds({"modes": modes}) == {}
