@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import io
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import ray
+
+logger = logging.getLogger(__name__)
 
 INLINE_MAX_BYTES = 64 * 1024
 """A pickled sample up to this size travels inside the ``put_sample`` call (below Ray's 100 KiB
@@ -30,23 +34,63 @@ INLINE_MAX_BYTES = 64 * 1024
 would fetch a copy); a larger one is ``ray.put`` once and travels as its ref."""
 
 
+class _HoldsRayHandle(Exception):
+    """Raised inside :func:`_pickle_without_refs` at the first Ray object ref or actor handle in a sample."""
+
+
+class _RefFreePickler(ray.cloudpickle.CloudPickler):
+    """``ray.cloudpickle`` that refuses Ray object refs and actor handles: pickled outside Ray's serializer, a ref
+    would keep its object alive forever (its owner never learns when the consumer drops it)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (ray.ObjectRef, ray.actor.ActorHandle)):
+            raise _HoldsRayHandle
+        return super().reducer_override(obj)
+
+
+def _pickle_without_refs(sample: Any) -> Optional[bytes]:
+    """``sample`` pickled (``ray.cloudpickle``), or ``None`` when it holds a Ray object ref or actor handle (then
+    it travels through ``ray.put``, whose serializer tracks them)."""
+    buf = io.BytesIO()
+    try:
+        _RefFreePickler(buf, protocol=5).dump(sample)
+    except _HoldsRayHandle:
+        return None
+    return buf.getvalue()
+
+
 @dataclass
 class PickledSample:
-    """A sample pickled by the producer (``ray.cloudpickle.dumps``), unpickled by the consumer
-    (:meth:`MessageQueue.get_samples_async`); the queue actor only holds it."""
+    """A sample pickled by the producer (``ray.cloudpickle``), unpickled by the consumer
+    (:meth:`MessageQueue.get_samples_async`); the queue actor only holds it. ``seq``: the sample's ``seq`` (a
+    :class:`~asyncrl.sample.RolloutSample`'s), so one that cannot be unpickled is still accounted for."""
 
     data: bytes
-
-    @classmethod
-    def of(cls, sample: Any) -> "PickledSample":
-        return cls(ray.cloudpickle.dumps(sample))
+    seq: Optional[int] = None
 
     def load(self) -> Any:
         return ray.cloudpickle.loads(self.data)
 
 
+@dataclass
+class UnreadableSample:
+    """What :meth:`MessageQueue.get_samples_async` returns in place of a sample that could not be unpickled in the
+    consumer (a class the consumer's process cannot import, a ``__reduce__`` that raises): its ``seq`` (``None``
+    when the producer's sample had none) and the error. The trainer records it as ``failed/unpicklable``; the
+    other samples of the same get come back as usual."""
+
+    seq: Optional[int]
+    error: str
+
+
 def _unwrap(value: Any) -> Any:
-    return value.load() if isinstance(value, PickledSample) else value
+    if not isinstance(value, PickledSample):
+        return value
+    try:
+        return value.load()
+    except Exception as exc:  # noqa: BLE001 - any unpickling error: reported, accounted for, the rest kept
+        logger.error("a queued sample (seq %s) could not be unpickled in the consumer: %r", value.seq, exc)
+        return UnreadableSample(value.seq, f"{type(exc).__name__}: {exc}")
 
 
 class QueueShutdown(RuntimeError):
@@ -203,9 +247,12 @@ class MessageQueue:
             ref: Any = asyncio.get_running_loop().create_future()
             ref.set_result(sample)
             return await self.put_sample_async(ref, timeout)
-        payload = PickledSample.of(sample)
-        return await self.actor.put_sample.remote([payload if len(payload.data) <= INLINE_MAX_BYTES
-                                                   else ray.put(payload)], timeout)
+        data = _pickle_without_refs(sample)
+        if data is None:  # it holds Ray refs / actor handles: Ray's own serializer, which tracks them
+            return await self.put_sample_async(ray.put(sample), timeout)
+        payload = PickledSample(data, getattr(sample, "seq", None))
+        return await self.actor.put_sample.remote([payload if len(data) <= INLINE_MAX_BYTES else ray.put(payload)],
+                                                  timeout)
 
     async def put_sample_async(self, sample_ref: ray.ObjectRef, timeout: Optional[float] = None) -> bool:
         """Enqueue a sample ref; waits while full. Raises :class:`QueueShutdown` after shutdown."""
@@ -217,7 +264,8 @@ class MessageQueue:
     # consumer side
     async def get_samples_async(self, n: int = 1, timeout: Optional[float] = None) -> Optional[list]:
         """Dequeue ``n`` samples (unpickled; those put as refs fetched from the object store), or ``None`` on
-        shutdown/timeout."""
+        shutdown/timeout. A sample that cannot be unpickled here comes back as an :class:`UnreadableSample` (logged
+        as an error), the others as usual."""
         wrapped = await self.actor.get_samples.remote(n, timeout)
         if wrapped is None:
             return None

@@ -1538,6 +1538,7 @@ def report(result: dict) -> None:
               f" train-only {i['train_s_per_sample']:.3f} s/sample)")
     for m, q in (result.get("priced") or {}).items():
         of = f" = {q['of_priced']:.2f} of it" if q["of_priced"] else ""
+        of += " (the median run's share and samples/s, the median round's bound)" if result.get("rounds") else ""
         print(f"priced with the rest on the trainer's cores (--census): {m}: they took {q['share']:.2f} of those cores -> "
               f"train-only x {1 - min(q['share'], 1.0):.2f} = {q['train_samples_per_s']:.3f}; bound "
               f"{q['bound_samples_per_s']:.3f} samples/s; measured {modes[m]['samples_per_s']:.3f}{of}")

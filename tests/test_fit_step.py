@@ -161,3 +161,20 @@ def test_dapo_without_a_limit_keeps_fetching_as_verl_and_warns_once_a_minute_nam
 
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "filter_groups" in r.getMessage()]
+
+
+def test_a_sample_the_trainer_cannot_unpickle_is_accounted_as_failed_and_replaced(random_model_dir):
+    """The queue's client hands back an UnreadableSample (asyncrl.message_queue) for a queued sample that could not be
+    unpickled here: the trainer records it failed/unpicklable (fetched first, so it is not also 'unconsumed') and
+    fetches another in its place; the step trains a full batch."""
+    from asyncrl.message_queue import UnreadableSample
+
+    cfg = _cfg("grpo", random_model_dir)
+    samples = fake_samples(9, cfg.actor_rollout_ref.rollout.n)
+    bad = samples[1].seq
+    samples[1] = UnreadableSample(bad, "RuntimeError: cannot load")
+    trainer = _trainer(cfg, samples)
+    assert asyncio.run(trainer.fit_step())
+    assert trainer.trained == 4 and trainer.mq.samples  # 4 trained of the 5 taken, the rest still queued
+    assert trainer.ledger.counts()["failed/unpicklable"] == 1 and trainer.ledger.counts()["fetched"] == 5
+    assert list(trainer.ledger.seqs("failed/unpicklable")) == [bad]

@@ -160,3 +160,61 @@ def test_an_in_process_queue_hands_over_the_object_itself(monkeypatch):
     got, st = asyncio.run(main())
     assert got[0] is a and got[1] is b
     assert (st.puts, st.gets, st.shutdown) == (3, 2, True) and st.drop_reasons == {"unconsumed_at_shutdown": 1, "queue_shutdown": 1}
+
+
+class _LoadsBadly:
+    """Pickles fine, raises when unpickled (a class the consumer cannot rebuild)."""
+
+    seq = 7
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise RuntimeError("cannot load")
+
+
+def test_a_sample_that_cannot_be_unpickled_comes_back_as_unreadable_and_the_rest_of_the_get_as_usual(ray_up):
+    from asyncrl.message_queue import UnreadableSample
+
+    q = MessageQueue(maxsize=3)
+
+    async def main():
+        await q.put_payload_async({"uid": "a"})
+        await q.put_payload_async(_LoadsBadly())
+        await q.put_payload_async({"uid": "c"})
+        return await q.get_samples_async(3)
+
+    got = asyncio.run(main())
+    assert got[0] == {"uid": "a"} and got[2] == {"uid": "c"}
+    assert isinstance(got[1], UnreadableSample) and got[1].seq == 7 and "cannot load" in got[1].error
+    q.shutdown()
+
+
+def test_a_sample_holding_a_ray_ref_goes_through_rays_serializer_so_its_object_is_freed(ray_up):
+    """Pickled outside Ray's serializer a ref would pin its object forever; such a sample takes ray.put's path."""
+    import gc
+
+    import numpy as np
+    from ray._private.internal_api import memory_summary
+
+    q = MessageQueue(maxsize=2)
+    inner = ray.put(np.ones(1_000_000))
+    inner_hex = inner.hex()
+
+    async def main():
+        await q.put_payload_async({"ref": inner})
+        return [w[0] for w in await q.actor.get_samples.remote(1)]
+
+    held = asyncio.run(main())
+    assert isinstance(held[0], ray.ObjectRef)  # ray.put of the sample, not the inline bytes
+    assert (ray.get(ray.get(held[0])["ref"]) == 1).all()
+    del held, inner
+    gc.collect()
+    for _ in range(100):  # the owner frees it once no reference is left
+        if inner_hex not in memory_summary(stats_only=False):
+            break
+        time.sleep(0.1)
+    assert inner_hex not in memory_summary(stats_only=False)
+    q.shutdown()

@@ -39,10 +39,20 @@ def test_a_flat_layout_without_the_sampled_token_first_is_refused():
     flat, _ = both_forms()
     with pytest.raises(ValueError, match="sampled token"):
         sampled_logprobs([7, 7, 9], flat)  # position 1 starts with 3
-    with pytest.raises(ValueError, match="3 positions"):
+    with pytest.raises(ValueError, match="3 positions and 4 tokens"):
         sampled_logprobs([7, 3, 9, 4], flat)  # one more token than positions
 
 
 def test_dict_form_reads_the_sampled_tokens_entry():
     dicts = [{5: Logprob(-0.3, 1), 6: Logprob(-1.4, 2)}]
     assert sampled_logprobs([6], dicts) == [-1.4]
+
+
+def test_an_empty_position_or_a_count_mismatch_is_refused_in_either_form():
+    flat = FlatLogprobs()
+    append_logprobs_for_next_position(flat, [], [], [], 1, 0)  # a position without its sampled token
+    append_logprobs_for_next_position(flat, [4], [-1.0], [None], 1, 0)
+    with pytest.raises(ValueError, match="sampled token"):
+        sampled_logprobs([4, 4], flat)  # would read position 1's entry for position 0
+    with pytest.raises(ValueError, match="2 positions and 3 tokens"):
+        sampled_logprobs([1, 2, 3], [{1: Logprob(-0.1, 1)}, {2: Logprob(-0.2, 1)}])

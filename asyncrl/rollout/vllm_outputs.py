@@ -21,13 +21,16 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
             token (vLLM's sampler puts it first, then the top-k), or a list of per-position dicts.
 
     Raises:
-        ValueError: a flat position that does not start with its sampled token, or a position count other than
-            ``len(token_ids)`` (a vLLM that changed the layout: nothing is guessed).
+        ValueError: a position count other than ``len(token_ids)``, or a flat position that is empty or does not
+            start with its sampled token (a vLLM that changed the layout: nothing is guessed).
     """
+    if len(logprobs) != len(token_ids):
+        raise ValueError(f"vLLM returned log-probs for {len(logprobs)} positions and {len(token_ids)} tokens")
     starts = getattr(logprobs, "start_indices", None)
     if starts is None:
         return [step[tok].logprob for tok, step in zip(token_ids, logprobs)]
-    if [logprobs.token_ids[i] for i in starts] != list(token_ids):
+    if any(e <= s for s, e in zip(starts, logprobs.end_indices)) or \
+            [logprobs.token_ids[i] for i in starts] != list(token_ids):
         raise ValueError(f"vLLM's flat logprobs ({len(starts)} positions) do not start each position with the "
                          f"sampled token of the {len(token_ids)} generated")
     return [logprobs.logprobs[i] for i in starts]

@@ -44,6 +44,7 @@ from asyncrl.cpu_affinity import pin_threads
 from asyncrl.failures import RolloutStopped, raise_if_rollout_stopped
 from asyncrl.hybrid_engine import generate_round
 from asyncrl.logs import configure_logging
+from asyncrl.message_queue import UnreadableSample
 from asyncrl.sample import RolloutSample
 from asyncrl.staleness import sample_budget, update_lag_metrics
 from asyncrl.sync.synchronizer import ParameterSynchronizer
@@ -335,6 +336,11 @@ class FullyAsyncTrainer(TrainerBookkeeping, FaultTolerantSync, CheckpointedRun):
                         await self.rollouter.close_admission.remote()
                 return None
             for s in new:
+                if isinstance(s, UnreadableSample):  # could not be unpickled here (logged by the queue's client)
+                    if s.seq is not None:
+                        self.ledger.record("fetched", s.seq)
+                        self.ledger.record("failed/unpicklable", s.seq)
+                    continue
                 s.timings["dequeued"] = time.time()
                 self.ledger.record("fetched", s.seq)
                 lag = self.param_version - (s.min_global_steps if s.min_global_steps is not None else self.param_version)
