@@ -36,7 +36,8 @@ reward reaches ``--target-reward``, the per-step split (fetch wait / update / sy
 rollouter's funnel (engine requests in flight, active groups, ``staleness_samples``). ``--census``
 adds every process's CPU seconds, cores and thread affinities (``cpu_census.py``), the share of the trainer's
 cores the rest took (the glue, vLLM's front end, Ray), and, with the ideal bound, the bound priced with it
-(train-only x (1 - that share): how much of the gap to the ideal bound is that CPU). The simulator is
+(``1 / (train-only s/sample + their CPU s per sample)``: how much of the gap to the ideal bound is that CPU).
+The simulator is
 calibrated on micro-measurements (decode probes, train-only, each alone and with the other side busy:
 the contention term) and predicts every mode. ``--json`` keeps everything.
 
@@ -450,11 +451,14 @@ TRAINER_LABEL = "ray::FullyAsyncTrainer"
 
 def priced_bounds(result: dict) -> dict:
     """``--census`` with the ideal bound: per pinned async mode, the bound priced with what else ran on the trainer's
-    cores (the glue, vLLM's front end, Ray's daemons): train-only samples/s x (1 - their share of those cores, as the
-    census measured it in the mode's run), against the same rollout-only. The ideal bound prices the training with
-    the trainer's cores to itself, which no run that places the glue there has; this one says how much of the gap
-    to it is that CPU (``of_priced`` near 1: the overlap itself leaves little) and how much is waiting. Returns
-    ``{mode: {"share", "train_samples_per_s", "bound_samples_per_s", "of_priced"}}``; ``{}`` without them."""
+    cores (the glue, vLLM's front end, Ray's daemons). Their CPU per trained sample in the mode's run (their share of
+    those cores / the mode's samples/s) is added to train-only's seconds per sample: those cores must do both for
+    every sample, so the training side can at best reach ``1 / (train-only s/sample + theirs)``, against the same
+    rollout-only. The ideal bound prices the training with the trainer's cores to itself, which no run that places
+    the glue there has; this one says how much of the gap to it is that CPU (``of_priced`` near 1: the overlap itself
+    leaves little). The rollout side is not priced (its front end's share of the trainer's cores slows it too).
+    Returns ``{mode: {"share", "glue_s_per_sample", "train_samples_per_s", "bound_samples_per_s", "of_priced"}}``;
+    ``{}`` without them."""
     ideal = result.get("ideal") or {}
     if not ideal.get("train_s_per_sample"):
         return {}
@@ -464,10 +468,11 @@ def priced_bounds(result: dict) -> dict:
         g = r.get("glue_on_trainer_cores")
         if not g or not r.get("samples_per_s"):
             continue
-        train = (1.0 - min(g["share"], 1.0)) / ideal["train_s_per_sample"]
+        glue = g["share"] / r["samples_per_s"]
+        train = 1.0 / (ideal["train_s_per_sample"] + glue)
         bound = min(rollout, train)
-        out[m] = {"share": g["share"], "train_samples_per_s": train, "bound_samples_per_s": bound,
-                  "of_priced": r["samples_per_s"] / bound if bound > 0 else None}
+        out[m] = {"share": g["share"], "glue_s_per_sample": glue, "train_samples_per_s": train,
+                  "bound_samples_per_s": bound, "of_priced": r["samples_per_s"] / bound}
     return out
 
 
@@ -1539,9 +1544,10 @@ def report(result: dict) -> None:
     for m, q in (result.get("priced") or {}).items():
         of = f" = {q['of_priced']:.2f} of it" if q["of_priced"] else ""
         of += " (the median run's share and samples/s, the median round's bound)" if result.get("rounds") else ""
-        print(f"priced with the rest on the trainer's cores (--census): {m}: they took {q['share']:.2f} of those cores -> "
-              f"train-only x {1 - min(q['share'], 1.0):.2f} = {q['train_samples_per_s']:.3f}; bound "
-              f"{q['bound_samples_per_s']:.3f} samples/s; measured {modes[m]['samples_per_s']:.3f}{of}")
+        print(f"priced with the rest on the trainer's cores (--census): {m}: they took {q['share']:.2f} of those cores, "
+              f"{q['glue_s_per_sample']:.3f} s a sample -> 1 / (train-only {result['ideal']['train_s_per_sample']:.3f} + "
+              f"{q['glue_s_per_sample']:.3f}) = {q['train_samples_per_s']:.3f}; bound {q['bound_samples_per_s']:.3f} "
+              f"samples/s; measured {modes[m]['samples_per_s']:.3f}{of}")
     sim = result.get("simulated") or {}
     if sim:
         print("\nsimulated (" + result.get("simulated_from", "asyncrl.sim calibrated on decode probes + train-only, "

@@ -697,20 +697,21 @@ def test_the_rest_on_the_trainers_cores_counts_pinned_threads_whole_and_floating
     assert others_on_cores(census_report(), set(), bench.TRAINER_LABEL) == {"cpu_s": 0.0, "share": 0.0, "by_process": {}}
 
 
-def test_the_bound_priced_with_the_rest_on_the_trainers_cores(bench, capsys):
-    """Train-only 25 samples/s with 45% of its core taken -> 13.75; rollout-only 20: the priced bound is 13.75, and a
-    mode measured at 12.375 is at 0.9 of it (while at 12.375 / 20 = 0.62 of the ideal bound). Colocated (no pinned
-    trainer core: no share measured) gets none; without the ideal bound there is nothing to price."""
+def test_the_bound_priced_with_the_rest_on_the_trainers_cores(bench):
+    """Train-only 25 samples/s (0.04 s each); the rest took 0.4 of the trainer's core while the mode trained 10
+    samples/s: 0.04 s of that core per sample, so the training side can reach 1 / (0.04 + 0.04) = 12.5; rollout-only 20:
+    the priced bound is 12.5 and the mode is at 0.8 of it (0.5 of the ideal bound). Colocated (no pinned trainer
+    core: no share measured) gets none; without the ideal bound there is nothing to price."""
     ideal = {"rollout_s_per_sample": 1 / 18, "best_rollout_s_per_sample": 1 / 20, "train_s_per_sample": 1 / 25,
              "ideal_samples_per_s": 20.0}
     modes = {"colocated": {"samples_per_s": 9.0},
-             "d_s1_t2": {"samples_per_s": 12.375, "glue_on_trainer_cores": {"share": 0.45, "cpu_s": 9.0, "by_process": {}}}}
+             "d_s1_t2": {"samples_per_s": 10.0, "glue_on_trainer_cores": {"share": 0.4, "cpu_s": 8.0, "by_process": {}}}}
     priced = bench.priced_bounds({"modes": modes, "ideal": ideal})
     assert list(priced) == ["d_s1_t2"]
     q = priced["d_s1_t2"]
-    assert q["train_samples_per_s"] == pytest.approx(13.75) and q["bound_samples_per_s"] == pytest.approx(13.75)
-    assert q["of_priced"] == pytest.approx(0.9)
-    # the rest taking little: the rollout-only side binds again
-    modes["d_s1_t2"]["glue_on_trainer_cores"]["share"] = 0.1
+    assert q["glue_s_per_sample"] == pytest.approx(0.04) and q["train_samples_per_s"] == pytest.approx(12.5)
+    assert q["bound_samples_per_s"] == pytest.approx(12.5) and q["of_priced"] == pytest.approx(0.8)
+    # the rest taking little (0.005 s a sample: training could reach 22.2): the rollout-only side binds again
+    modes["d_s1_t2"]["glue_on_trainer_cores"]["share"] = 0.05
     assert bench.priced_bounds({"modes": modes, "ideal": ideal})["d_s1_t2"]["bound_samples_per_s"] == pytest.approx(20.0)
     assert bench.priced_bounds({"modes": modes}) == {}
