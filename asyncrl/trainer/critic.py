@@ -41,6 +41,7 @@ class CriticEngine(TrainEngine):
     def __init__(self, model_path: str, lr: float, warmup: int, total_updates: int, **kw: Any):
         kw.pop("with_reference", None)
         kw.pop("sampling", None)
+        kw.pop("use_prefix_grouper", None)  # values read every position's head: the plain forward
         super().__init__(model_path, lr, warmup, total_updates, with_reference=False, sampling=None, **kw)
 
     def _load(self, model_path: str) -> torch.nn.Module:
@@ -57,7 +58,7 @@ class CriticEngine(TrainEngine):
             transformers.logging.set_verbosity(level)
         return model
 
-    def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _forward(self, mb: Batch, with_entropy: bool, plan: Any = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         return response_values(self.model, mb), None
 
     @torch.no_grad()

@@ -21,6 +21,7 @@ from asyncrl.agent_loop.base import AgentLoopOutput
 from asyncrl.rollout.sampling import SamplingFilters
 from asyncrl.trainer.logprobs import response_log_probs  # noqa: F401 - re-exported: callers import it from here
 from asyncrl.trainer.losses import LossScale
+from asyncrl.trainer.shared_prefix import PrefixPlan, policy_log_probs, prefix_plan
 from asyncrl.trainer.schedule import warmup_linear_decay
 
 logger = logging.getLogger(__name__)
@@ -203,6 +204,9 @@ class TrainEngine:
             ratio (the PPO-clip policy loss without KL loss or entropy bonus): such rows add exactly zero
             gradient, and the step's normalisers (:class:`LossScale`) still count them. GRPO groups whose
             responses all scored the same are such rows. Metrics then count the skipped rows as zero.
+        use_prefix_grouper: run each prompt group's shared prefix once per micro-batch and its rows'
+            suffixes against its KV cache (``actor.use_prefix_grouper``, :mod:`asyncrl.trainer.shared_prefix`):
+            the same log-probs and gradients in fewer tokens.
     """
 
     metric_prefix = "actor"
@@ -211,8 +215,9 @@ class TrainEngine:
                  betas: tuple = (0.9, 0.999), clip_grad: float = 1.0, dtype: str = "float32",
                  micro_batch_size: int = 64, with_reference: bool = False, seed: int = 0,
                  sampling: Optional[SamplingFilters] = None, max_token_len: Optional[int] = None,
-                 skip_zero_advantage: bool = False):
+                 skip_zero_advantage: bool = False, use_prefix_grouper: bool = False):
         torch.manual_seed(seed)
+        self.use_prefix_grouper = use_prefix_grouper
         self.skip_zero_advantage = skip_zero_advantage
         self.dtype = getattr(torch, dtype)
         self.model = self._load(model_path)
@@ -235,9 +240,17 @@ class TrainEngine:
 
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
 
-    def _forward(self, mb: Batch, with_entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _prefix_plan(self, mb: Batch) -> Optional[PrefixPlan]:
+        """The micro-batch's :class:`~asyncrl.trainer.shared_prefix.PrefixPlan` with ``use_prefix_grouper``
+        (``None``: the plain forward)."""
+        if not self.use_prefix_grouper:
+            return None
+        return prefix_plan(mb.input_ids, mb.attention_mask, mb.resp_index, mb.group_ids)
+
+    def _forward(self, mb: Batch, with_entropy: bool,
+                 plan: Optional[PrefixPlan] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """What ``loss_fn`` receives: ``(log_probs, entropy)`` of the micro-batch (the critic: values)."""
-        return response_log_probs(self.model, mb, self.sampling, with_entropy)
+        return policy_log_probs(self.model, mb, self.sampling, with_entropy, plan)
 
     def _chunks(self, batch: Batch) -> Iterator[Batch]:
         """Micro-batches for gradient accumulation (fixed size or by token budget, trimmed of padding)."""
@@ -257,7 +270,8 @@ class TrainEngine:
         """``(batch, resp_len)`` log-probs under the current weights (recomputed old log-probs)."""
         self.model.eval()
         try:
-            return self._gather(batch, lambda mb: response_log_probs(self.model, mb, self.sampling)[0])
+            return self._gather(batch, lambda mb: policy_log_probs(self.model, mb, self.sampling,
+                                                                   plan=self._prefix_plan(mb))[0])
         finally:
             self.model.train()
 
@@ -266,7 +280,8 @@ class TrainEngine:
         """``(batch, resp_len)`` log-probs under the frozen reference model."""
         if self.ref_model is None:
             raise RuntimeError("reference model not loaded (TrainEngine(with_reference=True))")
-        return self._gather(batch, lambda mb: response_log_probs(self.ref_model, mb, self.sampling)[0])
+        return self._gather(batch, lambda mb: policy_log_probs(self.ref_model, mb, self.sampling,
+                                                               plan=self._prefix_plan(mb))[0])
 
     def update(self, batch: Batch, loss_fn: LossFn, with_entropy: bool = False) -> dict:
         """One optimizer step on ``batch`` (one mini-batch), micro-batched.
@@ -286,7 +301,7 @@ class TrainEngine:
             trains one) (``critic/...`` for the critic), and, as the FSDP2 engine, ``perf/tokens`` (tokens through
             the model: each micro-batch's rows x its longest row, padding included, which is what
             ``asyncrl.sim.calibrate.priced_tokens`` prices with ``use_dynamic_bsz``; with fixed micro-batches it
-            counts real tokens) and ``perf/step_s`` (seconds of this update).
+            counts real tokens; with ``use_prefix_grouper`` the prefix and suffix passes' tokens) and ``perf/step_s`` (seconds of this update).
         """
         t0 = time.perf_counter()
         self.model.train()
@@ -298,9 +313,10 @@ class TrainEngine:
         agg: dict[str, float] = {f"{self.metric_prefix}/trained_rows_frac": len(batch) / max(1, rows)}
         computed = 0
         for mb in self._chunks(batch):
-            computed += mb.input_ids.numel()
+            plan = self._prefix_plan(mb)
+            computed += plan.tokens if plan is not None else mb.input_ids.numel()
             weight = float(mb.response_mask.sum()) / max(scale.tokens, 1.0)
-            out, entropy = self._forward(mb, with_entropy)
+            out, entropy = self._forward(mb, with_entropy, plan)
             loss, metrics = loss_fn(out, mb, scale, entropy)
             loss.backward()
             for k, v in metrics.items():

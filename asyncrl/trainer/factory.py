@@ -54,7 +54,7 @@ def build_cpu_train_engine(cfg: ExperimentConfig) -> Any:
         micro_batch_size=actor.ppo_micro_batch_size, with_reference=actor.use_kl_loss or al.use_kl_in_reward,
         seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-        skip_zero_advantage=skips_zero_advantage(cfg))
+        skip_zero_advantage=skips_zero_advantage(cfg), use_prefix_grouper=actor.use_prefix_grouper)
 
 
 def skips_zero_advantage(cfg: ExperimentConfig) -> bool:
