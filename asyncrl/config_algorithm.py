@@ -188,6 +188,9 @@ def validate_algorithm(cfg: Any) -> None:
         raise ValueError("algorithm.filter_groups.enable needs actor_rollout_ref.rollout.n >= 2")
     if not 0.0 <= al.gamma <= 1.0 or not 0.0 <= al.lam <= 1.0:
         raise ValueError(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {al.gamma}, {al.lam}")
+    if ac.use_prefix_grouper and ac.strategy != "cpu":
+        raise ValueError(f"actor_rollout_ref.actor.use_prefix_grouper runs with strategy=cpu only (got {ac.strategy}): "
+                          "set it to false or null")
     if ac.clip_ratio_c is not None and ac.clip_ratio_c <= 1.0:
         raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c must be > 1 (or null), got {ac.clip_ratio_c}")
     if ac.loss_scale_factor is not None and ac.loss_scale_factor <= 0:

@@ -88,9 +88,9 @@ class ActorConfig:
     evens out to the largest rank's micro-batch count (each forward is a collective)."""
     ppo_max_token_len_per_gpu: int = 16384
     """Token budget (rows x longest row) of one micro-batch when ``use_dynamic_bsz``."""
-    use_prefix_grouper: bool = True
-    """Run each prompt group's shared prompt once per micro-batch, its responses against that KV cache: the
-    same log-probs and gradients in fewer tokens (:mod:`asyncrl.trainer.shared_prefix`; verl's key)."""
+    use_prefix_grouper: Optional[bool] = None
+    """Run each prompt group's shared prompt once per micro-batch, its responses against that KV cache: the same
+    log-probs and gradients in fewer tokens (:mod:`asyncrl.trainer.shared_prefix`); null = on with ``strategy=cpu``."""
     ppo_epochs: int = 1
     """Passes over each fetched batch."""
     clip_ratio_low: float = 0.2

@@ -117,3 +117,17 @@ def test_a_model_that_returns_no_kv_cache_is_refused_with_the_reason(random_mode
     plan = prefix_plan(b.input_ids, b.attention_mask, b.resp_index, b.group_ids)
     with pytest.raises(RuntimeError, match="gradient checkpointing"):
         shared_prefix_log_probs(model, b, plan)
+
+
+def test_the_config_key_reaches_the_engine_on_by_default_with_the_cpu_strategy_only(random_model_dir):
+    from asyncrl.config import load_config
+    from asyncrl.config_schema import ConfigError
+    from asyncrl.trainer.factory import build_cpu_train_engine, uses_prefix_grouper
+
+    key, model = "actor_rollout_ref.actor.use_prefix_grouper", f"actor_rollout_ref.model.path={random_model_dir}"
+    assert build_cpu_train_engine(load_config(overrides=[model])).use_prefix_grouper is True
+    assert build_cpu_train_engine(load_config(overrides=[model, f"{key}=false"])).use_prefix_grouper is False
+    fsdp = ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=1"]
+    assert not uses_prefix_grouper(load_config(overrides=fsdp))
+    with pytest.raises(ConfigError, match="strategy=cpu only"):
+        load_config(overrides=[f"{key}=true", *fsdp])

@@ -54,7 +54,7 @@ def build_cpu_train_engine(cfg: ExperimentConfig) -> Any:
         micro_batch_size=actor.ppo_micro_batch_size, with_reference=actor.use_kl_loss or al.use_kl_in_reward,
         seed=cfg.trainer.seed, sampling=SamplingFilters.from_rollout_config(arr.rollout),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-        skip_zero_advantage=skips_zero_advantage(cfg), use_prefix_grouper=actor.use_prefix_grouper)
+        skip_zero_advantage=skips_zero_advantage(cfg), use_prefix_grouper=uses_prefix_grouper(cfg))
 
 
 def skips_zero_advantage(cfg: ExperimentConfig) -> bool:
@@ -63,3 +63,10 @@ def skips_zero_advantage(cfg: ExperimentConfig) -> bool:
     fsdp2 engine trains every row. The simulator prices the same rows (``asyncrl.sim.runner``)."""
     actor = cfg.actor_rollout_ref.actor
     return actor.strategy != "fsdp2" and not actor.use_kl_loss and not actor.entropy_coeff
+
+
+def uses_prefix_grouper(cfg: ExperimentConfig) -> bool:
+    """Whether the trainer's engine runs each group's shared prompt once (``actor.use_prefix_grouper``;
+    null = on with ``strategy=cpu``, the engine that has it: :mod:`asyncrl.trainer.shared_prefix`)."""
+    actor = cfg.actor_rollout_ref.actor
+    return actor.use_prefix_grouper if actor.use_prefix_grouper is not None else actor.strategy == "cpu"
