@@ -40,25 +40,25 @@ def _groups(spec, seed=0, vocab=90):
     return collate(outs, gids)
 
 
-SPEC = [(7, [3, 9, 5, 1]), (4, [6, 2, 8]), (9, [4, 4]), (5, [7])]  # prompts 4-9 tokens, a lone row, a 1-token response
+SPEC = [(16, [3, 9, 5, 1]), (13, [6, 2, 8]), (18, [4, 4]), (15, [7])]  # prompts 13-18 tokens, a lone row, a 1-token response
 
 
 def test_plan_shares_each_groups_prompt_up_to_the_token_before_its_first_response_token():
     b = _groups(SPEC)
     plan = prefix_plan(b.input_ids, b.attention_mask, b.resp_index, b.group_ids)
-    assert plan.prefix_len.tolist() == [6, 3, 8, 4]  # prompt - 1: that token's logits predict the response
+    assert plan.prefix_len.tolist() == [15, 12, 17, 14]  # prompt - 1: that token's logits predict the response
     assert plan.row_group.tolist() == [0, 0, 0, 0, 1, 1, 1, 2, 2, 3]
     assert plan.leaders.tolist() == [0, 4, 7, 9]
-    assert (plan.width, plan.suffix_width) == (8, 10)  # row 1: 7 + 9 tokens from column 6 on = 10
-    # 4 groups x 8 + 10 rows x 10, against 10 rows x 16 columns
-    assert plan.tokens == 4 * 8 + 10 * 10 < b.input_ids.numel() == 10 * 16
+    assert (plan.width, plan.suffix_width) == (17, 10)  # row 1: 16 + 9 tokens from column 15 on = 10
+    # 4 groups x 17 + 10 rows x 10, against 10 rows x 25 columns
+    assert plan.tokens == 4 * 17 + 10 * 10 < b.input_ids.numel() == 10 * 25
 
 
 def test_plan_takes_the_prefix_all_rows_share_and_falls_back_when_nothing_is_shared():
-    b = _groups([(6, [4, 4, 4])])
-    b.input_ids[2, 3] = b.input_ids[0, 3] + 1  # row 2 leaves the group's prompt at column 3
+    b = _groups([(12, [4, 4, 4])])
+    b.input_ids[2, 8] = b.input_ids[0, 8] + 1  # row 2 leaves the group's prompt at column 8
     plan = prefix_plan(b.input_ids, b.attention_mask, b.resp_index, b.group_ids)
-    assert plan.prefix_len.tolist() == [3]
+    assert plan.prefix_len.tolist() == [8]
     singles = _groups([(5, [3]), (5, [4])])
     assert prefix_plan(singles.input_ids, singles.attention_mask, singles.resp_index, singles.group_ids) is None
     one = _groups([(1, [3, 4])])  # a one-token prompt: no token before the response's predecessor
@@ -131,3 +131,47 @@ def test_the_config_key_reaches_the_engine_on_by_default_with_the_cpu_strategy_o
     assert not uses_prefix_grouper(load_config(overrides=fsdp))
     with pytest.raises(ConfigError, match="strategy=cpu only"):
         load_config(overrides=[f"{key}=true", *fsdp])
+
+
+def _row(p, r):
+    return AgentLoopOutput(p, r, [1] * len(r), [-1.0] * len(r), 1.0, response_versions=[0] * len(r))
+
+
+def test_pad_columns_keep_positions_inside_a_learned_position_table(monkeypatch):
+    """A tester's case: a long-prompt group beside a long-response one; the suffix pass's pad columns once got
+    positions past the batch's length (IndexError in GPT-2's 64-position table)."""
+    import asyncrl.trainer.shared_prefix as sp
+
+    monkeypatch.setattr(sp, "MAX_TOKEN_RATIO", 10.0)  # run the plan even though it saves little here
+    a, b_ = list(range(3, 43)), [5, 6]
+    b = collate([_row(a, [7, 8]), _row(a, [9]), _row(b_, list(range(10, 50))), _row(b_, list(range(11, 49)))],
+                ["A", "A", "B", "B"])
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_embd=64, n_layer=2, n_head=2,
+                                                                 n_positions=64)).eval()
+    plan = sp.prefix_plan(b.input_ids, b.attention_mask, b.resp_index, b.group_ids)
+    with torch.no_grad():
+        torch.testing.assert_close(sp.shared_prefix_log_probs(model, b, plan)[0], response_log_probs(model, b)[0],
+                                   atol=2e-5, rtol=1e-5)
+
+
+def test_a_plan_that_saves_too_little_runs_the_plain_forward():
+    singles = collate([_row([3, 4, 5, 6], [7, 8, 9, 10, 11, 12]) for _ in range(2)]
+                      + [_row([20 + i, 4, 5], list(range(30, 60))) for i in range(4)], ["p", "p", 1, 2, 3, 4])
+    plan_tokens_would_be = 5 * 2 + 6 * 33  # one prefix row + every row from its prefix on, against 6 x 33
+    assert plan_tokens_would_be > 0.75 * singles.input_ids.numel()
+    assert prefix_plan(singles.input_ids, singles.attention_mask, singles.resp_index, singles.group_ids) is None
+
+
+def test_a_rope_that_depends_on_the_length_runs_the_plain_forward(tmp_path):
+    from asyncrl.trainer.shared_prefix import shares_prefix_exactly
+
+    small = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, max_position_embeddings=32)
+    dynamic = transformers.LlamaConfig(**small, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert not shares_prefix_exactly(transformers.LlamaForCausalLM(dynamic))
+    assert shares_prefix_exactly(transformers.LlamaForCausalLM(transformers.LlamaConfig(**small)))
+    transformers.LlamaForCausalLM(dynamic).save_pretrained(tmp_path)
+    engine = TrainEngine(str(tmp_path), lr=1e-3, warmup=0, total_updates=1, use_prefix_grouper=True)
+    b = _groups(SPEC)
+    assert engine._prefix_plan(b) is None and engine.use_prefix_grouper is False

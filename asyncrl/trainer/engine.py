@@ -21,7 +21,7 @@ from asyncrl.agent_loop.base import AgentLoopOutput
 from asyncrl.rollout.sampling import SamplingFilters
 from asyncrl.trainer.logprobs import response_log_probs  # noqa: F401 - re-exported: callers import it from here
 from asyncrl.trainer.losses import LossScale
-from asyncrl.trainer.shared_prefix import PrefixPlan, policy_log_probs, prefix_plan
+from asyncrl.trainer.shared_prefix import PrefixPlan, policy_log_probs, prefix_plan, shares_prefix_exactly
 from asyncrl.trainer.schedule import warmup_linear_decay
 
 logger = logging.getLogger(__name__)
@@ -244,6 +244,10 @@ class TrainEngine:
         """The micro-batch's :class:`~asyncrl.trainer.shared_prefix.PrefixPlan` with ``use_prefix_grouper``
         (``None``: the plain forward)."""
         if not self.use_prefix_grouper:
+            return None
+        if not shares_prefix_exactly(self.model):
+            logger.warning("use_prefix_grouper: this model's rope depends on the sequence length; the plain forward runs")
+            self.use_prefix_grouper = False
             return None
         return prefix_plan(mb.input_ids, mb.attention_mask, mb.resp_index, mb.group_ids)
 

@@ -27,6 +27,27 @@ from asyncrl.rollout.sampling import SamplingFilters, filtered_entropy, token_lo
 from asyncrl.trainer.logprobs import TokenLogProbs, accepts_logits_to_keep, response_log_probs
 
 
+MAX_TOKEN_RATIO = 0.75
+"""The plan runs only when its tokens are at most this share of the plain forward's: each pass pads to its own
+widest row, and the two calls cost more per token than one (a tester's timings: 0.97 of the tokens took 1.06-1.22
+of the time, 0.89 took 1.05-1.11, 0.53 took 0.74; the arith demo's 0.47 took 0.49)."""
+
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+"""Rope types whose frequencies transformers picks per call from the longest position (``dynamic_rope_update``):
+the prefix pass alone would see a shorter sequence than the plain forward, so such models run the plain forward."""
+
+
+def shares_prefix_exactly(model: torch.nn.Module) -> bool:
+    """Whether :func:`shared_prefix_log_probs` gives ``model`` the plain forward's values: not with a
+    :data:`LENGTH_DEPENDENT_ROPE` (Phi-3's ``longrope``, dynamic NTK)."""
+    cfg = getattr(model, "config", None)
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if "rope_type" in rope or "type" in rope:
+        rope = {"": rope}  # else one entry per layer type (Gemma 3: full / sliding attention)
+    kinds = [str(v.get("rope_type", v.get("type", ""))) for v in rope.values() if isinstance(v, dict)]
+    return not any(d in k for k in kinds for d in LENGTH_DEPENDENT_ROPE)
+
+
 @dataclass(frozen=True)
 class PrefixPlan:
     """How a batch splits into shared prefixes and per-row suffixes.
@@ -57,9 +78,10 @@ class PrefixPlan:
 def prefix_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_index: torch.Tensor,
                 group_ids: list) -> Optional[PrefixPlan]:
     """:class:`PrefixPlan` of a right-padded batch (``(batch, seq)`` ids / mask, ``(batch, resp_len)``
-    ``resp_index``, ``batch`` group ids), or ``None`` for the plain forward: sharing saves nothing (no group
-    has two rows, or some group's rows share no token before their first response token's predecessor), or
-    a row has padding before a real token (only right-padded rows keep their positions in the suffix pass).
+    ``resp_index``, ``batch`` group ids), or ``None`` for the plain forward: sharing saves too little (no group
+    has two rows, some group's rows share no token before their first response token's predecessor, or the
+    plan's tokens exceed :data:`MAX_TOKEN_RATIO` of the plain forward's), or a row has padding before a real
+    token (only right-padded rows keep their positions in the suffix pass).
 
     A group's prefix is the longest run of tokens every one of its rows starts with, cut one token before the
     group's earliest response token (whose predecessor's logits the suffix pass must produce)."""
@@ -85,7 +107,9 @@ def prefix_plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_inde
                          right_padded.long()]).tolist()
     if facts[0] < 1 or not facts[3]:
         return None
-    return PrefixPlan(leaders, row_group, prefix_len, prefix_len[row_group], int(facts[1]), int(facts[2]))
+    plan = PrefixPlan(leaders, row_group, prefix_len, prefix_len[row_group], int(facts[1]), int(facts[2]))
+    # both passes pad to their widest row and add a little per-call work: worth it only with a clear saving
+    return plan if plan.tokens <= MAX_TOKEN_RATIO * input_ids.numel() else None
 
 
 def shared_prefix_log_probs(model: torch.nn.Module, batch, plan: PrefixPlan, sampling: Optional[SamplingFilters] = None,
@@ -127,7 +151,9 @@ def shared_prefix_log_probs(model: torch.nn.Module, batch, plan: PrefixPlan, sam
     suf_mask = mask.gather(1, at).bool() & (plan.row_prefix[:, None] + scol < ids.shape[1])
     suf_ids = torch.where(suf_mask, ids.gather(1, at), torch.zeros_like(at))
     full_mask = torch.cat([pre_mask[plan.row_group], suf_mask], dim=1).long()
-    logits = model(input_ids=suf_ids, attention_mask=full_mask, position_ids=plan.row_prefix[:, None] + scol,
+    # pad columns get position 0: past the row's end they could pass a learned position table's size
+    pos = torch.where(suf_mask, plan.row_prefix[:, None] + scol, torch.zeros_like(scol))
+    logits = model(input_ids=suf_ids, attention_mask=full_mask, position_ids=pos,
                    past_key_values=cache, use_cache=True).logits  # (batch, suffix, vocab)
     # logits[:, t] predicts the token at column row_prefix + t + 1
     nxt = torch.cat([suf_ids[:, 1:], torch.zeros_like(suf_ids[:, :1])], dim=1)
