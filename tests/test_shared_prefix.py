@@ -122,7 +122,8 @@ def test_a_model_that_returns_no_kv_cache_is_refused_with_the_reason(random_mode
 def test_the_config_key_reaches_the_engine_on_by_default_with_the_cpu_strategy_only(random_model_dir):
     from asyncrl.config import load_config
     from asyncrl.config_schema import ConfigError
-    from asyncrl.trainer.factory import build_cpu_train_engine, uses_prefix_grouper
+    from asyncrl.trainer.factory import build_cpu_train_engine
+    from asyncrl.trainer.shared_prefix import uses_prefix_grouper
 
     key, model = "actor_rollout_ref.actor.use_prefix_grouper", f"actor_rollout_ref.model.path={random_model_dir}"
     assert build_cpu_train_engine(load_config(overrides=[model])).use_prefix_grouper is True

@@ -46,6 +46,7 @@ def build_cpu_train_engine(cfg: ExperimentConfig) -> Any:
     :func:`asyncrl.sim.calibrate.measure_train` times, so the simulator prices the trainer's own update)."""
     from asyncrl.rollout.sampling import SamplingFilters
     from asyncrl.trainer.engine import TrainEngine
+    from asyncrl.trainer.shared_prefix import uses_prefix_grouper
 
     arr = cfg.actor_rollout_ref
     actor, al = arr.actor, cfg.algorithm
@@ -64,9 +65,3 @@ def skips_zero_advantage(cfg: ExperimentConfig) -> bool:
     actor = cfg.actor_rollout_ref.actor
     return actor.strategy != "fsdp2" and not actor.use_kl_loss and not actor.entropy_coeff
 
-
-def uses_prefix_grouper(cfg: ExperimentConfig) -> bool:
-    """Whether the trainer's engine runs each group's shared prompt once (``actor.use_prefix_grouper``;
-    null = on with ``strategy=cpu``, the engine that has it: :mod:`asyncrl.trainer.shared_prefix`)."""
-    actor = cfg.actor_rollout_ref.actor
-    return actor.use_prefix_grouper if actor.use_prefix_grouper is not None else actor.strategy == "cpu"

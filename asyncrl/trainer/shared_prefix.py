@@ -19,7 +19,7 @@ back to the plain forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -46,6 +46,18 @@ def shares_prefix_exactly(model: torch.nn.Module) -> bool:
         rope = {"": rope}  # else one entry per layer type (Gemma 3: full / sliding attention)
     kinds = [str(v.get("rope_type", v.get("type", ""))) for v in rope.values() if isinstance(v, dict)]
     return not any(d in k for k in kinds for d in LENGTH_DEPENDENT_ROPE)
+
+
+def uses_prefix_grouper(cfg: Any) -> bool:
+    """Whether an experiment config (:class:`asyncrl.config.ExperimentConfig`) asks the trainer's engine for
+    this module (``actor_rollout_ref.actor.use_prefix_grouper``; null = on with ``strategy=cpu``, the engine that
+    has it). The engine still runs the plain forward where it would not be exact or not save
+    (:func:`shares_prefix_exactly`, :func:`prefix_plan`).
+
+    Not in the fsdp2 engine: its two forwards before one backward free each layer's gathered parameters after
+    the first backward reaches them (tried in session 38: kept gathered, the layers' gradients went missing)."""
+    actor = cfg.actor_rollout_ref.actor
+    return actor.use_prefix_grouper if actor.use_prefix_grouper is not None else actor.strategy == "cpu"
 
 
 @dataclass(frozen=True)
