@@ -208,9 +208,6 @@ class RolloutConfig:
     """vLLM: once the engine's processes have started, the replica actor's process (vLLM's front end: admission,
     decoding each step's outputs and log-probs) moves to the glue's cores (:func:`asyncrl.cpu_affinity.frontend_cores`;
     only when replica and glue are both pinned). Helps generation-bound runs, costs trainer-bound ones (RESULTS.md s35)."""
-    engine_core_with_glue: bool = False
-    """vLLM: once the engine has started, its EngineCore process (the scheduler) moves to the glue's cores too
-    (:func:`asyncrl.cpu_affinity.engine_core_cores`; same conditions), leaving the replica's cores to the worker."""
     max_restarts: int = 3
     """Times Ray restarts a replica actor that died; a restarted replica rejoins the pool with the
     current weights (0 = a dead replica stays out)."""

@@ -148,21 +148,6 @@ def frontend_cores(cfg: "object", backend_cls: type) -> str:
     return glue_cores(cfg)
 
 
-def engine_core_cores(cfg: "object", backend_cls: type) -> str:
-    """Where vLLM's EngineCore process (the scheduler, which busy-waits on its worker's replies for a second after
-    each one, ``shm_broadcast.SpinCondition``) goes once the engine has started
-    (``actor_rollout_ref.rollout.engine_core_with_glue``): the glue's cores (:func:`glue_cores`) under the same
-    conditions as :func:`frontend_cores`, ``""`` (it stays beside its worker) otherwise.
-
-    Raises:
-        ValueError: a malformed core list (the config's checks report it first).
-    """
-    ro = cfg.actor_rollout_ref.rollout
-    if not (ro.engine_core_with_glue and ro.cpu_affinity and getattr(backend_cls, "separate_engine_processes", False)):
-        return ""
-    return glue_cores(cfg)
-
-
 def frontend_placement_line(cfg: "object", backend_cls: type) -> str:
     """Where the replicas' front end goes (``actor_rollout_ref.rollout.frontend_with_glue``), for ``asyncrl train
     --dry-run``: ``replica front end (vLLM's AsyncLLM): actor_rollout_ref.rollout.frontend_with_glue=True -> cores
@@ -174,11 +159,8 @@ def frontend_placement_line(cfg: "object", backend_cls: type) -> str:
     ro = cfg.actor_rollout_ref.rollout
     key = f"actor_rollout_ref.rollout.frontend_with_glue={ro.frontend_with_glue}"
     cores = frontend_cores(cfg, backend_cls)
-    core = engine_core_cores(cfg, backend_cls)
-    also = f"; its EngineCore process -> cores {core!r} (actor_rollout_ref.rollout.engine_core_with_glue=True)" if core else ""
     if cores:
-        return (f"replica front end ({ro.name}): {key} -> cores {cores!r} once the engine has started (the glue's)"
-                f"{also}")
+        return f"replica front end ({ro.name}): {key} -> cores {cores!r} once the engine has started (the glue's)"
     if in_process_rollout(cfg):
         why = "the rollout runs inside the trainer process"
     elif not getattr(backend_cls, "separate_engine_processes", False):
@@ -189,7 +171,7 @@ def frontend_placement_line(cfg: "object", backend_cls: type) -> str:
         why = "actor_rollout_ref.rollout.cpu_affinity is not set"
     else:
         why = "the glue floats (async_training.rollouter_cpu_affinity)"
-    return f"replica front end ({ro.name}): {key} -> stays with the engine ({why}){also}"
+    return f"replica front end ({ro.name}): {key} -> stays with the engine ({why})"
 
 
 def glue_placement_line(cfg: "object") -> str:
@@ -294,82 +276,13 @@ def pin_threads(spec: str) -> list[int]:
     if missing:
         raise ValueError(f"CPU cores {cores_text(missing)} of affinity {spec!r} do not exist (this machine has "
                          f"{os.cpu_count()})")
-    _pin_tasks(os.getpid(), cores)
-    logger.info("pinned every thread of pid %d to cores %s", os.getpid(), cores)
-    return cores
-
-
-def _pin_tasks(pid: int, cores: list[int]) -> None:
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
         except (OSError, ValueError):  # a thread that ended since the listing
             pass
-
-
-def engine_core_pids(parent: int | None = None) -> list[int]:
-    """The pids of vLLM's EngineCore processes among ``parent``'s children (this process's by default): those whose
-    command line (vLLM's process title ``VLLM::EngineCore``) names ``EngineCore``. Linux only (``/proc``); ``[]``
-    elsewhere or when there is none (the hf engine; vLLM not started)."""
-    parent = os.getpid() if parent is None else parent
-    pids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{parent}/task")
-    except OSError:
-        return []
-    for tid in tasks:
-        try:
-            with open(f"/proc/{parent}/task/{tid}/children") as f:
-                pids += [int(p) for p in f.read().split()]
-        except OSError:
-            continue
-    found = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"EngineCore" in f.read():
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def pin_engine_core(spec: str) -> list[int]:
-    """Move every thread of this (replica actor) process's vLLM EngineCore children (:func:`engine_core_pids`) to the
-    cores in ``spec`` (``actor_rollout_ref.rollout.engine_core_with_glue``, :func:`engine_core_cores`); their worker
-    processes keep their cores. Returns the pids moved (``[]`` for an empty ``spec``; a WARNING when none was found).
-
-    Raises:
-        ValueError: a malformed list, or cores this machine does not have.
-    """
-    if not spec:
-        return []
-    cores = parse_cores(spec)
-    missing = [c for c in cores if c not in set(range(os.cpu_count() or 1))]
-    if missing:
-        raise ValueError(f"CPU cores {cores_text(missing)} of affinity {spec!r} do not exist (this machine has "
-                         f"{os.cpu_count()})")
-    pids = engine_core_pids()
-    if not pids:
-        logger.warning("rollout.engine_core_with_glue: no EngineCore process under pid %d to move", os.getpid())
-    for pid in pids:
-        _pin_tasks(pid, cores)
-        logger.info("moved vLLM's EngineCore (pid %d) to cores %s", pid, cores)
-    return pids
-
-
-def _pin_engine_core_instance(_instance: object, spec: str) -> list[int]:
-    return pin_engine_core(spec)
-
-
-def pin_actors_engine_core(handles: list, spec: str) -> list[list[int]]:
-    """:func:`pin_engine_core` inside each replica actor in ``handles`` (Ray's ``__ray_call__``); waits until done and
-    returns each actor's moved pids. Nothing for an empty ``spec``."""
-    if not spec or not handles:
-        return []
-    import ray
-
-    return ray.get([h.__ray_call__.remote(_pin_engine_core_instance, spec) for h in handles])
+    logger.info("pinned every thread of pid %d to cores %s", os.getpid(), cores)
+    return cores
 
 
 def _pin_instance(_instance: object, spec: str) -> list[int]:

@@ -174,11 +174,6 @@ MODES = {
     "d_s1_t2_front0": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
                        "async_training.trigger_parameter_sync_step": 2,
                        "actor_rollout_ref.rollout.frontend_with_glue": False},
-    # d_s1_t2 with vLLM's EngineCore (the scheduler, busy-waiting on its worker) on the glue's core beside the front
-    # end, the engine's core left to the worker (rollout.engine_core_with_glue, session 39)
-    "d_s1_t2_core1": {"async_training.staleness_threshold": 1.0, "async_training.partial_rollout": True,
-                      "async_training.trigger_parameter_sync_step": 2,
-                      "actor_rollout_ref.rollout.engine_core_with_glue": True},
     # mode d with the vLLM engine streaming every token to the replica actor (before session 10: one
     # output per token per request; now one per request, asyncrl.rollout.vllm_backend stream_outputs)
     "d_stream": {"async_training.staleness_threshold": 0.5, "async_training.partial_rollout": True},
@@ -214,7 +209,7 @@ UNPINNED = {"d_unpinned"}
 
 CPU_KEYS = ("trainer.torch_threads", "trainer.cpu_affinity", "trainer.omp_wait_policy", "trainer.omp_spin_count",
             "async_training.rollouter_cpu_affinity", "actor_rollout_ref.rollout.cpu_affinity",
-            "actor_rollout_ref.rollout.frontend_with_glue", "actor_rollout_ref.rollout.engine_core_with_glue")
+            "actor_rollout_ref.rollout.frontend_with_glue")
 """Config keys that place or thread the CPU run only: a mode that sets one is an A/B of the CPU placement."""
 
 ENGINE_ATTRS = {"d_stream": {"stream_outputs": True}, "d_before": {"stream_outputs": True}}
@@ -491,23 +486,17 @@ def place_frontend(replica: Any, cfg: Any, args: argparse.Namespace, home: bool 
     in a round, and the round's ideal bound, ran with the front end beside the engine (session 35's runs)."""
     if replica is None or args.gpu:
         return False
-    from asyncrl.cpu_affinity import engine_core_cores, frontend_cores, pin_actors, pin_actors_engine_core
+    from asyncrl.cpu_affinity import frontend_cores, pin_actors
     from asyncrl.rollout.backends import get_backend_cls
 
     backend = get_backend_cls(replica.backend)
     spec = frontend_cores(cfg, backend) or cfg.actor_rollout_ref.rollout.cpu_affinity
     d = mode_config("d", args)
     there = frontend_cores(d, backend) or d.actor_rollout_ref.rollout.cpu_affinity
-    core, core_there = engine_core_cores(cfg, backend), engine_core_cores(d, backend)
-    moved = False
-    if cfg.actor_rollout_ref.rollout.cpu_affinity and (home or core != core_there):
-        # the EngineCore: the glue's cores, or back beside its worker on the replica's (engine_core_with_glue)
-        pin_actors_engine_core([replica.actor], core or cfg.actor_rollout_ref.rollout.cpu_affinity)
-        moved = True
     if cfg.actor_rollout_ref.rollout.cpu_affinity and (home or spec != there):
         pin_actors([replica.actor], spec)
-        moved = True
-    return moved
+        return True
+    return False
 
 
 def set_engine_attrs(replica: Any, attrs: dict) -> dict:

