@@ -731,6 +731,10 @@ def calibrate(replicas: dict, result: dict, args: argparse.Namespace) -> dict:
         cal[f"train_s_per_token_{kind}"], cal[f"train_s_per_priced_token_{kind}"] = t["s_per_token"], t["s_per_priced_token"]
         cal[f"train_s_per_trained_priced_token_{kind}"] = t["s_per_trained_priced_token"]
         cal[f"train_rows_frac_{kind}"] = t["trained_rows_frac"]
+        # whether these prices include the prefix grouper's plans (saved since session 39; before: measured without);
+        # the shared placement's own flag only where it differs (grouper_measured)
+        if kind == "split" or t["use_prefix_grouper"] != cal["use_prefix_grouper"]:
+            cal["use_prefix_grouper" + ("" if kind == "split" else "_shared")] = t["use_prefix_grouper"]
     if "split" in replicas:  # contention: each side measured again with the other one busy
         load = train.remote(cfg, outputs, 45.0)  # the trainer busy on its core ...
         time.sleep(12.0)  # ... once its process has started and built its engine
@@ -789,6 +793,13 @@ def long_probe_plan(context: int, short: int) -> tuple[Optional[int], Optional[s
         raise ValueError(f"{exc}, or add --no-simulate") from None
 
 
+def grouper_measured(cal: dict, kind: str) -> bool:
+    """Whether the train prices of ``kind`` (``split`` / ``shared``) in a saved calibration were measured with the
+    prefix grouper (``measure_train``'s ``use_prefix_grouper``, saved since session 39): the simulator then prices the
+    grouper's plans, and only then. Results saved before were measured without it."""
+    return bool(cal.get(f"use_prefix_grouper_{kind}", cal.get("use_prefix_grouper", False)))
+
+
 def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     """What the CPU simulation is priced from, out of a result's micro-measurements (never its runs).
 
@@ -819,6 +830,8 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
     from asyncrl.staleness import sample_budget
 
     cal, ideal, notes = result["calibration"], result.get("ideal") or {}, []
+    if grouper_measured(cal, "split") or grouper_measured(cal, "shared"):
+        notes.append("train prices measured with the prefix grouper: the simulated updates price its plans")
     # prefill and context prices of each engine (saved since session 34; before: 0, the probe's table alone)
     tokens = {kind: fit_token_costs(cal[f"token_costs_{kind}"], cal[f"decode_{kind}"], PROBE_TOKENS)
               for kind in ("split", "shared") if f"token_costs_{kind}" in cal and f"decode_{kind}" in cal}
@@ -893,7 +906,10 @@ def cpu_calibration(result: dict, args: argparse.Namespace) -> dict:
             continue
         rows = [pt + x for x in cal["response_lengths"]]  # measure_train's mini-batches: per_mb groups in order
         per_mb = n * max(1, sample_budget(cfg).required_samples // cfg.async_training.require_batches)
-        priced = sum(priced_tokens(rows[i:i + per_mb], budget) for i in range(0, len(rows), per_mb))
+        gids = [i // n for i in range(len(rows))]  # rollout.n responses per group, in order
+        priced = sum(priced_tokens(rows[i:i + per_mb], budget, gids[i:i + per_mb], [pt] * len(rows[i:i + per_mb]),
+                                   grouper_measured(cal, kind), cfg.actor_rollout_ref.actor.ppo_micro_batch_size)
+                     for i in range(0, len(rows), per_mb))
         train[kind] = cal[f"train_s_per_token_{kind}"] * sum(rows) / priced
         if kind == "split":
             notes.append(f"train price per priced token: s_per_token x {sum(rows) / priced:.3f} (real / priced tokens)")
@@ -923,11 +939,18 @@ def sim_bound(cost: Any, cfg: Any, lengths: Any, prompt_tokens: int, groups: int
     per_mb = max(1, b.required_samples // cfg.async_training.require_batches)
     rng = random.Random(0)
 
-    def trained(rows: list) -> list:
-        kept = [x for x in rows if gradient_fraction is None or rng.random() < gradient_fraction(x)]
-        return [prompt_tokens + x for x in kept or rows[:1]]
+    if train.shared_prefix is None:  # as the simulation of cfg prices it (asyncrl.sim.runner)
+        from asyncrl.trainer.shared_prefix import uses_prefix_grouper
 
-    tr = sum(train.update_time(trained([x for g in gl[i:i + per_mb] for x in g]))
+        train = dataclasses.replace(train, shared_prefix=uses_prefix_grouper(cfg))
+    train = dataclasses.replace(train, micro_batch_rows=actor.ppo_micro_batch_size)
+
+    def trained(rows: list) -> tuple[list, list, list]:  # (lengths, group ids, prompts) of the rows kept
+        keep = [j for j, (_, x) in enumerate(rows) if gradient_fraction is None or rng.random() < gradient_fraction(x)]
+        keep = keep or [0]
+        return [prompt_tokens + rows[j][1] for j in keep], [rows[j][0] for j in keep], [prompt_tokens] * len(keep)
+
+    tr = sum(train.update_time(*trained([(k, x) for k in range(i, min(groups, i + per_mb)) for x in gl[k]]))
              for i in range(0, groups, per_mb)) / groups
     both = ro + tr if cfg.actor_rollout_ref.hybrid_engine else max(ro, tr)
     return {"rollout_s_per_sample": ro, "train_s_per_sample": tr, "samples_per_s": 1.0 / both}
@@ -992,7 +1015,7 @@ def simulate_modes(result: dict, args: argparse.Namespace) -> dict:
                               rollout_contention=cal.get("rollout_contention", 0.0) if kind == "split" else 0.0,
                               train_contention=cal.get("train_contention", 0.0) if kind == "split" else 0.0,
                               per_request_s=inputs["per_request_by_kind"][kind], probe_tokens=PROBE_TOKENS,
-                              token_costs=inputs["token_costs"].get(kind))
+                              token_costs=inputs["token_costs"].get(kind), shared_prefix=grouper_measured(cal, kind))
         cfg = mode_config(m, args)
         cfg.trainer.total_training_steps = measured["steps"]
         cfg.trainer.total_time_s = 0.0

@@ -5,7 +5,8 @@
 >>> result.samples_per_s, result.trainer_idle_ratio
 
 See :mod:`asyncrl.sim.runner` (what runs), :mod:`asyncrl.sim.clock` (virtual time),
-:mod:`asyncrl.sim.cost_models` (the cost models), :mod:`asyncrl.sim.workload` (response lengths: measured, a run's
+:mod:`asyncrl.sim.cost_models` (the cost models; the trainer's prefix grouper priced by
+:mod:`asyncrl.sim.prefix_pricing`), :mod:`asyncrl.sim.workload` (response lengths: measured, a run's
 own, or the task's), :mod:`asyncrl.sim.presets` (measured machines by name) and :mod:`asyncrl.sim.sweep`.
 """
 

@@ -8,7 +8,8 @@
         -> per_prefill_token_s, per_ctx_token_s (a resumed partial rollout's prefill, a long context's reads)
     rollout-only of the workload (measure_rollout, timed)       -> fit_per_request: the per-request cost the
         probe's long fixed-length requests hide, and the probe net of it as a table (session 10)
-    train seconds / priced tokens (the train engine alone)      -> per_token_s
+    train seconds / priced tokens (the train engine alone)      -> per_token_s (a price per token through the
+                                                                   model: the prefix grouper's plans priced too)
     the weight sync's transfer + load (a measured run's sync/*)  -> SyncCostModel.fixed_s
     response lengths of the workload (the replica alone)        -> natural_length sampler
     the same probe / train-only with the other side busy        -> contention(alone, loaded)
@@ -188,7 +189,8 @@ def probe_model(decode_probe: dict, per_request_s: float, probe_tokens: int, tok
 def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, prompt_tokens: int,
                    per_update_s: float = 0.0, name: str = "cpu-calibrated", rollout_contention: float = 0.0,
                    train_contention: float = 0.0, per_request_s: Optional[float] = None,
-                   probe_tokens: int = 48, token_costs: Optional[TokenCosts] = None) -> ClusterCostModel:
+                   probe_tokens: int = 48, token_costs: Optional[TokenCosts] = None,
+                   shared_prefix: Optional[bool] = None) -> ClusterCostModel:
     """A cost model of one CPU placement (one replica, one trainer) from its micro-measurements.
 
     Args:
@@ -209,6 +211,8 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
             them on top would charge the probe's own prefill and context twice.
         train_s_per_token: with ``use_dynamic_bsz`` runs, per *priced* token (``measure_train``'s
             ``s_per_priced_token``, :func:`priced_tokens`).
+        shared_prefix: :attr:`TrainCostModel.shared_prefix`: ``measure_train``'s ``use_prefix_grouper`` (whether
+            the price was measured with the grouper's plans); None: as the simulated config says.
 
     Raises:
         ValueError: ``token_costs`` given with ``per_request_s=None``.
@@ -228,7 +232,8 @@ def cpu_cost_model(decode_probe: dict, train_s_per_token: float, sync_s: float, 
     rollout.contention = rollout_contention
     return ClusterCostModel(
         name=name, rollout=rollout,
-        train=TrainCostModel(per_token_s=train_s_per_token, per_update_s=per_update_s, contention=train_contention),
+        train=TrainCostModel(per_token_s=train_s_per_token, per_update_s=per_update_s, contention=train_contention,
+                             shared_prefix=shared_prefix),
         sync=SyncCostModel(fixed_s=sync_s), prompt_tokens=prompt_tokens,
         notes="calibrated from probe_decode + train-only (alone and with the other side busy) + a run's sync time")
 
@@ -302,7 +307,9 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
 
     Returns:
         ``{"seconds", "steps", "tokens", "s_per_token", "priced_tokens", "s_per_priced_token",
-        "trained_priced_tokens", "s_per_trained_priced_token", "trained_rows_frac", "s_per_sample"}``
+        "trained_priced_tokens", "s_per_trained_priced_token", "trained_rows_frac", "s_per_sample",
+        "use_prefix_grouper"}`` (the last: whether the engine ran the prefix grouper, whose plans the priced tokens
+        then count as :class:`TrainCostModel` with ``shared_prefix=True`` prices them)
         (``tokens``: real tokens of the rows stepped over, prompt + response, skipped rows included;
         ``priced_tokens``: the same rows as the simulator prices them, :func:`priced_tokens`, whose price
         ``s_per_priced_token`` is the one to give :class:`TrainCostModel` when the simulation prices every row;
@@ -349,10 +356,11 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     starts = list(range(0, len(groups) - req + 1, req))
     # one untimed step first: a fresh process's first update pays allocations and thread start-up, which the
     # simulator (steady cost per token, no warm-up) must not spread over every step
-    _train_step(cfg, engine, loss_fn, groups[:req], req, per_mb)
+    _train_step(cfg, engine, loss_fn, groups[:req], req, per_mb, False)
+    grouper = bool(getattr(engine, "use_prefix_grouper", False))  # after its first plan: off for a length-set rope
     while True:
         for start in starts:
-            dt, n, p, t, r, k = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb)
+            dt, n, p, t, r, k = _train_step(cfg, engine, loss_fn, groups[start:start + req], req, per_mb, grouper)
             seconds, tokens, priced, steps = seconds + dt, tokens + n, priced + p, steps + 1
             trained, rows, kept = trained + t, rows + r, kept + k
         if seconds >= min_seconds or not starts:
@@ -360,23 +368,31 @@ def measure_train(cfg: Any, outputs: list, min_seconds: float = 0.0) -> dict:
     return {"seconds": seconds, "steps": steps, "tokens": tokens, "s_per_token": seconds / max(1, tokens),
             "priced_tokens": priced, "s_per_priced_token": seconds / max(1.0, priced),
             "trained_priced_tokens": trained, "s_per_trained_priced_token": seconds / max(1.0, trained),
-            "trained_rows_frac": kept / max(1, rows), "s_per_sample": seconds / max(1, steps * req)}
+            "trained_rows_frac": kept / max(1, rows), "s_per_sample": seconds / max(1, steps * req),
+            "use_prefix_grouper": grouper}
 
 
-def priced_tokens(lengths: Sequence[float], max_token_len: Optional[int] = None) -> float:
+def priced_tokens(lengths: Sequence[float], max_token_len: Optional[int] = None, groups: Optional[Sequence] = None,
+                  prompts: Optional[Sequence[float]] = None, shared_prefix: bool = False,
+                  micro_batch_rows: Optional[int] = None) -> float:
     """The tokens :class:`TrainCostModel` prices one update of rows of ``lengths`` (real tokens each) at, with
     ``per_token_s = 1``: their sum, or with ``max_token_len`` (``use_dynamic_bsz``) each packed micro-batch's
     rows x its longest row. Dividing a measured update's seconds by this, not by the real tokens, is what
     makes the simulator reproduce the measurement: it pads each micro-batch itself, so a per-real-token price
     (which already includes the padding the real engine computed) would be padded twice (long-tail task:
-    x1.1-1.46 per mini-batch, 1.24 on average, the simulated update ~25% long)."""
-    return TrainCostModel(per_token_s=1.0, max_token_len=max_token_len).pass_time(list(lengths))
+    x1.1-1.46 per mini-batch, 1.24 on average, the simulated update ~25% long). With ``shared_prefix`` (an engine
+    that ran the prefix grouper) and ``groups`` / ``prompts`` (``(rows,)`` group ids, prompt tokens), each
+    micro-batch (``micro_batch_rows`` rows, or packed) as the grouper runs it: the plans' prefix and suffix tokens."""
+    cost = TrainCostModel(per_token_s=1.0, max_token_len=max_token_len, micro_batch_rows=micro_batch_rows,
+                          shared_prefix=shared_prefix)
+    return cost.pass_time(list(lengths), groups, prompts)
 
 
-def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int,
-                per_mb: int) -> tuple[float, int, float, float, int, int]:
+def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int, per_mb: int,
+                grouper: bool) -> tuple[float, int, float, float, int, int]:
     """One trainer step's updates on ``step`` (``req`` groups): ``(seconds, tokens, priced tokens, priced tokens
-    of the rows trained, rows, rows trained)``. Scores, token rewards and advantages as
+    of the rows trained, rows, rows trained)``, priced with the prefix grouper's plans when ``grouper``. Scores,
+    token rewards and advantages as
     :meth:`FullyAsyncTrainer.fit_step` computes them (bypass mode: the rollout's log-probs are the old ones; no
     critic or reference)."""
     from asyncrl.trainer.advantages import compute_advantages
@@ -386,6 +402,12 @@ def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int,
     al = cfg.algorithm
     actor = cfg.actor_rollout_ref.actor
     budget = actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None
+
+    def price(b: Any) -> float:  # prompt tokens of a row: its first response token's column (none: its length)
+        lengths = b.attention_mask.sum(-1).tolist()
+        prompts = [f if f > 0 else n for f, n in zip(b.resp_index[:, 0].tolist(), lengths)]
+        return priced_tokens(lengths, budget, b.group_ids, prompts, grouper, actor.ppo_micro_batch_size)
+
     t0, tokens, priced, trained, rows, kept, untimed = time.perf_counter(), 0, 0.0, 0.0, 0, 0, 0.0
     for m in range(0, req, per_mb):
         part = step[m:m + per_mb]
@@ -398,9 +420,9 @@ def _train_step(cfg: Any, engine: Any, loss_fn: Any, step: list, req: int,
         engine.update(batch, loss_fn)
         t1 = time.perf_counter()
         tokens += int(batch.attention_mask.sum())
-        priced += priced_tokens(batch.attention_mask.sum(-1).tolist(), budget)
+        priced += price(batch)
         done = rows_with_gradient(batch) if getattr(engine, "skip_zero_advantage", False) else batch  # what update() trained
-        trained += priced_tokens(done.attention_mask.sum(-1).tolist(), budget)
+        trained += price(done)
         rows, kept = rows + len(batch), kept + len(done)
         untimed += time.perf_counter() - t1
     return time.perf_counter() - t0 - untimed, tokens, priced, trained, rows, kept

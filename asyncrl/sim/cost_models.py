@@ -24,6 +24,8 @@ Training (data parallel over ``n_ranks``; a sequence is never split across ranks
                + per_micro_batch_s per forward + backward call (micro-batches of a rank)
                (sequences dealt longest-first to the least loaded rank: dynamic batch balancing)
     padded   : the CPU trainer pads every row to the batch's longest, so work = rows * work(L_max)
+    grouper  : with ``shared_prefix`` (``actor.use_prefix_grouper``) each micro-batch the engine would plan
+               prices each group's prefix once, then its rows' suffixes against it (:mod:`asyncrl.sim.prefix_pricing`)
 
 The max over ranks is why a long tail slows data-parallel training too: an update waits for the
 rank that got the longest response, and adding ranks does not shorten that one.
@@ -244,9 +246,14 @@ class RolloutCostModel(_Checked):
 class TrainCostModel(_Checked):
     """Time model of the trainer (seconds; lengths in real tokens, prompt + response).
 
+    With ``shared_prefix`` ``per_token_s`` stays a price per token through the model: a micro-batch the prefix
+    grouper plans pays its groups' prefixes once, then its rows' suffixes, so a price fitted at one ``rollout.n``
+    carries to another.
+
     Raises:
         TypeError / ValueError: as :class:`RolloutCostModel` (times finite and >= 0, ``n_ranks`` and
-            ``gpus_per_rank`` whole numbers >= 1, ``max_token_len`` / ``micro_batch_rows`` None or >= 1).
+            ``gpus_per_rank`` whole numbers >= 1, ``max_token_len`` / ``micro_batch_rows`` None or >= 1,
+            ``shared_prefix`` None or a bool).
     """
 
     _SECONDS = ("per_token_s", "per_row_s", "per_token_ctx_s", "per_update_s", "forward_fraction", "contention",
@@ -288,18 +295,43 @@ class TrainCostModel(_Checked):
     (``benchmarks/RESULTS.md``, "The FSDP2 update is host-bound per micro-batch")."""
     micro_batch_rows: Optional[int] = None
     """Rows per micro-batch without ``max_token_len`` (verl's ``ppo_micro_batch_size``; set by the simulator
-    from the config): how many calls a mini-batch takes, for ``per_micro_batch_s``. None: one call."""
+    from the config): how many calls a mini-batch takes (``per_micro_batch_s``, the grouper's plans). None: one."""
     per_packed_micro_batch_s: Optional[float] = None
     """Fixed time per micro-batch packed by ``max_token_len``, when it differs from ``per_micro_batch_s``
     (the FSDP2 engine's packed calls: many rows of varying length per call). None: ``per_micro_batch_s``."""
+    shared_prefix: Optional[bool] = None
+    """Price ``actor.use_prefix_grouper``: each GRPO group's prompt once per micro-batch where the engine would
+    (:mod:`asyncrl.sim.prefix_pricing`; one rank, and only for callers that pass the rows' groups and prompts).
+    None: as the simulated config says (:func:`asyncrl.trainer.shared_prefix.uses_prefix_grouper`, resolved by
+    the runner); False for engines without it (FSDP2) and for prices measured without it."""
+
+    def _check_more(self, cls: str) -> None:
+        if not isinstance(self.shared_prefix, (bool, type(None))):
+            raise TypeError(f"{cls}.shared_prefix={self.shared_prefix!r} is not valid: expected None, True or False")
 
     def work(self, length: float) -> float:
+        """Forward + backward seconds of one row of ``length`` tokens (module docstring)."""
         return self.per_row_s + self.per_token_s * length + self.per_token_ctx_s * length * length / 2.0
 
-    def pass_time(self, lengths: Sequence[float]) -> float:
-        """Forward + backward over ``lengths`` (one mini-batch), without the update overhead."""
+    def suffix_work(self, suffix: float, prefix: float) -> float:
+        """One row's ``suffix`` tokens run against ``prefix`` cached ones: its per-row cost, the linear part on the
+        suffix and the suffix's part of the attention triangle, ``ctx x ((prefix + suffix)^2 - prefix^2) / 2``
+        (``work(prefix) + suffix_work(L - prefix, prefix) == work(L) + per_row_s``)."""
+        full = prefix + suffix
+        return self.per_row_s + self.per_token_s * suffix + self.per_token_ctx_s * (full * full - prefix * prefix) / 2.0
+
+    def pass_time(self, lengths: Sequence[float], groups: Optional[Sequence] = None,
+                  prompts: Optional[Sequence[float]] = None) -> float:
+        """Forward + backward over ``lengths`` (``(rows,)`` real tokens; one mini-batch), without the update
+        overhead. ``groups`` / ``prompts`` (``(rows,)`` group ids, prompt tokens): with ``shared_prefix`` and one rank,
+        each micro-batch priced as the grouper runs it (:func:`asyncrl.sim.prefix_pricing.grouped_pass_time`, which
+        raises ``ValueError`` unless they are one per row); else ignored."""
         if not len(lengths):
             return 0.0
+        if self.shared_prefix and self.n_ranks == 1 and groups is not None and prompts is not None:
+            from asyncrl.sim.prefix_pricing import grouped_pass_time
+
+            return grouped_pass_time(self, lengths, groups, prompts) * (1.0 + self.contention)
         if self.max_token_len:
             return self._packed_time(lengths) / self.n_ranks * (1.0 + self.contention)
         if self.padded:
@@ -323,13 +355,15 @@ class TrainCostModel(_Checked):
         call = self.per_micro_batch_s if self.per_packed_micro_batch_s is None else self.per_packed_micro_batch_s
         return sum(len(c) * self.work(max(c)) + call for c in chunks)
 
-    def update_time(self, lengths: Sequence[float]) -> float:
-        """One optimizer update over one mini-batch."""
-        return self.per_update_s + self.pass_time(lengths)
+    def update_time(self, lengths: Sequence[float], groups: Optional[Sequence] = None,
+                    prompts: Optional[Sequence[float]] = None) -> float:
+        """One optimizer update over one mini-batch (arguments as :meth:`pass_time`)."""
+        return self.per_update_s + self.pass_time(lengths, groups, prompts)
 
-    def log_prob_time(self, lengths: Sequence[float]) -> float:
-        """Recomputing log-probs (old / reference) over ``lengths``."""
-        return self.forward_fraction * self.pass_time(lengths)
+    def log_prob_time(self, lengths: Sequence[float], groups: Optional[Sequence] = None,
+                      prompts: Optional[Sequence[float]] = None) -> float:
+        """Recomputing log-probs (old / reference) over ``lengths`` (arguments as :meth:`pass_time`)."""
+        return self.forward_fraction * self.pass_time(lengths, groups, prompts)
 
 
 @dataclass

@@ -20,7 +20,9 @@ def cpu_embedded_vllm(cores: int = 1) -> ClusterCostModel:
     Calibrated with :mod:`asyncrl.sim.calibrate` on this machine (command and numbers in
     ``benchmarks/RESULTS.md``): vLLM-CPU decode on this model is overhead-bound (the per-iteration
     floor dominates; the per-sequence term is small), the trainer's cost is linear in tokens (dynamic
-    micro-batches), and a second core speeds decode up less than training.
+    micro-batches), and a second core speeds decode up less than training. Its price is per token through the
+    model (measured before the prefix grouper), so the grouper is priced as the simulated config asks for it
+    (``shared_prefix=None``).
 
     Raises:
         asyncrl.config.ConfigError: ``cores`` other than 1 or 2.
@@ -74,7 +76,8 @@ def _qwen25_7b(peak_tflops: float, hbm_tb_s: float, name: str, *, tp: int = 4, s
                                  max_num_seqs=256, gpus=tp),
         train=TrainCostModel(per_token_s=6 * 7.6e9 / (sp * mfu * flops),
                              per_token_ctx_s=2 * 6 * 28 * 3584 / (sp * mfu * flops),
-                             per_update_s=per_update_s, n_ranks=16, gpus_per_rank=sp),
+                             per_update_s=per_update_s, n_ranks=16, gpus_per_rank=sp,
+                             shared_prefix=False),  # FSDP2: no prefix grouper
         sync=SyncCostModel(fixed_s=2.0, model_gb=15.2, bandwidth_gb_s=20.0),
         prompt_tokens=200,
         hybrid_switch_s=hybrid_switch_s,
@@ -186,7 +189,7 @@ def _fsdp_train(layout: str) -> TrainCostModel:
     return TrainCostModel(per_token_s=per_token, per_row_s=per_row, per_token_ctx_s=_FSDP_ATTN_S,
                           per_micro_batch_s=call_s,
                           per_packed_micro_batch_s=_FSDP_PACKED_CALL_S if layout == "causal" else None, per_update_s=(_FSDP_STEP_UPDATE_S[layout] - 2 * updates[2081]) / 2,
-                          padded=True, pad_to_step=True)
+                          padded=True, pad_to_step=True, shared_prefix=False)  # FSDP2: no prefix grouper
 
 
 def h200_qwen25_05b_hf(sync_backend: str = "nccl", trainer_layout: str = "causal",

@@ -67,10 +67,13 @@ def _cost_model_engines(cost: ClusterCostModel, token_scale: int, timeline: Time
         """The trainer's ``(engine, weight sender)``, as :func:`asyncrl.trainer.factory.build_train_engine`."""
         from asyncrl.trainer.factory import skips_zero_advantage
         from asyncrl.trainer.schedule import optim_kwargs
+        from asyncrl.trainer.shared_prefix import uses_prefix_grouper
 
         actor = cfg.actor_rollout_ref.actor
-        # use_dynamic_bsz: micro-batches packed by the config's token budget; else of ppo_micro_batch_size rows
-        train = dataclasses.replace(cost.train, micro_batch_rows=actor.ppo_micro_batch_size)
+        # use_dynamic_bsz: micro-batches packed by the config's token budget; else of ppo_micro_batch_size rows;
+        # the prefix grouper as the cost model says, or (None) as the config asks the real engine for it
+        grouper = uses_prefix_grouper(cfg) if cost.train.shared_prefix is None else cost.train.shared_prefix
+        train = dataclasses.replace(cost.train, micro_batch_rows=actor.ppo_micro_batch_size, shared_prefix=grouper)
         if actor.use_dynamic_bsz:
             train = dataclasses.replace(train, max_token_len=actor.ppo_max_token_len_per_gpu)
         skips = skips_zero_advantage(cfg)  # the rows the real engine would train
@@ -104,7 +107,9 @@ def simulate(config: ExperimentConfig, cost: ClusterCostModel, *, rollout_gpus: 
             data decides (enough of them within ``data.max_prompt_length``, epochs, their answers' lengths when the
             rows carry ``extra_info.response_tokens``); a prompt's prefill is priced at ``cost.prompt_tokens``.
             With ``actor_rollout_ref.hybrid_engine`` the replicas and the trainer share all GPUs.
-        cost: the cluster cost model (:data:`asyncrl.sim.PRESETS` builds the named ones).
+        cost: the cluster cost model (:data:`asyncrl.sim.PRESETS` builds the named ones). Its trainer prices the
+            prefix grouper as ``cost.train.shared_prefix`` says, or with None as the config asks the real engine
+            (:func:`asyncrl.trainer.shared_prefix.uses_prefix_grouper`: on with ``strategy=cpu`` by default).
         rollout_gpus: GPUs for the replicas (default ``rollout.num_replicas x cost.rollout.gpus``).
         train_gpus: trainer GPUs (default ``cost.train.n_ranks x gpus_per_rank``); with ``hybrid_engine`` both
             default to the larger of the two and must be equal when given: one pool, which ``summary()["gpus"]``

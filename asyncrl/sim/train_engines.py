@@ -29,7 +29,9 @@ class CostModelTrainEngine:
     """The trainer's engine, priced by a :class:`TrainCostModel` (the methods ``FullyAsyncTrainer`` calls).
 
     Runs inside the trainer's ``asyncio.to_thread`` calls, which the virtual loop runs inline; each
-    call :func:`~asyncrl.sim.clock.charge`-s its time. Lengths come from the batch's attention mask.
+    call :func:`~asyncrl.sim.clock.charge`-s its time. Lengths come from the batch's response mask (plus
+    ``prompt_tokens``); the rows' ``group_ids`` and ``prompt_tokens`` go with them, for a cost model that prices
+    the prefix grouper (:attr:`TrainCostModel.shared_prefix`).
 
     Args:
         cost: trainer cost model.
@@ -81,23 +83,32 @@ class CostModelTrainEngine:
         self.busy_s += seconds
         charge(seconds)
 
-    def update(self, batch: Any, loss_fn: Callable[..., tuple[torch.Tensor, dict]], with_entropy: bool = False) -> dict:
+    def _rows(self, batch: Any) -> tuple[list[float], Optional[list], Optional[list[float]]]:
+        """``(lengths, group ids, prompt tokens)`` of the batch's rows (ids and prompts None without ``group_ids``)."""
         lengths = self._lengths(batch)
+        groups = getattr(batch, "group_ids", None)
+        return lengths, (list(groups) if groups is not None else None), \
+            ([float(self.prompt_tokens)] * len(lengths) if groups is not None else None)
+
+    def update(self, batch: Any, loss_fn: Callable[..., tuple[torch.Tensor, dict]], with_entropy: bool = False) -> dict:
+        lengths, groups, prompts = self._rows(batch)
         if self.gradient_fraction is not None and lengths:
             resp = batch.response_mask.sum(-1).tolist()
-            kept = [x for r, x in zip(resp, lengths) if self._rng.random() < self.gradient_fraction(r * self.scale)]
-            lengths = kept or lengths[:1]
-        self._spend(self.cost.update_time(lengths), "update")
+            keep = [i for i, r in enumerate(resp) if self._rng.random() < self.gradient_fraction(r * self.scale)] or [0]
+            lengths = [lengths[i] for i in keep]
+            if groups is not None:  # the kept rows keep their groups (the grouper plans over what trains)
+                groups, prompts = [groups[i] for i in keep], [prompts[i] for i in keep]
+        self._spend(self.cost.update_time(lengths, groups, prompts), "update")
         self.updates += 1
         return {"actor/pg_loss": 0.0, "actor/grad_norm": 0.0, "actor/lr": self.lr,
                 "actor/trained_rows_frac": len(lengths) / max(1, len(batch.response_mask))}
 
     def compute_log_probs(self, batch: Any) -> torch.Tensor:
-        self._spend(self.cost.log_prob_time(self._lengths(batch)), "log_prob")
+        self._spend(self.cost.log_prob_time(*self._rows(batch)), "log_prob")
         return torch.zeros_like(batch.response_mask)
 
     def compute_ref_log_probs(self, batch: Any) -> torch.Tensor:
-        self._spend(self.cost.log_prob_time(self._lengths(batch)), "ref_log_prob")
+        self._spend(self.cost.log_prob_time(*self._rows(batch)), "ref_log_prob")
         return torch.zeros_like(batch.response_mask)
 
     def named_tensors_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
