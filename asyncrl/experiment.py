@@ -37,7 +37,7 @@ from asyncrl.experiment_status import LiveState
 from asyncrl.interrupts import RunInterrupted, SigintCounter
 from asyncrl.metrics import write_run_artifacts
 from asyncrl.ray_start import init_ray
-from asyncrl.run_names import run_name
+from asyncrl.run_names import claim_run_dir, run_name
 from asyncrl.staleness import sample_budget
 from asyncrl.summary import Summary, TrainerError, held_out  # noqa: F401  (public here: asyncrl.experiment.Summary)
 
@@ -100,7 +100,8 @@ class Experiment(LiveState):
             self.run_dir = self.resume_from.parent.parent
             self.name = self.run_dir.name
         else:
-            self.name = run_name(tr.experiment_name, tr.seed)
+            self._named_at = time.time()  # start() claims this name, or the next free second's (run_names.claim_run_dir)
+            self.name = run_name(tr.experiment_name, tr.seed, when=self._named_at)
             self.run_dir = local_dir / self.name
         self._started_ray = False
         self.replicas: dict[str, Any] = {}
@@ -186,7 +187,11 @@ class Experiment(LiveState):
             resume = rollouter_resume(self.resume_from)
             logger.warning("resuming %s from %s (trainer.resume_mode=%s)", self.name, self.resume_from,
                            self.config.trainer.resume_mode)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume_from is None:  # a run of the same name and seed that started this second keeps its directory
+            self.run_dir = claim_run_dir(self.run_dir.parent, cfg.trainer.experiment_name, cfg.trainer.seed, self._named_at)
+            self.name = self.run_dir.name
+        else:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         if not local:
             self.rollouter = ray.remote(FullyAsyncRollouter).options(num_cpus=0, max_concurrency=100000).remote(

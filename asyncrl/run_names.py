@@ -34,6 +34,32 @@ def run_name(experiment_name: str, seed: int, when: Optional[float] = None) -> s
     return f"{experiment_name}__{seed}__{time.strftime(TIME_FORMAT, time.localtime(when or time.time()))}"
 
 
+def claim_run_dir(parent: str | os.PathLike, experiment_name: str, seed: int, when: float,
+                  tries: int = 3600) -> Path:
+    """Create and return a run directory ``parent/{experiment_name}__{seed}__{YYYYmmdd-HHMMSS}`` no other run holds.
+
+    The name is :func:`run_name` at ``when`` (seconds since the epoch); when a directory of that name exists (a run of
+    the same experiment and seed started in the same second: two test workers, two notebooks, a sweep's processes),
+    the next second's name is tried, so each run gets its own directory and the names keep their form and order
+    (:func:`run_name_pattern` still finds them). The claim is ``mkdir`` without ``exist_ok``: atomic across processes.
+
+    Raises:
+        FileExistsError: ``tries`` names in a row were taken (a directory filled by hand with future time stamps).
+        OSError: the parent cannot be created or written.
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    for k in range(tries):
+        path = parent / run_name(experiment_name, seed, when=when + k)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free run directory for {experiment_name!r} seed {seed} under {parent}: the {tries} "
+                          f"names from {run_name(experiment_name, seed, when=when)} on are taken")
+
+
 def run_name_pattern(experiment_name: str, seed: int) -> re.Pattern:
     """What matches (``fullmatch``) exactly the names :func:`run_name` makes for ``experiment_name`` and ``seed``:
     the name and seed taken literally, then the time stamp's form. A glob ``{name}__{seed}__*`` also matched the

@@ -5,6 +5,7 @@ per-sample ledger. The live resume runs are in tests/test_resume.py."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,35 @@ def test_auto_resume_takes_only_the_run_directories_of_exactly_this_name_and_see
     assert find_resume_checkpoint(tmp_path, "x__1__y", 1, "auto").parent.parent.name == "x__1__y__1__20300101-000000"
     assert run_name_pattern("a.b+", 0).fullmatch(run_name("a.b+", 0)) and not run_name_pattern("a.b+", 0).fullmatch(
         run_name("aXbb", 0))  # the name is taken literally, not as a regex
+
+
+def _claim(args):
+    from asyncrl.run_names import claim_run_dir
+
+    return str(claim_run_dir(*args))
+
+
+def test_runs_of_one_name_and_seed_started_in_one_second_get_their_own_directories(tmp_path):
+    """Two runs of ``smoke_mode_d`` seed 0 started in the same second (two pytest workers, two notebooks) were given
+    one directory (``mkdir(exist_ok=True)``) and wrote their metrics, config and checkpoints into each other's. Each
+    claim now creates its own: the next second's name when one is taken, atomically across processes, and the names
+    keep the form ``trainer.resume_mode=auto`` looks for."""
+    import multiprocessing
+
+    from asyncrl.run_names import claim_run_dir, run_name, run_name_pattern
+
+    when = 1.7e9
+    first = claim_run_dir(tmp_path, "smoke_mode_d", 0, when)
+    assert first.name == run_name("smoke_mode_d", 0, when) and first.is_dir()
+    with multiprocessing.get_context("fork").Pool(4) as pool:  # four processes claim the same second at once
+        claimed = pool.map(_claim, [(tmp_path, "smoke_mode_d", 0, when)] * 8)
+    names = sorted(Path(p).name for p in claimed)
+    assert len(set(names)) == 8 and first.name not in names
+    assert names == [run_name("smoke_mode_d", 0, when + k) for k in range(1, 9)]  # the next free seconds, in order
+    assert all(run_name_pattern("smoke_mode_d", 0).fullmatch(n) for n in names)
+    assert claim_run_dir(tmp_path, "other", 0, when).name == run_name("other", 0, when)  # another name is not pushed
+    with pytest.raises(FileExistsError, match="no free run directory"):
+        claim_run_dir(tmp_path, "smoke_mode_d", 0, when, tries=9)
 
 
 def test_auto_resume_passes_over_a_checkpoint_trained_on_other_data(tmp_path, caplog):
