@@ -19,10 +19,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+import tenacity
 
 from asyncrl.net import free_port
 
@@ -51,7 +53,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.notebook, pytest.mark.timeout(1200),
               pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
 
 
+def _server_error(exc: BaseException) -> bool:
+    return isinstance(exc, urllib.error.HTTPError) and exc.code >= 500
+
+
+@tenacity.retry(retry=tenacity.retry_if_exception(_server_error), stop=tenacity.stop_after_delay(30),
+                wait=tenacity.wait_fixed(0.5), reraise=True)
 def _get(url: str, timeout: float = 5.0):
+    """GET ``url``'s JSON. A 500 is retried for 30 s: jupyter_server's ``GET /api/kernels`` fails with one while a
+    kernel it lists is still starting (``KeyError: 'last_activity'``), seen once with a second pytest worker beside it."""
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
 

@@ -212,9 +212,10 @@ def test_a_sample_holding_a_ray_ref_goes_through_rays_serializer_so_its_object_i
     assert (ray.get(ray.get(held[0])["ref"]) == 1).all()
     del held, inner
     gc.collect()
-    for _ in range(100):  # the owner frees it once no reference is left
-        if inner_hex not in memory_summary(stats_only=False):
+    gcs = ray.get_runtime_context().gcs_address  # this test's cluster: another on the machine (a second pytest
+    for _ in range(100):  # worker's) made the default lookup refuse; the owner frees it once no reference is left
+        if inner_hex not in memory_summary(address=gcs, stats_only=False):
             break
         time.sleep(0.1)
-    assert inner_hex not in memory_summary(stats_only=False)
+    assert inner_hex not in memory_summary(address=gcs, stats_only=False)
     q.shutdown()
