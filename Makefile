@@ -44,8 +44,12 @@ setup: $(STAMP) sysdeps harbor-env
 demo: $(STAMP)
 	$(BIN)/asyncrl demo
 
+# two pytest-xdist workers, one test file each at a time (a file's fixtures, e.g. its engine, start once per worker;
+# the executed notebooks one by one and first: tests/conftest.py); TEST_WORKERS=0 runs them in this process, one by one
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=1200 --durations=30 tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout=1200 --durations=30 \
+	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not e2e" tests

@@ -152,3 +152,49 @@ def pytest_terminal_summary(terminalreporter):
         for line in _REPORTED:
             terminalreporter.write_line(line)
 
+
+
+# ---- pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): what a worker reports reaches the summary, and the
+# longest tests start first.
+def pytest_sessionfinish(session):
+    """A worker hands its reported counts to the controller, which prints the summary (xdist's ``workeroutput``)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["asyncrl_reported"] = list(_REPORTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller collects each worker's reported counts (only called under pytest-xdist)."""
+    _REPORTED.extend(getattr(node, "workeroutput", {}).get("asyncrl_reported", []))
+
+
+SPLIT_UNDER_LOADFILE = {"tests/test_nbval.py"}
+"""Files whose tests ``--dist loadfile`` hands out one by one: each runs its own notebook (1-3 min, ~20 min together),
+and taken as one file they were the last ~10 minutes of a two-worker run, the other worker idle."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``make test``), except :data:`SPLIT_UNDER_LOADFILE`'s tests, each its own unit. A file stays
+    on one worker so its module and session fixtures (an engine, a Ray) start once there. (``--dist loadgroup`` with
+    ``xdist_group`` marks would say the same, but xdist 3.8 names its groups by rewriting ``item._nodeid``, which
+    pytest 9 no longer reads: every test became its own unit.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path in SPLIT_UNDER_LOADFILE else path
+
+    config.option.loadscopereorder = False  # in collection order (notebooks first), not by tests per unit (them last)
+    return FileScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker (which collects for the scheduler) the executed notebooks come first, so the longest
+    units start first and the two workers end together."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("notebook") is None)  # stable: notebooks first, else as collected
