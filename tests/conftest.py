@@ -154,7 +154,7 @@ def pytest_terminal_summary(terminalreporter):
 
 
 
-# ---- pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): what a worker reports reaches the summary, and the
+# ---- pytest-xdist (`make test` runs `-n 2 --dist loadfile`): what a worker reports reaches the summary, and the
 # longest tests start first.
 def pytest_sessionfinish(session):
     """A worker hands its reported counts to the controller, which prints the summary (xdist's ``workeroutput``)."""
